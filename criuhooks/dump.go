@@ -1,0 +1,47 @@
+package criuhooks
+
+import (
+	"time"
+
+	criu "github.com/checkpoint-restore/go-criu/v7"
+)
+
+// CaptureHooks are the dump-side callbacks of a fork capture.
+//
+// CRIU calls post-dump after every image is written and before it lets the
+// tree run again: the tree is still frozen and seized, so whatever OnPostDump
+// records (the root filesystem) belongs to the same instant as the memory.
+type CaptureHooks struct {
+	criu.NoNotify
+	// OnPreDump runs before CRIU freezes anything, with the PID of the criu
+	// process doing the dump.
+	OnPreDump  func(criuPid int) error
+	OnPostDump func() error
+
+	// PostDumpAt is when CRIU reached post-dump: the end of the dump proper.
+	PostDumpAt time.Time
+	// PostDumpDone is when OnPostDump returned.
+	PostDumpDone time.Time
+}
+
+// PreDump implements criu.Notify.
+func (h *CaptureHooks) PreDump() error {
+	if h.OnPreDump == nil {
+		return nil
+	}
+	pid, err := criuChild()
+	if err != nil {
+		return err
+	}
+	return h.OnPreDump(pid)
+}
+
+// PostDump implements criu.Notify.
+func (h *CaptureHooks) PostDump() error {
+	h.PostDumpAt = time.Now()
+	defer func() { h.PostDumpDone = time.Now() }()
+	if h.OnPostDump == nil {
+		return nil
+	}
+	return h.OnPostDump()
+}

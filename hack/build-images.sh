@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Builds the local test images. No registry is reachable from these machines,
+# so both images are made from Debian packages and imported into Podman.
+#
+#   localhost/tclone-busybox:latest    busybox-static only (a few MB)
+#   localhost/tclone-workspace:latest  Debian trixie with bash, tmux, python3,
+#                                      coreutils, procps, git, iproute2, curl
+#
+# An image that already exists is left alone; set TCLONE_REBUILD_IMAGES=1 to
+# rebuild both.
+set -euo pipefail
+export PODMAN_IGNORE_CGROUPSV1_WARNING=1
+
+log() { printf 'build-images: %s\n' "$*"; }
+die() { printf 'build-images: error: %s\n' "$*" >&2; exit 1; }
+
+rebuild=${TCLONE_REBUILD_IMAGES:-0}
+work=$(mktemp -d /var/tmp/tclone-images.XXXXXX)
+trap 'rm -rf "$work"' EXIT
+
+need_image() {
+	[ "$rebuild" = 1 ] || ! podman image exists "$1"
+}
+
+# busybox: a static busybox with its applet links, plus the few files that
+# programs expect to find (passwd/group for user lookup, /tmp).
+if need_image localhost/tclone-busybox:latest; then
+	[ -x /bin/busybox ] || die "/bin/busybox is missing; install busybox-static"
+	log "building localhost/tclone-busybox"
+	root=$work/busybox
+	mkdir -p "$root"/{bin,sbin,usr/bin,usr/sbin,etc,tmp,proc,sys,dev,root,var/tmp}
+	chmod 1777 "$root/tmp" "$root/var/tmp"
+	cp /bin/busybox "$root/bin/busybox"
+	for applet in $(/bin/busybox --list-full); do
+		[ -e "$root/$applet" ] || ln -s /bin/busybox "$root/$applet"
+	done
+	printf 'root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n' >"$root/etc/passwd"
+	printf 'root:x:0:\nnogroup:x:65534:\n' >"$root/etc/group"
+	tar -C "$root" -c . | podman import --quiet - localhost/tclone-busybox:latest >/dev/null
+fi
+
+# workspace: what an agent's dev container holds. mmdebstrap takes about a
+# minute from the Debian mirror.
+if need_image localhost/tclone-workspace:latest; then
+	command -v mmdebstrap >/dev/null || die "mmdebstrap is missing; install it"
+	log "building localhost/tclone-workspace (mmdebstrap trixie, about a minute)"
+	mmdebstrap --quiet --variant=apt \
+		--include=bash,tmux,python3,procps,coreutils,git,iproute2,curl,ca-certificates \
+		--customize-hook='echo workspace >"$1/etc/hostname"' \
+		--customize-hook='rm -f "$1/etc/machine-id"; : >"$1/etc/machine-id"' \
+		trixie "$work/workspace.tar" http://deb.debian.org/debian
+	podman import --quiet --change 'CMD ["/bin/bash"]' "$work/workspace.tar" localhost/tclone-workspace:latest >/dev/null
+fi
+log "images ready"

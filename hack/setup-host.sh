@@ -1,0 +1,160 @@
+#!/usr/bin/env bash
+# Prepares a Debian host (root) to build, run and test tclone.
+#
+# Idempotent: every step first checks whether its work is already done, so a
+# second run changes nothing and finishes in a few seconds.
+#
+#   hack/setup-host.sh              packages, cgroups, sysctls, images, tclone
+#   hack/setup-host.sh --service    the same, then start the Podman API service
+#
+# Environment:
+#   TCLONE_BIN   the tclone binary to install (default: bin/tclone of this checkout)
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+top=$(cd "$here/.." && pwd)
+start_service=0
+for arg in "$@"; do
+	case "$arg" in
+	--service) start_service=1 ;;
+	*) echo "setup-host: unknown argument '$arg' (known: --service)" >&2; exit 2 ;;
+	esac
+done
+
+log() { printf 'setup-host: %s\n' "$*"; }
+die() { printf 'setup-host: error: %s\n' "$*" >&2; exit 1; }
+
+[ "$(id -u)" = 0 ] || die "run as root (it installs packages and configures cgroups)"
+command -v apt-get >/dev/null || die "this script supports Debian hosts only (apt-get not found)"
+
+export DEBIAN_FRONTEND=noninteractive
+export PODMAN_IGNORE_CGROUPSV1_WARNING=1
+
+# --- 1. Packages -------------------------------------------------------------
+# Bookworm's criu (3.17) cannot parse this kernel's vDSO, and its podman is 4.x.
+# Trixie has podman 5 / crun / conmon; CRIU >= 4.2 comes from testing (forky),
+# because 4.1 cannot dump inet sockets on kernels >= 6.16 and hangs where
+# hardware breakpoints do not fire. Both suites are pinned low so nothing else
+# on the machine moves to them unless asked by name with -t.
+have_criu_42() {
+	command -v criu >/dev/null || return 1
+	local v
+	v=$(criu --version 2>/dev/null | awk '/^Version:/ {print $2}')
+	[ -n "$v" ] || return 1
+	dpkg --compare-versions "$v" ge 4.2
+}
+
+have_stack() {
+	command -v podman >/dev/null && command -v crun >/dev/null &&
+		command -v conmon >/dev/null && have_criu_42 &&
+		podman --version 2>/dev/null | grep -q 'version 5\.'
+}
+
+# Tools the tests and image builds use, all from the host's own suite.
+host_tools=(mmdebstrap busybox-static tmux jq iproute2 socat curl btrfs-progs e2fsprogs xfsprogs
+	python3 procps psmisc cpio qemu-system-x86 kmod)
+
+missing_tools() {
+	local p
+	for p in "${host_tools[@]}"; do
+		dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || echo "$p"
+	done
+}
+
+add_suite() { # name suite priority
+	local name=$1 suite=$2 prio=$3
+	local src=/etc/apt/sources.list.d/tclone-$name.sources
+	local pin=/etc/apt/preferences.d/tclone-$name
+	if [ ! -f "$src" ]; then
+		cat >"$src" <<SRC
+Types: deb
+URIs: http://deb.debian.org/debian
+Suites: $suite
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+SRC
+		changed_sources=1
+	fi
+	if [ ! -f "$pin" ]; then
+		cat >"$pin" <<PIN
+Package: *
+Pin: release n=$suite
+Pin-Priority: $prio
+PIN
+		changed_sources=1
+	fi
+}
+
+changed_sources=0
+need_tools=$(missing_tools)
+if ! have_stack || [ -n "$need_tools" ]; then
+	. /etc/os-release
+	if [ "${VERSION_CODENAME:-}" = bookworm ]; then
+		add_suite trixie trixie 100
+		add_suite forky forky 50
+	fi
+	log "installing packages (podman, crun, conmon, criu and test tools)"
+	apt-get update -qq
+	if [ -n "$need_tools" ]; then
+		# shellcheck disable=SC2086
+		apt-get install -y -qq --no-install-recommends $need_tools >/dev/null
+	fi
+	if ! have_stack; then
+		if [ "${VERSION_CODENAME:-}" = bookworm ]; then
+			apt-get install -y -qq -t trixie podman crun conmon containernetworking-plugins \
+				netavark aardvark-dns catatonit fuse-overlayfs >/dev/null
+			apt-get install -y -qq -t forky criu >/dev/null
+		else
+			apt-get install -y -qq podman crun conmon criu >/dev/null
+		fi
+	fi
+	# Some library triggers are deferred in minimal images (no apt-utils);
+	# without this, criu fails to find libnet.so.9 from the newer suite.
+	ldconfig
+	have_stack || die "podman 5, crun, conmon and criu >= 4.2 are still missing after installing; check the apt output above"
+fi
+log "podman $(podman --version | awk '{print $3}'), crun $(crun --version | awk 'NR==1{print $3}'), criu $(criu --version | awk '/^Version:/{print $2}'), conmon $(conmon --version | awk 'NR==1{print $3}')"
+
+# --- 2. cgroups --------------------------------------------------------------
+# On hybrid hosts (v1 controllers plus a cgroup2 mount) crun refuses to run
+# while any controller is still enabled on cgroup2. Only hugetlb is left there
+# on these machines; giving it its own v1 hierarchy empties the v2 list.
+# The memory hierarchy and the machine's own process_api groups are not touched.
+unified=/sys/fs/cgroup/unified
+if [ -f "$unified/cgroup.controllers" ] && [ -n "$(cat "$unified/cgroup.controllers")" ]; then
+	for c in $(cat "$unified/cgroup.controllers"); do
+		[ "$c" = hugetlb ] || die "cgroup2 still holds controller '$c'; crun cannot run on hybrid cgroups with it. Mount it as v1 or boot with pure cgroup v2"
+	done
+	log "moving hugetlb to a v1 hierarchy (crun refuses hybrid cgroup2 with controllers)"
+	mkdir -p /sys/fs/cgroup/hugetlb
+	mount -t cgroup -o hugetlb cgroup /sys/fs/cgroup/hugetlb
+fi
+
+# --- 3. sysctls --------------------------------------------------------------
+# CRIU moves page data through pipes; without CAP_SYS_RESOURCE the per-user
+# pipe quota makes large transfers fail with "page-pipe: tee: EPERM".
+set_sysctl() {
+	local key=$1 want=$2
+	if [ "$(sysctl -n "$key")" != "$want" ]; then
+		log "sysctl $key=$want"
+		sysctl -q -w "$key=$want"
+	fi
+}
+set_sysctl fs.pipe-user-pages-soft 0
+set_sysctl fs.pipe-max-size 67108864
+
+# --- 4. Images ---------------------------------------------------------------
+# No registry is reachable, so the test images are built locally.
+"$here/build-images.sh"
+
+# --- 5. tclone ---------------------------------------------------------------
+bin=${TCLONE_BIN:-$top/bin/tclone}
+[ -x "$bin" ] || die "$bin is missing; run 'make build' first (make test and make demo do)"
+"$here/install.sh" "$bin"
+
+# --- 6. Podman API service (optional) -----------------------------------------
+# There is no systemd here; the service is started by hand for REST clients.
+if [ "$start_service" = 1 ]; then
+	"$here/podman-service.sh" start
+fi
+log "done"

@@ -1,0 +1,290 @@
+// Package criucheck decides, before any checkpoint, restore or fork, whether
+// the CRIU on this host can do the job on this kernel. A dump that cannot
+// succeed must be refused up front: once CRIU has seized a container, a failure
+// halfway costs the user a frozen or disturbed workload.
+package criucheck
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// EnvBinary overrides which criu binary tclone uses.
+const EnvBinary = "TCLONE_CRIU"
+
+// Version is a CRIU version as CRIU's RPC encodes it: major*10000 +
+// minor*100 + sublevel (4.2.1 = 40201).
+type Version int
+
+func (v Version) String() string {
+	return fmt.Sprintf("%d.%d.%d", int(v)/10000, int(v)/100%100, int(v)%100)
+}
+
+// Requirement is a minimum CRIU version and why it is needed.
+type Requirement struct {
+	Min    Version
+	Reason string
+}
+
+// Kernel is a kernel release as major/minor.
+type Kernel struct{ Major, Minor int }
+
+func (k Kernel) atLeast(major, minor int) bool {
+	return k.Major > major || (k.Major == major && k.Minor >= minor)
+}
+
+// Required returns the oldest CRIU that works on kernel k.
+func Required(k Kernel) Requirement {
+	if k.atLeast(6, 16) {
+		// Kernels >= 6.16 reject a socket option CRIU < 4.2 reads from every
+		// inet socket ("Can't get 1:16 opt: Operation not supported"), so any
+		// container with a TCP listener fails to dump.
+		return Requirement{Min: 40200, Reason: "kernels >= 6.16 need CRIU >= 4.2 to dump inet sockets (CRIU issue #2705)"}
+	}
+	// crun's libcriu wrapper refuses anything older.
+	return Requirement{Min: 31500, Reason: "crun needs CRIU >= 3.15"}
+}
+
+// NeedsNoBreakpointsWorkaround reports whether CRIU v must be told not to use
+// hardware breakpoints. CRIU < 4.2 does not notice when they never fire (as in
+// many VMs) and then waits forever with the container seized; the fault
+// injection switch 130 makes it use the slower but safe path everywhere.
+func NeedsNoBreakpointsWorkaround(v Version) bool { return v < 40200 }
+
+// Env returns the environment additions every CRIU process tclone starts
+// (directly or through crun) must carry.
+func (r *Result) Env() []string {
+	if NeedsNoBreakpointsWorkaround(r.Version) {
+		return []string{"CRIU_FAULT=130"}
+	}
+	return nil
+}
+
+// Result is a successful check.
+type Result struct {
+	Path    string  `json:"path"`
+	Version Version `json:"version"`
+	Kernel  string  `json:"kernel"`
+}
+
+// Error is a failed check. It always says what to do.
+type Error struct {
+	What string
+	Fix  string
+}
+
+func (e *Error) Error() string { return e.What + "; " + e.Fix }
+
+const fixInstall = "install CRIU >= 4.2 (hack/setup-host.sh does: it takes criu from Debian testing on bookworm/trixie hosts) or point $" + EnvBinary + " at a newer criu"
+
+// Find locates the criu binary.
+func Find() (string, error) {
+	if p := os.Getenv(EnvBinary); p != "" {
+		return p, nil
+	}
+	if p, err := exec.LookPath("criu"); err == nil {
+		return p, nil
+	}
+	for _, p := range []string{"/usr/sbin/criu", "/usr/local/sbin/criu", "/usr/bin/criu"} {
+		if _, err := os.Stat(p); err == nil {
+			return p, nil
+		}
+	}
+	return "", &Error{What: "criu not found", Fix: fixInstall}
+}
+
+var versionRE = regexp.MustCompile(`(?m)^Version:\s*(\d+)\.(\d+)(?:\.(\d+))?`)
+
+// ParseVersion reads `criu --version` output.
+func ParseVersion(out string) (Version, error) {
+	m := versionRE.FindStringSubmatch(out)
+	if m == nil {
+		return 0, fmt.Errorf("unrecognised `criu --version` output %q", strings.TrimSpace(out))
+	}
+	major, _ := strconv.Atoi(m[1])
+	minor, _ := strconv.Atoi(m[2])
+	sub := 0
+	if m[3] != "" {
+		sub, _ = strconv.Atoi(m[3])
+	}
+	return Version(major*10000 + minor*100 + sub), nil
+}
+
+var kernelRE = regexp.MustCompile(`^(\d+)\.(\d+)`)
+
+// ParseKernel reads a kernel release string such as "6.18.44-fc".
+func ParseKernel(release string) (Kernel, error) {
+	m := kernelRE.FindStringSubmatch(release)
+	if m == nil {
+		return Kernel{}, fmt.Errorf("unrecognised kernel release %q", release)
+	}
+	major, _ := strconv.Atoi(m[1])
+	minor, _ := strconv.Atoi(m[2])
+	return Kernel{major, minor}, nil
+}
+
+func kernelRelease() (string, error) {
+	var u unix.Utsname
+	if err := unix.Uname(&u); err != nil {
+		return "", err
+	}
+	return unix.ByteSliceToString(u.Release[:]), nil
+}
+
+// CacheDir holds the result of the last successful check, so that each fork
+// does not pay for `criu check` again. The cache is keyed by boot, kernel and
+// the criu binary's identity, so an upgrade or a reboot invalidates it.
+var CacheDir = "/run/tclone"
+
+type cacheKey struct {
+	BootID string `json:"boot_id"`
+	Kernel string `json:"kernel"`
+	Path   string `json:"path"`
+	Size   int64  `json:"size"`
+	MTime  int64  `json:"mtime_ns"`
+}
+
+type cacheEntry struct {
+	Key    cacheKey `json:"key"`
+	Result Result   `json:"result"`
+}
+
+func currentKey(path, kernel string) (cacheKey, error) {
+	boot, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	if err != nil {
+		return cacheKey{}, err
+	}
+	st, err := os.Stat(path)
+	if err != nil {
+		return cacheKey{}, err
+	}
+	return cacheKey{BootID: strings.TrimSpace(string(boot)), Kernel: kernel, Path: path, Size: st.Size(), MTime: st.ModTime().UnixNano()}, nil
+}
+
+// Check verifies the CRIU tclone will use. It is cheap after the first
+// success on a boot.
+func Check(ctx context.Context) (*Result, error) {
+	path, err := Find()
+	if err != nil {
+		return nil, err
+	}
+	release, err := kernelRelease()
+	if err != nil {
+		return nil, fmt.Errorf("reading kernel release: %w", err)
+	}
+	key, keyErr := currentKey(path, release)
+	cachePath := filepath.Join(CacheDir, "criu-check.json")
+	if keyErr == nil {
+		if r, ok := readCache(cachePath, key); ok {
+			return r, nil
+		}
+	}
+	r, err := check(ctx, path, release)
+	if err != nil {
+		return nil, err
+	}
+	if keyErr == nil {
+		writeCache(cachePath, cacheEntry{Key: key, Result: *r})
+	}
+	return r, nil
+}
+
+func check(ctx context.Context, path, release string) (*Result, error) {
+	kernel, err := ParseKernel(release)
+	if err != nil {
+		return nil, err
+	}
+	out, err := exec.CommandContext(ctx, path, "--version").CombinedOutput()
+	if err != nil {
+		return nil, &Error{
+			What: fmt.Sprintf("%s --version failed: %v: %s", path, err, strings.TrimSpace(string(out))),
+			Fix:  "repair the criu installation (a missing shared library usually means `ldconfig` or a reinstall); " + fixInstall,
+		}
+	}
+	v, err := ParseVersion(string(out))
+	if err != nil {
+		return nil, &Error{What: err.Error(), Fix: fixInstall}
+	}
+	req := Required(kernel)
+	if v < req.Min {
+		return nil, &Error{
+			What: fmt.Sprintf("criu %s at %s is too old for kernel %s: %s", v, path, release, req.Reason),
+			Fix:  fixInstall,
+		}
+	}
+	res := &Result{Path: path, Version: v, Kernel: release}
+	cmd := exec.CommandContext(ctx, path, "check")
+	cmd.Env = append(os.Environ(), res.Env()...)
+	var combined bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &combined, &combined
+	if err := cmd.Run(); err != nil {
+		return nil, &Error{
+			What: fmt.Sprintf("`criu check` (criu %s, kernel %s) failed: %s", v, release, lastErrors(combined.String())),
+			Fix:  "this kernel lacks something CRIU needs; run `criu check` for the full report, then " + fixInstall,
+		}
+	}
+	return res, nil
+}
+
+// lastErrors keeps the lines of CRIU output that explain a failure.
+func lastErrors(out string) string {
+	var keep []string
+	for _, line := range strings.Split(out, "\n") {
+		if strings.Contains(line, "Error") || strings.Contains(line, "FAIL") {
+			keep = append(keep, strings.TrimSpace(line))
+		}
+	}
+	if len(keep) == 0 {
+		return strings.TrimSpace(out)
+	}
+	if len(keep) > 5 {
+		keep = keep[len(keep)-5:]
+	}
+	return strings.Join(keep, " | ")
+}
+
+func readCache(path string, key cacheKey) (*Result, bool) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, false
+	}
+	var e cacheEntry
+	if json.Unmarshal(data, &e) != nil || e.Key != key {
+		return nil, false
+	}
+	return &e.Result, true
+}
+
+func writeCache(path string, e cacheEntry) {
+	data, err := json.Marshal(e)
+	if err != nil {
+		return
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return
+	}
+	tmp := path + ".tmp" + strconv.Itoa(os.Getpid())
+	if os.WriteFile(tmp, data, 0o600) != nil {
+		return
+	}
+	if os.Rename(tmp, path) != nil {
+		os.Remove(tmp)
+	}
+}
+
+// IsCheckError reports whether err is a preflight refusal.
+func IsCheckError(err error) bool {
+	var ce *Error
+	return errors.As(err, &ce)
+}

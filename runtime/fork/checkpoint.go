@@ -1,0 +1,72 @@
+package fork
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+
+	"github.com/tclone/tclone/runtime/plan"
+)
+
+// CheckpointForIntent serves `tclone checkpoint` when a fork client left an
+// intent for the container: instead of a portable checkpoint it captures a
+// fork plan, and leaves in imagePath only what Podman reads (inventory.img,
+// stats-dump in workPath) plus a reference to the plan. It returns nil, nil
+// when there is no intent and the checkpoint is an ordinary one.
+func (e *Engine) CheckpointForIntent(ctx context.Context, id, imagePath, workPath string) (*Captured, error) {
+	intent, err := e.Store.TakeIntent(id)
+	if err != nil || intent == nil {
+		return nil, err
+	}
+	c, err := e.Capture(ctx, CaptureRequest{
+		Source: id, Options: intent.Options, Uses: intent.Uses, TTL: intent.TTL, Identity: intent.Identity,
+	})
+	if err != nil {
+		return nil, err
+	}
+	if err := writeCheckpointDir(c, imagePath, workPath); err != nil {
+		e.Store.Remove(c.Dir)
+		return nil, err
+	}
+	return c, nil
+}
+
+func writeCheckpointDir(c *Captured, imagePath, workPath string) error {
+	if imagePath == "" {
+		return fmt.Errorf("a fork checkpoint needs --image-path")
+	}
+	if err := os.MkdirAll(imagePath, 0o700); err != nil {
+		return fmt.Errorf("creating checkpoint directory: %w", err)
+	}
+	// Podman refuses a restore without CRIU's inventory.
+	if err := copyFile(filepath.Join(plan.ImagesDir(c.Dir), "inventory.img"), filepath.Join(imagePath, "inventory.img")); err != nil {
+		return fmt.Errorf("writing inventory.img into the checkpoint directory: %w", err)
+	}
+	// Podman reads CRIU's dump statistics from the work directory for
+	// --print-stats, where CRIU itself would have left them.
+	if workPath != "" {
+		if err := copyFile(filepath.Join(plan.WorkDir(c.Dir), "stats-dump"), filepath.Join(workPath, "stats-dump")); err != nil {
+			return fmt.Errorf("writing stats-dump into the work directory: %w", err)
+		}
+	}
+	return plan.WriteReference(imagePath, plan.Reference{PlanID: c.Plan.ID, PlanDir: c.Dir, SourceID: c.Plan.Source.ID})
+}
+
+func copyFile(src, dst string) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
+}

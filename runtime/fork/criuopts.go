@@ -1,0 +1,146 @@
+package fork
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"github.com/checkpoint-restore/go-criu/v7/rpc"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/tclone/tclone/runtime/cgroups"
+)
+
+// External keys crun gives namespaces joined by path. Images dumped by tclone
+// are restored by crun, so the keys must be crun's.
+const (
+	extNetNS = "extRootNetNS"
+	extPidNS = "extRootPidNS"
+)
+
+// dumpInput is what the CRIU dump options are made from.
+type dumpInput struct {
+	spec       *specs.Spec
+	pid        int
+	rootfs     string
+	freezerDir string
+	imagesFd   int
+	workFd     int
+	opts       CaptureOptions
+	// selfCgroup is /proc/self/cgroup, read by the caller.
+	selfCgroup string
+	unified    bool
+}
+
+// dumpOptions builds the CRIU options for a leave-running dump that crun's
+// restore accepts: the same external mounts and namespaces crun's own
+// checkpoint declares, so that `crun restore` can map them onto the sibling.
+func dumpOptions(in dumpInput) (*rpc.CriuOpts, error) {
+	o := &rpc.CriuOpts{
+		ImagesDirFd:       proto.Int32(int32(in.imagesFd)),
+		WorkDirFd:         proto.Int32(int32(in.workFd)),
+		LogLevel:          proto.Int32(4),
+		LogFile:           proto.String(dumpLogName),
+		Pid:               proto.Int32(int32(in.pid)),
+		Root:              proto.String(in.rootfs),
+		LeaveRunning:      proto.Bool(true),
+		ExtUnixSk:         proto.Bool(in.opts.ExtUnixSk),
+		ShellJob:          proto.Bool(in.opts.ShellJob),
+		TcpEstablished:    proto.Bool(in.opts.TCPEstablished),
+		FileLocks:         proto.Bool(in.opts.FileLocks),
+		OrphanPtsMaster:   proto.Bool(true),
+		ManageCgroups:     proto.Bool(true),
+		ManageCgroupsMode: rpc.CriuCgMode_SOFT.Enum(),
+		FreezeCgroup:      proto.String(in.freezerDir),
+		// CRIU's own bound on freezing and seizing the tree.
+		Timeout: proto.Uint32(10),
+	}
+	if !in.opts.TCPEstablished {
+		// The network lock keeps packets from changing established TCP
+		// connections while they are dumped. Without them there is nothing
+		// to protect, and the lock costs two iptables runs inside the frozen
+		// window.
+		o.NetworkLock = rpc.CriuNetworkLockMethod_SKIP.Enum()
+	}
+	if !in.unified && hasMountType(in.spec, "cgroup") {
+		for _, dir := range v1CgroupMounts(in.selfCgroup) {
+			o.ExtMnt = append(o.ExtMnt, extMount(dir, dir))
+		}
+	}
+	for _, m := range in.spec.Mounts {
+		if isBind(m) {
+			o.ExtMnt = append(o.ExtMnt, extMount(m.Destination, m.Destination))
+		}
+	}
+	for _, p := range in.spec.Linux.MaskedPaths {
+		// Masked files are bind mounts of /dev/null; crun declares the ones
+		// that are regular files on the host, and so must we.
+		if st, err := os.Stat(p); err == nil && st.Mode().IsRegular() {
+			o.ExtMnt = append(o.ExtMnt, extMount(p, p))
+		}
+	}
+	for _, ns := range in.spec.Linux.Namespaces {
+		if ns.Path == "" {
+			continue
+		}
+		var key, kind string
+		switch ns.Type {
+		case specs.NetworkNamespace:
+			key, kind = extNetNS, "net"
+		case specs.PIDNamespace:
+			key, kind = extPidNS, "pid"
+		default:
+			continue
+		}
+		ino, err := inode(ns.Path)
+		if err != nil {
+			return nil, fmt.Errorf("%s namespace %s: %w", ns.Type, ns.Path, err)
+		}
+		o.External = append(o.External, fmt.Sprintf("%s[%d]:%s", kind, ino, key))
+	}
+	return o, nil
+}
+
+func extMount(key, val string) *rpc.ExtMountMap {
+	return &rpc.ExtMountMap{Key: proto.String(key), Val: proto.String(val)}
+}
+
+func isBind(m specs.Mount) bool {
+	return slices.Contains(m.Options, "bind") || slices.Contains(m.Options, "rbind")
+}
+
+func hasMountType(spec *specs.Spec, t string) bool {
+	for _, m := range spec.Mounts {
+		if m.Type == t {
+			return true
+		}
+	}
+	return false
+}
+
+// v1CgroupMounts lists the host's v1 hierarchy mount points that a
+// container's cgroup mount exposes, normalising controller names the way the
+// host mounts them.
+func v1CgroupMounts(selfCgroup string) []string {
+	var dirs []string
+	sc := bufio.NewScanner(strings.NewReader(selfCgroup))
+	for sc.Scan() {
+		parts := strings.SplitN(sc.Text(), ":", 3)
+		if len(parts) != 3 || parts[1] == "" {
+			continue
+		}
+		sub := strings.TrimPrefix(parts[1], "name=")
+		switch sub {
+		case "net_prio,net_cls":
+			sub = "net_cls,net_prio"
+		case "cpuacct,cpu":
+			sub = "cpu,cpuacct"
+		}
+		dirs = append(dirs, filepath.Join(cgroups.Root, sub))
+	}
+	return dirs
+}

@@ -1,0 +1,95 @@
+// Package fork is tclone's engine: it captures a running container into a
+// fork plan (Phase A) and materialises siblings from a plan (Phase B), and it
+// recovers from operations that a crash left half done.
+package fork
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/tclone/tclone/runtime/crun"
+	"github.com/tclone/tclone/runtime/journal"
+	"github.com/tclone/tclone/runtime/plan"
+)
+
+// CaptureOptions are the CRIU options of a capture.
+type CaptureOptions = plan.CaptureOptions
+
+const (
+	dumpLogName    = "dump.log"
+	restoreLogName = "restore.log"
+	// descriptorsFile is crun's record of a container's original stdio; its
+	// restore reconnects those pipes to the caller's.
+	descriptorsFile = "descriptors.json"
+)
+
+// DefaultCriuTimeout bounds every CRIU dump or restore.
+const DefaultCriuTimeout = 5 * time.Minute
+
+// DefaultPlanTTL is how long an unused plan is kept.
+const DefaultPlanTTL = 10 * time.Minute
+
+// Engine runs fork operations.
+type Engine struct {
+	Crun    *crun.Runtime
+	Store   plan.Store
+	Journal journal.Journal
+	// CriuTimeout bounds each CRIU call; on expiry CRIU is killed and the
+	// source thawed.
+	CriuTimeout time.Duration
+}
+
+// NewEngine returns an engine with tclone's default store and journal.
+func NewEngine(rt *crun.Runtime) *Engine {
+	store := plan.DefaultStore()
+	return &Engine{
+		Crun:        rt,
+		Store:       store,
+		Journal:     journal.Journal{Dir: filepath.Join(store.Root, "journal")},
+		CriuTimeout: DefaultCriuTimeout,
+	}
+}
+
+func (e *Engine) criuTimeout() time.Duration {
+	if e.CriuTimeout > 0 {
+		return e.CriuTimeout
+	}
+	return DefaultCriuTimeout
+}
+
+// lockSource serialises captures of one container: CRIU cannot seize a tree
+// that another CRIU holds, so concurrent forks of one source queue here and
+// each succeeds in turn.
+func (e *Engine) lockSource(ctx context.Context, id string) (func(), error) {
+	dir := filepath.Join(e.Store.Root, "locks")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	f, err := os.OpenFile(filepath.Join(dir, id+".lock"), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	for {
+		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+		if err == nil {
+			return func() { f.Close() }, nil
+		}
+		if err != unix.EWOULDBLOCK {
+			f.Close()
+			return nil, fmt.Errorf("locking source %s: %w", id, err)
+		}
+		select {
+		case <-ctx.Done():
+			f.Close()
+			return nil, fmt.Errorf("waiting for another capture of %s to finish: %w", id, ctx.Err())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

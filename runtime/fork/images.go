@@ -1,0 +1,72 @@
+package fork
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/checkpoint-restore/go-criu/v7/crit"
+	"github.com/checkpoint-restore/go-criu/v7/crit/images/utsns"
+)
+
+// siblingImages makes the image directory one sibling restores from: hard
+// links to the plan's images, which stay read-only and shared by every
+// sibling, plus private copies of the few images this sibling changes.
+//
+// Hard links, not symlinks: CRIU's restored tasks read their pages through
+// the directory from inside the sibling's mount namespace, where an absolute
+// symlink into the host's plan store does not resolve. So dir must be on the
+// plan store's tmpfs.
+func siblingImages(planImages, dir, hostname string) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	entries, err := os.ReadDir(planImages)
+	if err != nil {
+		return fmt.Errorf("reading plan images: %w", err)
+	}
+	for _, e := range entries {
+		name := e.Name()
+		src := filepath.Join(planImages, name)
+		dst := filepath.Join(dir, name)
+		if hostname != "" && strings.HasPrefix(name, "utsns-") && strings.HasSuffix(name, ".img") {
+			if err := rewriteHostname(src, dst, hostname); err != nil {
+				return fmt.Errorf("setting the sibling's hostname in %s: %w", name, err)
+			}
+			continue
+		}
+		if err := os.Link(src, dst); err != nil {
+			return fmt.Errorf("linking plan image %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// rewriteHostname copies a UTS namespace image with a new node name, so the
+// sibling's processes see their own hostname from their first instruction.
+func rewriteHostname(src, dst, hostname string) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	img, err := crit.New(in, nil, "", false, false).Decode(&utsns.UtsnsEntry{})
+	if err != nil {
+		return err
+	}
+	for _, e := range img.Entries {
+		if u, ok := e.Message.(*utsns.UtsnsEntry); ok {
+			u.Nodename = &hostname
+		}
+	}
+	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	if err := crit.New(nil, out, "", false, false).Encode(img); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
+}

@@ -1,0 +1,273 @@
+package fork
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"time"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/tclone/tclone/criuhooks"
+	"github.com/tclone/tclone/runtime/cgroups"
+	"github.com/tclone/tclone/runtime/criucheck"
+	"github.com/tclone/tclone/runtime/journal"
+	"github.com/tclone/tclone/runtime/plan"
+	"github.com/tclone/tclone/runtime/rootfs"
+)
+
+// MaterializeRequest builds one sibling from a plan. The fields mirror
+// `crun restore`, which conmon calls.
+type MaterializeRequest struct {
+	Plan   string // plan ID or directory
+	ID     string // the sibling's container ID
+	Bundle string // the sibling's bundle; its config.json decides everything sibling-specific
+
+	Detach        bool
+	PidFile       string
+	ConsoleSocket string
+	WorkPath      string
+
+	// TCPClose closes the sibling's copies of established TCP connections.
+	TCPClose bool
+	// Pass-through crun restore options.
+	ManageCgroupsMode string
+	LSMProfile        string
+	LSMMountContext   string
+
+	// Stdio of the sibling when it is not detached, and of crun.
+	Stdin          io.Reader
+	Stdout, Stderr io.Writer
+
+	// ownsPlan marks a plan made for this sibling alone (Fork): recovery
+	// removes it with the sibling.
+	ownsPlan bool
+}
+
+// Materialized reports a sibling that is up.
+type Materialized struct {
+	ID       string       `json:"id"`
+	PlanID   string       `json:"plan_id"`
+	Hostname string       `json:"hostname,omitempty"`
+	Rootfs   rootfs.Stats `json:"rootfs"`
+	Timings  struct {
+		RootfsMs  float64 `json:"rootfs_ms"`
+		RestoreMs float64 `json:"restore_ms"`
+		// CriuRestoreMs is CRIU's own restore time from its stats.
+		CriuRestoreMs float64 `json:"criu_restore_ms"`
+		TotalMs       float64 `json:"total_ms"`
+	} `json:"timings"`
+	PagesRestored uint64 `json:"pages_restored"`
+}
+
+// Materialize is Phase B: a sibling container from a plan. The sibling gets
+// its own pid, mount, uts, ipc and cgroup namespaces, the network namespace
+// its config names (or a private copy of the source's), its own hostname and
+// cgroup, the source's external bind mounts remapped to its own, and its
+// stdio and terminal connected to the caller. crun performs the restore, so
+// crun's state for the sibling is ordinary: state, kill, delete, ps, exec and
+// pause work on it as on any container. On failure nothing of the sibling is
+// left behind and the plan's use is given back.
+func (e *Engine) Materialize(ctx context.Context, req MaterializeRequest) (*Materialized, error) {
+	start := time.Now()
+	e.RecoverQuietly(ctx)
+	if req.ID == "" {
+		return nil, errors.New("no ID given for the new container")
+	}
+	dir, err := e.Store.Resolve(req.Plan)
+	if err != nil {
+		return nil, err
+	}
+	p, err := plan.Read(dir)
+	if err != nil {
+		return nil, err
+	}
+	if req.Bundle == "" {
+		req.Bundle = "."
+	}
+	bundle, err := filepath.Abs(req.Bundle)
+	if err != nil {
+		return nil, err
+	}
+	spec, err := loadSpec(bundle)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := os.Stat(filepath.Join(e.Crun.Global.StateRoot(), req.ID)); err == nil {
+		return nil, fmt.Errorf("a container named %s already exists; choose another ID or delete it first", req.ID)
+	}
+	if p.Source.NetNSPath != "" {
+		if path, _ := namespacePath(spec, "network"); path == "" {
+			return nil, fmt.Errorf("the source joined network namespace %s by path, so the sibling's config.json must name a network namespace path too (Podman does this); create one (ip netns add NAME) and set linux.namespaces[network].path", p.Source.NetNSPath)
+		}
+	}
+	check, err := criucheck.Check(ctx)
+	if err != nil {
+		return nil, err
+	}
+	lease, err := e.Store.Acquire(dir)
+	if err != nil {
+		return nil, err
+	}
+	siblingDir := e.Store.SiblingDir(req.ID)
+	root := rootPath(bundle, spec)
+	entry, err := e.Journal.Begin(journal.Record{
+		Kind: journal.Materialize, Phase: "prepare", PlanDir: dir, SiblingID: req.ID, LeaseHeld: true,
+		RootTarget: root, CrunRoot: e.Crun.Global.Root, ImagesOverlay: siblingDir,
+		SiblingCgroup: spec.Linux.CgroupsPath, OwnsPlan: req.ownsPlan,
+	})
+	if err != nil {
+		lease.Release(false)
+		return nil, err
+	}
+	m, err := e.materialize(ctx, req, p, dir, spec, bundle, root, siblingDir, check, entry)
+	if err != nil {
+		err = errors.Join(err, e.undoMaterialize(ctx, entry.Rec))
+		lease.Release(false)
+		entry.End()
+		return nil, err
+	}
+	os.RemoveAll(siblingDir)
+	err = lease.Release(true)
+	entry.End()
+	m.Timings.TotalMs = ms(time.Since(start))
+	return m, err
+}
+
+func (e *Engine) materialize(ctx context.Context, req MaterializeRequest, p *plan.Plan, dir string, spec *specs.Spec, bundle, root, siblingDir string, check *criucheck.Result, entry *journal.Entry) (*Materialized, error) {
+	m := &Materialized{ID: req.ID, PlanID: p.ID}
+	m.Hostname = siblingHostname(p, spec, req.ID)
+	images := filepath.Join(siblingDir, "images")
+	if err := siblingImages(plan.ImagesDir(dir), images, m.Hostname); err != nil {
+		return nil, err
+	}
+
+	if err := entry.Update(func(r *journal.Record) { r.Phase = "rootfs"; r.RootFilled = true }); err != nil {
+		return nil, err
+	}
+	t := time.Now()
+	fill, err := p.Rootfs.Apply(root)
+	if err != nil {
+		return nil, fmt.Errorf("filling the sibling's root %s: %w", root, err)
+	}
+	m.Rootfs = fill
+	if p.Identity != plan.IdentityPreserve {
+		if _, err := freshMachineID(root); err != nil && p.Identity == plan.IdentityUnique {
+			return nil, fmt.Errorf("giving the sibling its own machine-id: %w", err)
+		}
+	}
+	if m.Hostname != "" {
+		if err := rewriteNameFiles(spec, bundle, req.ID, p.Source.Hostname, m.Hostname); err != nil && p.Identity == plan.IdentityUnique {
+			return nil, err
+		}
+	}
+	m.Timings.RootfsMs = ms(time.Since(t))
+
+	work := req.WorkPath
+	if work == "" {
+		work = filepath.Join(siblingDir, "work")
+	}
+	if err := os.MkdirAll(work, 0o700); err != nil {
+		return nil, err
+	}
+	if err := entry.Update(func(r *journal.Record) { r.Phase = "restore"; r.SiblingCreated = true }); err != nil {
+		return nil, err
+	}
+	t = time.Now()
+	if err := e.crunRestore(ctx, req, p, images, work, siblingDir, check); err != nil {
+		return nil, err
+	}
+	m.Timings.RestoreMs = ms(time.Since(t))
+	if st, err := criuhooks.RestoreStats(work); err == nil {
+		m.Timings.CriuRestoreMs = float64(st.GetRestoreTime()) / 1000
+		m.PagesRestored = st.GetPagesRestored()
+	}
+	return m, nil
+}
+
+// crunRestore has crun restore the tree into the sibling's bundle.
+func (e *Engine) crunRestore(ctx context.Context, req MaterializeRequest, p *plan.Plan, images, work, siblingDir string, check *criucheck.Result) error {
+	args := []string{"--image-path", images, "--work-path", work, "--bundle", req.Bundle}
+	if req.Detach {
+		args = append(args, "--detach")
+	}
+	if req.PidFile != "" {
+		args = append(args, "--pid-file", req.PidFile)
+	}
+	if req.ConsoleSocket != "" {
+		args = append(args, "--console-socket", req.ConsoleSocket)
+	}
+	// The restore must declare what the dump allowed.
+	if p.Capture.TCPEstablished && !req.TCPClose {
+		args = append(args, "--tcp-established")
+	}
+	if p.Capture.FileLocks {
+		args = append(args, "--file-locks")
+	}
+	if p.Capture.ExtUnixSk {
+		args = append(args, "--ext-unix-sk")
+	}
+	if p.Capture.ShellJob {
+		args = append(args, "--shell-job")
+	}
+	if req.ManageCgroupsMode != "" {
+		args = append(args, "--manage-cgroups-mode", req.ManageCgroupsMode)
+	}
+	if req.LSMProfile != "" {
+		args = append(args, "--lsm-profile", req.LSMProfile)
+	}
+	if req.LSMMountContext != "" {
+		args = append(args, "--lsm-mount-context", req.LSMMountContext)
+	}
+	args = append(args, req.ID)
+
+	env := append(os.Environ(), check.Env()...)
+	if req.TCPClose {
+		// crun has no --tcp-close for restore; CRIU takes it from a
+		// configuration file named in its environment.
+		conf := filepath.Join(siblingDir, "criu.conf")
+		if err := os.WriteFile(conf, []byte("tcp-close\n"), 0o600); err != nil {
+			return err
+		}
+		env = append(env, "CRIU_CONFIG_FILE="+conf)
+	}
+	ctx, cancel := context.WithTimeout(ctx, e.criuTimeout())
+	defer cancel()
+	cmd := e.Crun.Command(ctx, "restore", args...)
+	cmd.Env = env
+	// crun's stdio must be the caller's own descriptors, not pipes of ours:
+	// the restored tree inherits them as its stdio (conmon's log pipes, or
+	// the terminal), and would hold a pipe of ours open forever.
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = req.Stdin, req.Stdout, req.Stderr
+	err := cmd.Run()
+	if err == nil {
+		return nil
+	}
+	msg := err.Error()
+	if ctx.Err() != nil {
+		msg = fmt.Sprintf("timed out after %s", e.criuTimeout())
+	}
+	logPath := filepath.Join(work, restoreLogName)
+	cerr := &criuhooks.Error{Op: "restore", Err: fmt.Errorf("crun restore: %s", msg), Reasons: criuhooks.LogErrors(logPath), LogPath: logPath}
+	return fmt.Errorf("restoring sibling %s: %w", req.ID, cerr)
+}
+
+// undoMaterialize removes what a failed or abandoned Phase B made, as far as
+// its journal record says it got.
+func (e *Engine) undoMaterialize(ctx context.Context, rec journal.Record) error {
+	var errs []error
+	if rec.SiblingCreated && rec.SiblingID != "" {
+		errs = append(errs, e.removeSibling(ctx, rec.SiblingID))
+		errs = append(errs, cgroups.RemoveLeftovers(rec.SiblingCgroup))
+	}
+	if rec.RootFilled && rec.RootTarget != "" {
+		errs = append(errs, rootfs.Clear(rec.RootTarget))
+	}
+	if rec.ImagesOverlay != "" {
+		errs = append(errs, os.RemoveAll(rec.ImagesOverlay))
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,146 @@
+package fork
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/tclone/tclone/runtime/cgroups"
+	"github.com/tclone/tclone/runtime/crun"
+	"github.com/tclone/tclone/runtime/journal"
+	"github.com/tclone/tclone/runtime/plan"
+)
+
+// Recovered reports what a recovery pass cleaned up.
+type Recovered struct {
+	Captures     int      `json:"captures"`      // interrupted captures undone
+	Siblings     int      `json:"siblings"`      // interrupted materialisations undone
+	Thawed       []string `json:"thawed"`        // sources found frozen and thawed
+	ExpiredPlans int      `json:"expired_plans"` // unused plans past their expiry
+	StraySnaps   int      `json:"stray_snapshots"`
+}
+
+// Recover undoes every fork operation whose tclone process died, removes
+// plans past their expiry, and removes root filesystem snapshots no plan
+// refers to. It is what `tclone gc` runs, and every capture and
+// materialisation runs it first.
+func (e *Engine) Recover(ctx context.Context) (*Recovered, error) {
+	var r Recovered
+	var errs []error
+	orphans, err := e.Journal.Orphans()
+	if err != nil {
+		return nil, err
+	}
+	for _, o := range orphans {
+		switch o.Rec.Kind {
+		case journal.Capture:
+			if o.Rec.FreezerDir != "" {
+				f := &cgroups.Freezer{Dir: o.Rec.FreezerDir, V2: cgroups.Unified()}
+				if was, err := f.ThawIfFrozen(); err != nil {
+					errs = append(errs, err)
+				} else if was {
+					r.Thawed = append(r.Thawed, o.Rec.SourceID)
+				}
+			}
+			if o.Rec.PlanDir != "" {
+				errs = append(errs, e.Store.Remove(o.Rec.PlanDir))
+			}
+			r.Captures++
+		case journal.Materialize:
+			errs = append(errs, e.undoMaterialize(ctx, o.Rec))
+			if o.Rec.LeaseHeld && o.Rec.PlanDir != "" {
+				errs = append(errs, plan.ReleaseUse(e.Store, o.Rec.PlanDir, false))
+			}
+			if o.Rec.OwnsPlan && o.Rec.PlanDir != "" {
+				errs = append(errs, e.Store.Remove(o.Rec.PlanDir))
+			}
+			r.Siblings++
+		}
+		errs = append(errs, o.End())
+	}
+	n, err := e.removeExpiredPlans(time.Now())
+	r.ExpiredPlans = n
+	errs = append(errs, err)
+	n, err = e.removeStraySnapshots()
+	r.StraySnaps = n
+	errs = append(errs, err)
+	return &r, errors.Join(errs...)
+}
+
+// RecoverQuietly runs Recover and only logs what went wrong: a stale entry
+// must not stop a new fork.
+func (e *Engine) RecoverQuietly(ctx context.Context) {
+	r, err := e.Recover(ctx)
+	if err != nil {
+		logrus.Warnf("cleaning up after an earlier interrupted fork: %v", err)
+	}
+	if r != nil && (r.Captures+r.Siblings+r.ExpiredPlans+r.StraySnaps > 0 || len(r.Thawed) > 0) {
+		logrus.Infof("cleaned up after earlier forks: %+v", *r)
+	}
+}
+
+func (e *Engine) removeExpiredPlans(now time.Time) (int, error) {
+	ids, err := e.Store.List()
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	var errs []error
+	for _, id := range ids {
+		dir := e.Store.Dir(id)
+		if _, err := plan.Read(dir); err != nil {
+			// No plan.json: a capture in progress (its journal entry is
+			// alive) or one a crash cut short (its orphan was handled
+			// above). Leave it to its journal entry.
+			continue
+		}
+		if plan.Expired(dir, now) {
+			errs = append(errs, e.Store.Remove(dir))
+			n++
+		}
+	}
+	return n, errors.Join(errs...)
+}
+
+// removeStraySnapshots deletes root filesystem snapshots whose plan is gone.
+func (e *Engine) removeStraySnapshots() (int, error) {
+	entries, err := os.ReadDir(e.Store.SnapshotRoot)
+	if errors.Is(err, os.ErrNotExist) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	var errs []error
+	for _, ent := range entries {
+		if _, err := os.Stat(e.Store.Dir(ent.Name())); err == nil {
+			continue
+		}
+		errs = append(errs, os.RemoveAll(filepath.Join(e.Store.SnapshotRoot, ent.Name())))
+		n++
+	}
+	return n, errors.Join(errs...)
+}
+
+// removeSibling deletes a sibling crun may know, and the cgroup a failed
+// restore may have left.
+func (e *Engine) removeSibling(ctx context.Context, id string) error {
+	var errs []error
+	if _, err := os.Stat(filepath.Join(e.Crun.Global.StateRoot(), id)); err == nil {
+		if _, err := e.Crun.Output(ctx, "delete", "--force", id); err != nil {
+			var ee *crun.ExitError
+			if !errors.As(err, &ee) {
+				errs = append(errs, fmt.Errorf("deleting sibling %s: %w", id, err))
+			} else if _, serr := os.Stat(filepath.Join(e.Crun.Global.StateRoot(), id)); serr == nil {
+				errs = append(errs, fmt.Errorf("deleting sibling %s: %w", id, err))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,129 @@
+package fork
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
+
+	"github.com/tclone/tclone/runtime/crun"
+)
+
+// source is a container that is about to be captured.
+type source struct {
+	id     string
+	state  *crun.State
+	status *crun.Status
+	spec   *specs.Spec
+}
+
+// SourceError is a container that cannot be forked as it is; it says why and
+// what to do.
+type SourceError struct {
+	ID     string
+	Reason string
+	Fix    string
+}
+
+func (e *SourceError) Error() string {
+	return fmt.Sprintf("cannot fork container %s: %s; %s", e.ID, e.Reason, e.Fix)
+}
+
+// loadSource checks that id is a running container crun manages and reads
+// what a capture needs.
+func loadSource(ctx context.Context, rt *crun.Runtime, id string) (*source, error) {
+	if id == "" {
+		return nil, &SourceError{ID: `""`, Reason: "no source container given", Fix: "name the container to fork"}
+	}
+	st, err := rt.State(ctx, id)
+	if errors.Is(err, crun.ErrNotFound) {
+		return nil, &SourceError{ID: id, Reason: "crun has no such container under " + rt.Global.StateRoot(),
+			Fix: "check the ID; for a Podman container, it must run with --runtime tclone (podman inspect --format '{{.OCIRuntime}}' shows which)"}
+	}
+	if err != nil {
+		return nil, err
+	}
+	switch st.Status {
+	case crun.StatusRunning:
+	case crun.StatusPaused:
+		return nil, &SourceError{ID: id, Reason: "it is paused", Fix: "resume it first (podman unpause, or tclone resume)"}
+	default:
+		return nil, &SourceError{ID: id, Reason: "it is " + st.Status + ", and only a running container can be forked", Fix: "start it first"}
+	}
+	if !processAlive(st.Pid) {
+		return nil, &SourceError{ID: id, Reason: fmt.Sprintf("its init process %d is exiting", st.Pid), Fix: "wait for the container to stop, then restart it"}
+	}
+	status, err := rt.ReadStatus(id)
+	if err != nil {
+		return nil, err
+	}
+	spec, err := loadSpec(st.Bundle)
+	if err != nil {
+		return nil, err
+	}
+	if status.Rootfs == "" {
+		status.Rootfs = rootPath(st.Bundle, spec)
+	}
+	return &source{id: id, state: st, status: status, spec: spec}, nil
+}
+
+func processAlive(pid int) bool {
+	if pid <= 0 {
+		return false
+	}
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	// A zombie ('Z') or dead ('X') init is a container on its way out.
+	for i := len(data) - 1; i > 0; i-- {
+		if data[i] == ')' && i+2 < len(data) {
+			return data[i+2] != 'Z' && data[i+2] != 'X'
+		}
+	}
+	return unix.Kill(pid, 0) == nil
+}
+
+// loadSpec reads a bundle's config.json.
+func loadSpec(bundle string) (*specs.Spec, error) {
+	path := filepath.Join(bundle, "config.json")
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("reading bundle config: %w", err)
+	}
+	var spec specs.Spec
+	if err := json.Unmarshal(data, &spec); err != nil {
+		return nil, fmt.Errorf("decoding %s: %w", path, err)
+	}
+	if spec.Root == nil || spec.Root.Path == "" {
+		return nil, fmt.Errorf("%s has no root.path", path)
+	}
+	if spec.Linux == nil {
+		return nil, fmt.Errorf("%s has no linux section; tclone forks Linux containers only", path)
+	}
+	return &spec, nil
+}
+
+// rootPath resolves the spec's root.path against its bundle.
+func rootPath(bundle string, spec *specs.Spec) string {
+	if filepath.IsAbs(spec.Root.Path) {
+		return spec.Root.Path
+	}
+	return filepath.Join(bundle, spec.Root.Path)
+}
+
+// namespacePath returns the path a spec gives for namespace type t, and
+// whether the spec has that namespace at all.
+func namespacePath(spec *specs.Spec, t specs.LinuxNamespaceType) (string, bool) {
+	for _, ns := range spec.Linux.Namespaces {
+		if ns.Type == t {
+			return ns.Path, true
+		}
+	}
+	return "", false
+}

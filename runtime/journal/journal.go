@@ -1,0 +1,189 @@
+// Package journal records fork operations in flight, so that whatever a
+// killed tclone left half done can be found and undone later. Each operation
+// is one small JSON file that names its owner process; an entry whose owner is
+// gone belongs to a crash.
+package journal
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Kind of operation.
+type Kind string
+
+const (
+	// Capture is a Phase A in progress: a plan being written, possibly a
+	// source frozen.
+	Capture Kind = "capture"
+	// Materialize is a Phase B in progress: a sibling being built.
+	Materialize Kind = "materialize"
+)
+
+// Owner identifies a process beyond its PID, which the kernel may reuse.
+type Owner struct {
+	Pid       int    `json:"pid"`
+	StartTime uint64 `json:"start_time"`
+}
+
+// Self is the calling process as an Owner.
+func Self() Owner {
+	pid := os.Getpid()
+	st, _ := startTime(pid)
+	return Owner{Pid: pid, StartTime: st}
+}
+
+// Alive reports whether the owner process still runs.
+func (o Owner) Alive() bool {
+	st, err := startTime(o.Pid)
+	return err == nil && st == o.StartTime
+}
+
+// startTime reads field 22 of /proc/<pid>/stat: the process's start time in
+// clock ticks since boot.
+func startTime(pid int) (uint64, error) {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	// The command name may hold spaces and parentheses; fields start after
+	// the last ')'.
+	s := string(data)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return 0, errors.New("malformed stat")
+	}
+	fields := strings.Fields(s[i+1:])
+	// fields[0] is field 3 (state); start time is field 22.
+	if len(fields) < 20 {
+		return 0, errors.New("short stat")
+	}
+	return strconv.ParseUint(fields[19], 10, 64)
+}
+
+// Record is one operation in flight.
+type Record struct {
+	Kind    Kind      `json:"kind"`
+	Owner   Owner     `json:"owner"`
+	Started time.Time `json:"started"`
+	Phase   string    `json:"phase"`
+
+	PlanDir   string `json:"plan_dir,omitempty"`
+	SourceID  string `json:"source_id,omitempty"`
+	SiblingID string `json:"sibling_id,omitempty"`
+	// SiblingCreated is set once the sibling may exist in crun's state.
+	SiblingCreated bool `json:"sibling_created,omitempty"`
+	// RootTarget is the sibling root Phase B writes into; RootFilled is set
+	// once it may hold files.
+	RootTarget string `json:"root_target,omitempty"`
+	RootFilled bool   `json:"root_filled,omitempty"`
+	// LeaseHeld is set while the operation holds a use of PlanDir.
+	LeaseHeld bool `json:"lease_held,omitempty"`
+	// OwnsPlan marks a plan made only for this operation, to be removed
+	// with it (tclone fork SRC NEW).
+	OwnsPlan bool `json:"owns_plan,omitempty"`
+	// CrunRoot and FreezerDir let recovery reach crun and the source's
+	// freezer the way the operation did.
+	CrunRoot   string `json:"crun_root,omitempty"`
+	FreezerDir string `json:"freezer_dir,omitempty"`
+	// SiblingCgroup is the sibling's cgroupsPath, to remove if a failed
+	// restore left it.
+	SiblingCgroup string `json:"sibling_cgroup,omitempty"`
+	// ImagesOverlay is a per-sibling image directory to remove.
+	ImagesOverlay string `json:"images_overlay,omitempty"`
+}
+
+// Journal is a directory of records.
+type Journal struct{ Dir string }
+
+// Entry is a record that is in the journal.
+type Entry struct {
+	path string
+	Rec  Record
+}
+
+// Begin writes a new record owned by the calling process.
+func (j Journal) Begin(rec Record) (*Entry, error) {
+	if err := os.MkdirAll(j.Dir, 0o700); err != nil {
+		return nil, fmt.Errorf("creating journal %s: %w", j.Dir, err)
+	}
+	rec.Owner = Self()
+	rec.Started = time.Now().UTC()
+	name := fmt.Sprintf("%s-%d-%d.json", rec.Kind, rec.Owner.Pid, rec.Started.UnixNano())
+	e := &Entry{path: filepath.Join(j.Dir, name), Rec: rec}
+	// Save writes a temporary file and renames it, so a reader never sees
+	// a half-written entry.
+	return e, e.Save()
+}
+
+// Save writes the entry's current record.
+func (e *Entry) Save() error {
+	data, err := json.Marshal(e.Rec)
+	if err != nil {
+		return err
+	}
+	tmp := e.path + ".tmp"
+	if err := os.WriteFile(tmp, data, 0o600); err != nil {
+		return fmt.Errorf("writing journal entry: %w", err)
+	}
+	if err := os.Rename(tmp, e.path); err != nil {
+		return fmt.Errorf("writing journal entry: %w", err)
+	}
+	return nil
+}
+
+// Update changes the record and saves it before returning, so the change is
+// on record before the step it announces begins.
+func (e *Entry) Update(fn func(*Record)) error {
+	fn(&e.Rec)
+	return e.Save()
+}
+
+// End removes the entry: the operation finished, well or badly, and left
+// nothing to recover.
+func (e *Entry) End() error {
+	if e == nil {
+		return nil
+	}
+	err := os.Remove(e.path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	return err
+}
+
+// Orphans returns the entries whose owner is no longer running.
+func (j Journal) Orphans() ([]*Entry, error) {
+	entries, err := os.ReadDir(j.Dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var out []*Entry
+	for _, de := range entries {
+		if !strings.HasSuffix(de.Name(), ".json") {
+			continue
+		}
+		path := filepath.Join(j.Dir, de.Name())
+		data, err := os.ReadFile(path)
+		if err != nil {
+			continue
+		}
+		var rec Record
+		if err := json.Unmarshal(data, &rec); err != nil {
+			continue
+		}
+		if !rec.Owner.Alive() {
+			out = append(out, &Entry{path: path, Rec: rec})
+		}
+	}
+	return out, nil
+}

@@ -1,0 +1,131 @@
+package plan
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+)
+
+// Intent asks that the next checkpoint of a container be a fork capture.
+//
+// Podman's checkpoint call carries no option through to the runtime that
+// could say "this is a fork", and an ordinary `podman container checkpoint`
+// must still produce a normal, portable checkpoint. So the fork client leaves
+// a short-lived intent for the container before asking Podman to checkpoint
+// it; tclone's checkpoint consumes it and captures a fork plan instead.
+type Intent struct {
+	Version     int            `json:"version"`
+	ContainerID string         `json:"container_id"`
+	Nonce       string         `json:"nonce"`
+	ExpiresAt   time.Time      `json:"expires_at"`
+	Uses        int            `json:"uses"`
+	TTL         time.Duration  `json:"ttl"`
+	Identity    Identity       `json:"identity"`
+	Options     CaptureOptions `json:"options"`
+}
+
+// IntentTTL is how long an unconsumed intent stays valid.
+const IntentTTL = 2 * time.Minute
+
+func (s Store) intentPath(containerID string) string {
+	return filepath.Join(s.Root, "intents", containerID+".json")
+}
+
+// WriteIntent records an intent for its container, replacing an older one.
+func (s Store) WriteIntent(in Intent) error {
+	if in.ContainerID == "" {
+		return errors.New("intent names no container")
+	}
+	if err := os.MkdirAll(filepath.Dir(s.intentPath(in.ContainerID)), 0o700); err != nil {
+		return fmt.Errorf("creating intent directory: %w", err)
+	}
+	in.Version = FormatVersion
+	if in.ExpiresAt.IsZero() {
+		in.ExpiresAt = time.Now().Add(IntentTTL).UTC()
+	}
+	return writeJSONAtomic(s.intentPath(in.ContainerID), in)
+}
+
+// TakeIntent consumes the intent for containerID. It returns nil when there
+// is none or it expired; only one caller can take a given intent.
+func (s Store) TakeIntent(containerID string) (*Intent, error) {
+	path := s.intentPath(containerID)
+	taken := fmt.Sprintf("%s.taken%d", path, os.Getpid())
+	if err := os.Rename(path, taken); err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, nil
+		}
+		return nil, err
+	}
+	defer os.Remove(taken)
+	data, err := os.ReadFile(taken)
+	if err != nil {
+		return nil, err
+	}
+	var in Intent
+	if err := json.Unmarshal(data, &in); err != nil {
+		return nil, fmt.Errorf("decoding fork intent for %s: %w", containerID, err)
+	}
+	if time.Now().After(in.ExpiresAt) {
+		return nil, nil
+	}
+	return &in, nil
+}
+
+// RemoveIntent withdraws an intent that was not consumed.
+func (s Store) RemoveIntent(containerID string) error {
+	err := os.Remove(s.intentPath(containerID))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	return err
+}
+
+// Reference is what a fork checkpoint leaves in Podman's checkpoint
+// directory in place of CRIU's images: a pointer to the plan in this host's
+// store. It makes Podman's export archive a few kilobytes.
+type Reference struct {
+	Version  int    `json:"version"`
+	PlanID   string `json:"plan_id"`
+	PlanDir  string `json:"plan_dir"`
+	SourceID string `json:"source_id"`
+	BootID   string `json:"boot_id"`
+}
+
+// ReferenceFile is the reference's name inside a checkpoint directory.
+const ReferenceFile = "tclone-plan.json"
+
+// WriteReference stores a reference in a checkpoint directory.
+func WriteReference(checkpointDir string, ref Reference) error {
+	ref.Version = FormatVersion
+	ref.BootID = bootID()
+	return writeJSONAtomic(filepath.Join(checkpointDir, ReferenceFile), ref)
+}
+
+// ReadReference loads a reference from a checkpoint directory. It returns
+// nil when the directory holds an ordinary checkpoint.
+func ReadReference(checkpointDir string) (*Reference, error) {
+	data, err := os.ReadFile(filepath.Join(checkpointDir, ReferenceFile))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var ref Reference
+	if err := json.Unmarshal(data, &ref); err != nil {
+		return nil, fmt.Errorf("decoding %s: %w", ReferenceFile, err)
+	}
+	if ref.BootID != bootID() {
+		return nil, fmt.Errorf("this checkpoint refers to fork plan %s, which lived in memory on another host or an earlier boot; fork plans cannot be moved, so fork the container again", ref.PlanID)
+	}
+	return &ref, nil
+}
+
+func bootID() string {
+	data, _ := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	return string(data)
+}

@@ -1,0 +1,191 @@
+// Package plan defines the fork plan: what a capture (Phase A) leaves for
+// materialisation (Phase B), where it is kept, and how long it lives.
+//
+// A plan is a directory in the plan store, which is always tmpfs so that page
+// images never touch a disk:
+//
+//	<store>/plans/<id>/plan.json   this file's Plan, versioned
+//	<store>/plans/<id>/images/     CRIU's images (pages included)
+//	<store>/plans/<id>/work/       CRIU's dump log
+//	<store>/plans/<id>/uses        remaining materialisations
+//	<store>/plans/<id>/lock        serialises use counting
+//
+// The root filesystem capture lives outside the store (see rootfs), because
+// it belongs on the disk the container's storage uses.
+package plan
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/tclone/tclone/runtime/rootfs"
+)
+
+// FormatVersion is the plan.json layout version this build reads and writes.
+const FormatVersion = 1
+
+// Plan is plan.json.
+type Plan struct {
+	Version   int       `json:"version"`
+	ID        string    `json:"id"`
+	CreatedAt time.Time `json:"created_at"`
+	// ExpiresAt is when an unused plan may be collected.
+	ExpiresAt time.Time `json:"expires_at"`
+
+	Source  Source           `json:"source"`
+	Tree    Tree             `json:"tree"`
+	Rootfs  *rootfs.Snapshot `json:"rootfs"`
+	Capture CaptureOptions   `json:"capture"`
+	// Identity says how siblings differ from the source: "unique" gives
+	// each its own hostname and machine-id, "preserve" keeps the source's.
+	Identity Identity  `json:"identity"`
+	Timings  Timings   `json:"timings"`
+	Pages    PageStats `json:"pages"`
+	Criu     string    `json:"criu_version"`
+}
+
+// Source is what the plan remembers of the container it was captured from.
+type Source struct {
+	ID         string `json:"id"`
+	Bundle     string `json:"bundle"`
+	Rootfs     string `json:"rootfs"`
+	Pid        int    `json:"pid"`
+	CgroupPath string `json:"cgroup_path"`
+	Hostname   string `json:"hostname,omitempty"`
+	// NetNSPath is set when the source joined a network namespace by path;
+	// its sibling then needs one too.
+	NetNSPath string `json:"netns_path,omitempty"`
+}
+
+// Tree summarises the captured process tree.
+type Tree struct {
+	Processes int       `json:"processes"`
+	Threads   int       `json:"threads"`
+	Tasks     []Process `json:"tasks"`
+}
+
+// Process is one captured process, with its namespace-local IDs.
+type Process struct {
+	Pid     int    `json:"pid"`
+	PPid    int    `json:"ppid"`
+	Pgid    int    `json:"pgid"`
+	Sid     int    `json:"sid"`
+	Threads int    `json:"threads"`
+	Comm    string `json:"comm,omitempty"`
+}
+
+// CaptureOptions are the CRIU options the dump used; a restore must match.
+type CaptureOptions struct {
+	TCPEstablished bool `json:"tcp_established"`
+	FileLocks      bool `json:"file_locks"`
+	ExtUnixSk      bool `json:"ext_unix_sk"`
+	ShellJob       bool `json:"shell_job"`
+}
+
+// Timings of the capture, in milliseconds.
+type Timings struct {
+	TotalMs float64 `json:"total_ms"`
+	// FreezeMs is how long freezing and seizing the tree took (CRIU's
+	// freezing time).
+	FreezeMs float64 `json:"freeze_ms"`
+	// DumpMs is CRIU's time with the tree frozen, excluding the root
+	// filesystem snapshot.
+	DumpMs     float64 `json:"dump_ms"`
+	SnapshotMs float64 `json:"fs_snapshot_ms"`
+	// ThawMs is from the end of the snapshot until CRIU returned with the
+	// tree running again.
+	ThawMs float64 `json:"thaw_ms"`
+	// SourcePauseMs is the whole time the source could not run.
+	SourcePauseMs float64 `json:"source_pause_ms"`
+	// CriuFrozenMs is CRIU's own frozen-time figure from its stats.
+	CriuFrozenMs float64 `json:"criu_frozen_ms"`
+}
+
+// PageStats counts the memory the capture wrote.
+type PageStats struct {
+	PagesWritten uint64 `json:"pages_written"`
+	PagesSkipped uint64 `json:"pages_skipped_parent"`
+	BytesWritten int64  `json:"bytes_written"`
+}
+
+// Identity is a sibling identity policy.
+type Identity string
+
+const (
+	// IdentityUnique gives each sibling its own hostname and machine-id.
+	IdentityUnique Identity = "unique"
+	// IdentityBestEffort is unique, but a part that cannot be changed is
+	// left as it is instead of failing the fork.
+	IdentityBestEffort Identity = "best-effort"
+	// IdentityPreserve keeps the source's identity.
+	IdentityPreserve Identity = "preserve"
+)
+
+// ParseIdentity validates an identity policy name; empty means unique.
+func ParseIdentity(s string) (Identity, error) {
+	switch Identity(s) {
+	case "":
+		return IdentityUnique, nil
+	case IdentityUnique, IdentityBestEffort, IdentityPreserve:
+		return Identity(s), nil
+	}
+	return "", fmt.Errorf("unknown identity policy %q (use unique, best-effort or preserve)", s)
+}
+
+// NewID returns a fresh plan ID.
+func NewID() string {
+	b := make([]byte, 8)
+	if _, err := rand.Read(b); err != nil {
+		panic(err)
+	}
+	return hex.EncodeToString(b)
+}
+
+// ErrNotFound reports a plan that is not in the store.
+var ErrNotFound = errors.New("fork plan not found")
+
+// Read loads plan.json from a plan directory.
+func Read(dir string) (*Plan, error) {
+	data, err := os.ReadFile(filepath.Join(dir, "plan.json"))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("%w at %s (it was used up, expired or never completed; capture a new one)", ErrNotFound, dir)
+	}
+	if err != nil {
+		return nil, err
+	}
+	var p Plan
+	if err := json.Unmarshal(data, &p); err != nil {
+		return nil, fmt.Errorf("decoding %s/plan.json: %w", dir, err)
+	}
+	if p.Version != FormatVersion {
+		return nil, fmt.Errorf("%s/plan.json has format version %d; this tclone reads version %d (capture it again with this tclone)", dir, p.Version, FormatVersion)
+	}
+	return &p, nil
+}
+
+// Write stores plan.json atomically in dir.
+func (p *Plan) Write(dir string) error {
+	return writeJSONAtomic(filepath.Join(dir, "plan.json"), p)
+}
+
+func writeJSONAtomic(path string, v any) error {
+	data, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	tmp := fmt.Sprintf("%s.tmp%d", path, os.Getpid())
+	if err := os.WriteFile(tmp, data, 0o600); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	return nil
+}

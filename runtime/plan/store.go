@@ -1,0 +1,261 @@
+package plan
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Store is where plans are kept.
+type Store struct {
+	// Root holds the plan store (Root/plans, always tmpfs).
+	Root string
+	// SnapshotRoot holds root filesystem captures, on disk next to the
+	// container storage so copies can reflink.
+	SnapshotRoot string
+}
+
+// DefaultStore is the store tclone uses unless told otherwise.
+func DefaultStore() Store {
+	return Store{Root: "/run/tclone", SnapshotRoot: "/var/lib/tclone/snapshots"}
+}
+
+// PlansDir is the tmpfs directory that holds every plan.
+func (s Store) PlansDir() string { return filepath.Join(s.Root, "plans") }
+
+// Dir is the directory of plan id.
+func (s Store) Dir(id string) string { return filepath.Join(s.PlansDir(), id) }
+
+// SiblingDir is the private scratch directory of a sibling being
+// materialised. It is on the plan store's tmpfs, so it can hard-link the
+// plan's images.
+func (s Store) SiblingDir(id string) string { return filepath.Join(s.PlansDir(), ".siblings", id) }
+
+// ImagesDir is where CRIU's images of plan id are.
+func ImagesDir(dir string) string { return filepath.Join(dir, "images") }
+
+// WorkDir is where CRIU's dump log of plan id is.
+func WorkDir(dir string) string { return filepath.Join(dir, "work") }
+
+// EnsureTmpfs makes sure the plan store is a tmpfs, mounting one if the host's
+// /run is an ordinary disk directory (as on some VM images). Page images
+// must never be written to disk: it would make every fork as slow as the disk.
+func (s Store) EnsureTmpfs() error {
+	dir := s.PlansDir()
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("creating plan store %s: %w", dir, err)
+	}
+	var fs unix.Statfs_t
+	if err := unix.Statfs(dir, &fs); err != nil {
+		return fmt.Errorf("statfs %s: %w", dir, err)
+	}
+	if fs.Type == unix.TMPFS_MAGIC {
+		return nil
+	}
+	if err := unix.Mount("tclone-plans", dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mode=0700"); err != nil {
+		return fmt.Errorf("mounting tmpfs on the plan store %s (page images must stay in memory): %w", dir, err)
+	}
+	return nil
+}
+
+// Create makes a new, empty plan directory.
+func (s Store) Create() (id, dir string, err error) {
+	if err := s.EnsureTmpfs(); err != nil {
+		return "", "", err
+	}
+	id = NewID()
+	dir = s.Dir(id)
+	for _, d := range []string{dir, ImagesDir(dir), WorkDir(dir)} {
+		if err := os.Mkdir(d, 0o700); err != nil {
+			os.RemoveAll(dir)
+			return "", "", fmt.Errorf("creating plan directory: %w", err)
+		}
+	}
+	return id, dir, nil
+}
+
+// Resolve turns a plan reference (an ID, or a path to a plan directory or to
+// its images) into the plan directory.
+func (s Store) Resolve(ref string) (string, error) {
+	if ref == "" {
+		return "", errors.New("empty plan reference")
+	}
+	if !strings.Contains(ref, "/") {
+		return s.Dir(ref), nil
+	}
+	dir := filepath.Clean(ref)
+	if filepath.Base(dir) == "images" {
+		dir = filepath.Dir(dir)
+	}
+	return dir, nil
+}
+
+// List returns the IDs of all plans in the store.
+func (s Store) List() ([]string, error) {
+	entries, err := os.ReadDir(s.PlansDir())
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var ids []string
+	for _, e := range entries {
+		if e.IsDir() && !strings.HasPrefix(e.Name(), ".") {
+			ids = append(ids, e.Name())
+		}
+	}
+	return ids, nil
+}
+
+// Remove deletes a plan and its root filesystem capture. A plan that is
+// already gone is not an error.
+func (s Store) Remove(dir string) error {
+	var errs []error
+	if p, err := Read(dir); err == nil && p.Rootfs != nil {
+		errs = append(errs, p.Rootfs.Remove())
+	}
+	// A capture that died before plan.json was written may have left its
+	// snapshot under the conventional name.
+	if snap := filepath.Join(s.SnapshotRoot, filepath.Base(dir)); s.SnapshotRoot != "" {
+		errs = append(errs, os.RemoveAll(snap))
+	}
+	errs = append(errs, os.RemoveAll(dir))
+	return errors.Join(errs...)
+}
+
+// Uses is the use-count record of a plan.
+type Uses struct {
+	// Remaining materialisations; -1 means unlimited until expiry.
+	Remaining int `json:"remaining"`
+	// InFlight materialisations hold a use that is not yet final.
+	InFlight int `json:"in_flight"`
+}
+
+// Unlimited marks a plan that serves any number of siblings until it expires.
+const Unlimited = -1
+
+func usesPath(dir string) string { return filepath.Join(dir, "uses") }
+
+// SetUses records how many siblings plan dir may still make.
+func SetUses(dir string, n int) error {
+	return withLock(dir, func() error {
+		return writeJSONAtomic(usesPath(dir), Uses{Remaining: n})
+	})
+}
+
+// ReadUses returns a plan's use count.
+func ReadUses(dir string) (Uses, error) {
+	var u Uses
+	data, err := os.ReadFile(usesPath(dir))
+	if err != nil {
+		return u, err
+	}
+	return u, json.Unmarshal(data, &u)
+}
+
+// ErrUsedUp reports a plan whose every use has been taken.
+var ErrUsedUp = errors.New("fork plan has no uses left")
+
+// Lease is one in-flight use of a plan.
+type Lease struct {
+	store Store
+	dir   string
+	done  bool
+}
+
+// Acquire takes one use of the plan in dir.
+func (s Store) Acquire(dir string) (*Lease, error) {
+	if _, err := Read(dir); err != nil {
+		return nil, err
+	}
+	err := withLock(dir, func() error {
+		u, err := ReadUses(dir)
+		if err != nil {
+			return fmt.Errorf("reading uses of plan %s: %w", dir, err)
+		}
+		if u.Remaining == 0 {
+			return fmt.Errorf("%w (%s)", ErrUsedUp, dir)
+		}
+		if u.Remaining > 0 {
+			u.Remaining--
+		}
+		u.InFlight++
+		return writeJSONAtomic(usesPath(dir), u)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &Lease{store: s, dir: dir}, nil
+}
+
+// Release ends the lease. A failed use is given back. When no use remains
+// and none is in flight, the plan is removed.
+func (l *Lease) Release(succeeded bool) error {
+	if l == nil || l.done {
+		return nil
+	}
+	l.done = true
+	return ReleaseUse(l.store, l.dir, succeeded)
+}
+
+// ReleaseUse ends one in-flight use of plan dir; recovery uses it for leases
+// whose owner died.
+func ReleaseUse(s Store, dir string, succeeded bool) error {
+	remove := false
+	err := withLock(dir, func() error {
+		u, err := ReadUses(dir)
+		if err != nil {
+			return err
+		}
+		if u.InFlight > 0 {
+			u.InFlight--
+		}
+		if !succeeded && u.Remaining >= 0 {
+			u.Remaining++
+		}
+		remove = u.Remaining == 0 && u.InFlight == 0
+		return writeJSONAtomic(usesPath(dir), u)
+	})
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if remove {
+		return s.Remove(dir)
+	}
+	return nil
+}
+
+// Expired reports whether plan dir outlived its expiry with nothing in flight.
+func Expired(dir string, now time.Time) bool {
+	p, err := Read(dir)
+	if err != nil {
+		return false
+	}
+	u, err := ReadUses(dir)
+	if err != nil {
+		return now.After(p.ExpiresAt)
+	}
+	return u.InFlight == 0 && now.After(p.ExpiresAt)
+}
+
+func withLock(dir string, fn func() error) error {
+	f, err := os.OpenFile(filepath.Join(dir, "lock"), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
+		return err
+	}
+	return fn()
+}

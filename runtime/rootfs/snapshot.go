@@ -1,0 +1,276 @@
+// Package rootfs captures a container's root filesystem at the fork instant
+// and rebuilds it under a sibling.
+//
+// What is captured depends on what the root is:
+//   - an overlay mount (Podman's case): only the upper layer, the container's
+//     own writes, whiteouts and opaque directories included; the image layers
+//     below are immutable and shared, not copied;
+//   - a btrfs subvolume: a read-only subvolume snapshot, which costs no copy;
+//   - a plain directory (a bare OCI bundle): a full copy.
+//
+// Copies share data by reflink where the filesystem can.
+package rootfs
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// Kind is how a root filesystem is captured.
+type Kind string
+
+const (
+	KindOverlay Kind = "overlay"
+	KindBtrfs   Kind = "btrfs"
+	KindDir     Kind = "dir"
+)
+
+// Source is a container root filesystem, ready to be captured.
+type Source struct {
+	Kind Kind
+	Root string
+	// For KindOverlay.
+	LowerDirs []string // top first
+	UpperDir  string
+}
+
+// Snapshot is a captured root filesystem.
+type Snapshot struct {
+	Kind Kind `json:"kind"`
+	// Path holds the capture: the upper layer's copy (overlay), the full
+	// copy (dir) or the read-only subvolume (btrfs).
+	Path string `json:"path"`
+	// LowerDirs are the image layers under an overlay capture, top first.
+	// They are shared with the source, never copied.
+	LowerDirs []string `json:"lower_dirs,omitempty"`
+	Stats     Stats    `json:"stats"`
+}
+
+const btrfsSuperMagic = 0x9123683e
+
+// btrfsSubvolRootIno is the inode number of every btrfs subvolume's root.
+const btrfsSubvolRootIno = 256
+
+// Detect works out how root can be captured.
+func Detect(root string) (Source, error) {
+	m, isMount, err := mountAt(root)
+	if err != nil {
+		return Source{}, fmt.Errorf("inspecting root filesystem %s: %w", root, err)
+	}
+	if isMount && m.FSType == "overlay" {
+		layers, err := parseOverlayOpts(m.SuperOpts)
+		if err != nil {
+			return Source{}, fmt.Errorf("root filesystem %s: %w", root, err)
+		}
+		return Source{Kind: KindOverlay, Root: root, LowerDirs: layers.Lower, UpperDir: layers.Upper}, nil
+	}
+	var fs unix.Statfs_t
+	if err := unix.Statfs(root, &fs); err != nil {
+		return Source{}, fmt.Errorf("statfs %s: %w", root, err)
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(root, &st); err != nil {
+		return Source{}, fmt.Errorf("stat %s: %w", root, err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFDIR {
+		return Source{}, fmt.Errorf("root filesystem %s is not a directory", root)
+	}
+	if uint32(fs.Type) == btrfsSuperMagic && st.Ino == btrfsSubvolRootIno {
+		return Source{Kind: KindBtrfs, Root: root}, nil
+	}
+	return Source{Kind: KindDir, Root: root}, nil
+}
+
+// SnapshotDir picks where a capture of src named name is kept. A btrfs
+// snapshot must live on the same filesystem as its subvolume; the others go
+// under base.
+func SnapshotDir(src Source, base, name string) string {
+	if src.Kind == KindBtrfs {
+		return filepath.Join(filepath.Dir(src.Root), ".tclone-"+name)
+	}
+	return filepath.Join(base, name)
+}
+
+// Take captures src into dst, which must not exist. It runs while the
+// container is frozen, so it does only what the capture needs.
+func Take(src Source, dst string) (*Snapshot, error) {
+	if err := os.MkdirAll(filepath.Dir(dst), 0o700); err != nil {
+		return nil, fmt.Errorf("creating snapshot parent: %w", err)
+	}
+	snap := &Snapshot{Kind: src.Kind, Path: dst}
+	switch src.Kind {
+	case KindBtrfs:
+		out, err := exec.Command("btrfs", "subvolume", "snapshot", "-r", src.Root, dst).CombinedOutput()
+		if err != nil {
+			return nil, fmt.Errorf("btrfs subvolume snapshot of %s: %v: %s", src.Root, err, strings.TrimSpace(string(out)))
+		}
+		return snap, nil
+	case KindOverlay:
+		snap.LowerDirs = slices.Clone(src.LowerDirs)
+		stats, err := copyInto(verbatim, src.UpperDir, dst)
+		snap.Stats = stats
+		return snap, err
+	case KindDir:
+		stats, err := copyInto(verbatim, src.Root, dst)
+		snap.Stats = stats
+		return snap, err
+	}
+	return nil, fmt.Errorf("unknown root filesystem kind %q", src.Kind)
+}
+
+// copyInto creates dst with src's metadata and copies src's contents into it.
+func copyInto(mode copyMode, src, dst string) (Stats, error) {
+	var st unix.Stat_t
+	if err := unix.Lstat(src, &st); err != nil {
+		return Stats{}, fmt.Errorf("stat %s: %w", src, err)
+	}
+	if err := unix.Mkdir(dst, 0o700); err != nil {
+		return Stats{}, fmt.Errorf("mkdir %s: %w", dst, err)
+	}
+	c := newCopier(mode)
+	if err := c.copyTree(src, dst); err != nil {
+		return c.stats, err
+	}
+	return c.stats, c.copyMeta(src, dst, &st)
+}
+
+// ErrTargetNotEmpty is returned when a sibling's root holds files that are
+// not the same image as the source's.
+var ErrTargetNotEmpty = errors.New("sibling root is neither empty nor an overlay of the source's image")
+
+// Apply fills target, the sibling's root, from the snapshot. Target is either
+// an empty directory (a bare bundle) or an overlay mount of the same image as
+// the source (a Podman sibling), in which case only the source's own writes
+// are applied on top.
+func (s *Snapshot) Apply(target string) (Stats, error) {
+	m, isMount, err := mountAt(target)
+	if err != nil {
+		return Stats{}, fmt.Errorf("inspecting sibling root %s: %w", target, err)
+	}
+	if isMount && m.FSType == "overlay" {
+		layers, err := parseOverlayOpts(m.SuperOpts)
+		if err != nil {
+			return Stats{}, fmt.Errorf("sibling root %s: %w", target, err)
+		}
+		if s.Kind != KindOverlay || !slices.Equal(layers.Lower, s.LowerDirs) {
+			return Stats{}, fmt.Errorf("%w: %s is an overlay of other layers than the source's", ErrTargetNotEmpty, target)
+		}
+		c := newCopier(applyLayer)
+		err = c.copyTree(s.Path, target)
+		return c.stats, err
+	}
+	empty, err := isEmptyDir(target)
+	if err != nil {
+		return Stats{}, fmt.Errorf("sibling root %s: %w", target, err)
+	}
+	if !empty {
+		return Stats{}, fmt.Errorf("%w: %s has files in it", ErrTargetNotEmpty, target)
+	}
+	switch s.Kind {
+	case KindBtrfs:
+		if err := btrfsSnapshotInto(s.Path, target); err == nil {
+			return Stats{}, nil
+		}
+		c := newCopier(verbatim)
+		err := c.copyTree(s.Path, target)
+		return c.stats, err
+	case KindDir:
+		c := newCopier(verbatim)
+		err := c.copyTree(s.Path, target)
+		return c.stats, err
+	case KindOverlay:
+		// A bare directory gets the whole image: the layers bottom up, then
+		// the source's own writes.
+		c := newCopier(applyLayer)
+		for i := len(s.LowerDirs) - 1; i >= 0; i-- {
+			if err := c.copyTree(s.LowerDirs[i], target); err != nil {
+				return c.stats, err
+			}
+		}
+		err := c.copyTree(s.Path, target)
+		return c.stats, err
+	}
+	return Stats{}, fmt.Errorf("unknown snapshot kind %q", s.Kind)
+}
+
+// btrfsSnapshotInto replaces the empty directory target with a writable
+// snapshot of the subvolume snap, when both are on the same btrfs.
+func btrfsSnapshotInto(snap, target string) error {
+	var fs unix.Statfs_t
+	if err := unix.Statfs(filepath.Dir(target), &fs); err != nil || uint32(fs.Type) != btrfsSuperMagic {
+		return errors.New("target is not on btrfs")
+	}
+	if err := os.Remove(target); err != nil {
+		return err
+	}
+	out, err := exec.Command("btrfs", "subvolume", "snapshot", snap, target).CombinedOutput()
+	if err != nil {
+		// Put the directory back so the caller can fall back to a copy.
+		os.Mkdir(target, 0o755)
+		return fmt.Errorf("btrfs subvolume snapshot: %v: %s", err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+// Clear undoes Apply on a bare directory target: it empties it again. An
+// overlay target belongs to its owner (Podman), which discards its upper layer
+// itself when the sibling is removed.
+func Clear(target string) error {
+	if m, isMount, err := mountAt(target); err == nil && isMount && m.FSType == "overlay" {
+		return nil
+	}
+	var st unix.Stat_t
+	if err := unix.Lstat(target, &st); err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			return nil
+		}
+		return err
+	}
+	if st.Ino == btrfsSubvolRootIno {
+		out, err := exec.Command("btrfs", "subvolume", "delete", target).CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("deleting subvolume %s: %v: %s", target, err, strings.TrimSpace(string(out)))
+		}
+		return os.Mkdir(target, 0o755)
+	}
+	return clearDir(target)
+}
+
+// Remove deletes the snapshot.
+func (s *Snapshot) Remove() error {
+	if s == nil || s.Path == "" {
+		return nil
+	}
+	if _, err := os.Lstat(s.Path); errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if s.Kind == KindBtrfs {
+		out, err := exec.Command("btrfs", "subvolume", "delete", s.Path).CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("deleting snapshot subvolume %s: %v: %s", s.Path, err, strings.TrimSpace(string(out)))
+		}
+		return nil
+	}
+	return os.RemoveAll(s.Path)
+}
+
+func isEmptyDir(path string) (bool, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return false, err
+	}
+	defer f.Close()
+	_, err = f.Readdirnames(1)
+	if errors.Is(err, io.EOF) {
+		return true, nil
+	}
+	return false, err
+}

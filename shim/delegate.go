@@ -1,0 +1,50 @@
+package main
+
+import (
+	"github.com/urfave/cli/v2"
+)
+
+// delegated lists the verbs tclone passes to crun untouched. Their flags are
+// crun's; tclone does not parse them, so every flag crun has (and any it
+// gains) passes through, and `tclone VERB --help` shows crun's help.
+var delegated = []struct{ name, usage string }{
+	{"create", "create a container"},
+	{"start", "start a created container"},
+	{"run", "create and start a container"},
+	{"exec", "run a process in a running container"},
+	{"state", "print a container's state"},
+	{"list", "list known containers"},
+	{"kill", "send a signal to a container's init process"},
+	{"delete", "remove a container"},
+	{"pause", "pause all processes of a container"},
+	{"resume", "resume a paused container"},
+	{"ps", "list the processes of a container"},
+	{"update", "update a container's resource limits"},
+	{"spec", "generate a configuration file"},
+	{"features", "print the features crun supports"},
+	{"mounts", "manage mounts of a running container"},
+}
+
+func delegatedCommands() []*cli.Command {
+	cmds := make([]*cli.Command, 0, len(delegated))
+	for _, d := range delegated {
+		verb := d.name
+		cmds = append(cmds, &cli.Command{
+			Name:            verb,
+			Usage:           d.usage + " (crun)",
+			SkipFlagParsing: true,
+			HideHelp:        true,
+			Action: func(c *cli.Context) error {
+				rt, err := findCrun(c)
+				if err != nil {
+					return err
+				}
+				// exec: the caller's stdio, inherited descriptors
+				// (--preserve-fds, console sockets), PID, signals and exit
+				// status are crun's own from here on.
+				return rt.Exec(verb, c.Args().Slice())
+			},
+		})
+	}
+	return cmds
+}

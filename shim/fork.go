@@ -1,0 +1,100 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/tclone/tclone/runtime/fork"
+	"github.com/tclone/tclone/runtime/plan"
+)
+
+var forkCommand = &cli.Command{
+	Name:  "fork",
+	Usage: "fork a running container into a sibling container",
+	Description: `Captures SOURCE's whole process tree, memory, open files, sockets and root
+filesystem at one instant and builds NEW-ID from it, using NEW-ID's own bundle
+(--bundle) for everything that makes it a different container: root path,
+hostname, cgroup, network namespace, mounts. SOURCE is paused only for the
+capture and keeps running.
+
+With --plan-only, only the capture is made; its directory is printed and
+'tclone restore --image-path PLAN --bundle DIR NEW-ID' builds siblings from it.`,
+	ArgsUsage: "SOURCE [NEW-ID]",
+	Flags: []cli.Flag{
+		&cli.StringFlag{Name: "bundle", Aliases: []string{"b"}, Value: ".", Usage: "the sibling's bundle"},
+		&cli.BoolFlag{Name: "plan-only", Usage: "capture only; print the plan's location"},
+		&cli.IntFlag{Name: "uses", Value: plan.Unlimited, Usage: "with --plan-only: how many siblings the plan serves (-1: any number until it expires)"},
+		&cli.DurationFlag{Name: "ttl", Value: fork.DefaultPlanTTL, Usage: "with --plan-only: how long an unused plan is kept"},
+		&cli.StringFlag{Name: "identity", Value: string(plan.IdentityUnique), Usage: "unique (own hostname and machine-id), best-effort or preserve"},
+		&cli.BoolFlag{Name: "detach", Aliases: []string{"d"}, Value: true, Usage: "leave the sibling running in the background"},
+		&cli.StringFlag{Name: "pid-file", Usage: "where to write the sibling's PID"},
+		&cli.StringFlag{Name: "console-socket", Usage: "unix socket that receives the sibling's terminal master"},
+		&cli.BoolFlag{Name: "tcp-established", Usage: "capture open TCP connections and give the sibling copies of them"},
+		&cli.BoolFlag{Name: "tcp-close", Usage: "capture open TCP connections and close the sibling's copies"},
+		&cli.BoolFlag{Name: "file-locks", Usage: "capture and restore file locks"},
+		&cli.BoolFlag{Name: "ext-unix-sk", Usage: "allow unix sockets connected outside the container"},
+		&cli.BoolFlag{Name: "shell-job", Usage: "allow a tree attached to an outside terminal session"},
+		&cli.BoolFlag{Name: "print-stats", Usage: "print per-phase timings and the source pause as JSON"},
+	},
+	Action: func(c *cli.Context) error {
+		rt, err := findCrun(c)
+		if err != nil {
+			return err
+		}
+		identity, err := plan.ParseIdentity(c.String("identity"))
+		if err != nil {
+			return err
+		}
+		capture := fork.CaptureOptions{
+			TCPEstablished: c.Bool("tcp-established") || c.Bool("tcp-close"),
+			FileLocks:      c.Bool("file-locks"),
+			ExtUnixSk:      c.Bool("ext-unix-sk"),
+			ShellJob:       c.Bool("shell-job"),
+		}
+		eng := fork.NewEngine(rt)
+		if c.Bool("plan-only") {
+			if c.NArg() != 1 {
+				return fmt.Errorf("fork --plan-only takes exactly one argument, SOURCE")
+			}
+			captured, err := eng.Capture(c.Context, fork.CaptureRequest{
+				Source: c.Args().First(), Options: capture, Uses: c.Int("uses"), TTL: c.Duration("ttl"), Identity: identity,
+			})
+			if err != nil {
+				return err
+			}
+			if c.Bool("print-stats") {
+				return printJSON(captured.Plan)
+			}
+			fmt.Println(captured.Dir)
+			return nil
+		}
+		if c.NArg() != 2 {
+			return fmt.Errorf("fork takes SOURCE and NEW-ID (or --plan-only SOURCE); see 'tclone fork --help'")
+		}
+		report, err := eng.Fork(c.Context, fork.ForkRequest{
+			Source: c.Args().Get(0), Capture: capture, Identity: identity,
+			Sibling: fork.MaterializeRequest{
+				ID: c.Args().Get(1), Bundle: c.String("bundle"), Detach: c.Bool("detach"),
+				PidFile: c.String("pid-file"), ConsoleSocket: c.String("console-socket"),
+				TCPClose: c.Bool("tcp-close"),
+				Stdin:    os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr,
+			},
+		})
+		if err != nil {
+			return err
+		}
+		if c.Bool("print-stats") {
+			return printJSON(report)
+		}
+		return nil
+	},
+}
+
+func printJSON(v any) error {
+	enc := json.NewEncoder(os.Stdout)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}

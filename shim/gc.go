@@ -1,0 +1,27 @@
+package main
+
+import (
+	"github.com/urfave/cli/v2"
+
+	"github.com/tclone/tclone/runtime/fork"
+)
+
+var gcCommand = &cli.Command{
+	Name:  "gc",
+	Usage: "clean up after interrupted forks and remove expired fork plans",
+	Description: `Undoes what a killed tclone left half done (thawing any source it froze,
+removing half-made siblings, plans and snapshots), removes plans past their
+expiry and snapshots no plan refers to. Every fork runs this first; run it
+by hand after a crash to clean up at once. Prints what it did as JSON.`,
+	Action: func(c *cli.Context) error {
+		rt, err := findCrun(c)
+		if err != nil {
+			return err
+		}
+		r, err := fork.NewEngine(rt).Recover(c.Context)
+		if err != nil {
+			return err
+		}
+		return printJSON(r)
+	},
+}
