@@ -23,8 +23,20 @@ fi
 
 # Podman reads drop-ins from containers.conf.d; a drop-in leaves the
 # administrator's own containers.conf untouched.
+#
+# tclone also becomes Podman's default runtime (TCLONE_DEFAULT_RUNTIME=0 to
+# skip): it runs every container exactly as crun would, and a Podman service
+# restores imported checkpoints (which is how a fork makes siblings) with its
+# default runtime, so REST clients can fork only when tclone is the default.
 conf=/etc/containers/containers.conf.d/50-tclone.conf
+default=""
+if [ "${TCLONE_DEFAULT_RUNTIME:-1}" = 1 ]; then
+	default="runtime = \"tclone\"
+"
+fi
 want="# Written by tclone's hack/install.sh.
+[engine]
+${default}
 [engine.runtimes]
 tclone = [\"$dest\"]
 "

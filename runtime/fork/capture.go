@@ -28,6 +28,8 @@ type CaptureRequest struct {
 	Uses     int
 	TTL      time.Duration
 	Identity plan.Identity
+	// TCPClose is recorded in the plan for its siblings.
+	TCPClose bool
 }
 
 // Captured is a finished capture.
@@ -123,6 +125,7 @@ func (e *Engine) capture(ctx context.Context, src *source, id, dir string, freez
 		Rootfs:   d.snapshot,
 		Capture:  req.Options,
 		Identity: req.Identity,
+		TCPClose: req.TCPClose,
 		Timings:  d.timings,
 		Pages:    d.pages,
 		Criu:     check.Version.String(),

@@ -22,6 +22,7 @@ func (e *Engine) CheckpointForIntent(ctx context.Context, id, imagePath, workPat
 	}
 	c, err := e.Capture(ctx, CaptureRequest{
 		Source: id, Options: intent.Options, Uses: intent.Uses, TTL: intent.TTL, Identity: intent.Identity,
+		TCPClose: intent.TCPClose,
 	})
 	if err != nil {
 		return nil, err

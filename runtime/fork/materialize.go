@@ -201,7 +201,8 @@ func (e *Engine) crunRestore(ctx context.Context, req MaterializeRequest, p *pla
 		args = append(args, "--console-socket", req.ConsoleSocket)
 	}
 	// The restore must declare what the dump allowed.
-	if p.Capture.TCPEstablished && !req.TCPClose {
+	tcpClose := req.TCPClose || p.TCPClose
+	if p.Capture.TCPEstablished && !tcpClose {
 		args = append(args, "--tcp-established")
 	}
 	if p.Capture.FileLocks {
@@ -225,7 +226,7 @@ func (e *Engine) crunRestore(ctx context.Context, req MaterializeRequest, p *pla
 	args = append(args, req.ID)
 
 	env := append(os.Environ(), check.Env()...)
-	if req.TCPClose {
+	if tcpClose {
 		// crun has no --tcp-close for restore; CRIU takes it from a
 		// configuration file named in its environment.
 		conf := filepath.Join(siblingDir, "criu.conf")

@@ -25,6 +25,7 @@ type Intent struct {
 	TTL         time.Duration  `json:"ttl"`
 	Identity    Identity       `json:"identity"`
 	Options     CaptureOptions `json:"options"`
+	TCPClose    bool           `json:"tcp_close,omitempty"`
 }
 
 // IntentTTL is how long an unconsumed intent stays valid.

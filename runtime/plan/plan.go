@@ -44,7 +44,11 @@ type Plan struct {
 	Capture CaptureOptions   `json:"capture"`
 	// Identity says how siblings differ from the source: "unique" gives
 	// each its own hostname and machine-id, "preserve" keeps the source's.
-	Identity Identity  `json:"identity"`
+	Identity Identity `json:"identity"`
+	// TCPClose makes every sibling close its copies of the source's
+	// established TCP connections. It is a restore option, but Podman's
+	// restore call cannot carry it, so the plan does.
+	TCPClose bool      `json:"tcp_close,omitempty"`
 	Timings  Timings   `json:"timings"`
 	Pages    PageStats `json:"pages"`
 	Criu     string    `json:"criu_version"`

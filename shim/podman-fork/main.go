@@ -1,0 +1,135 @@
+// Command podman-fork is `podman container fork`: it forks a running Podman
+// container (run with --runtime tclone) into new sibling containers.
+// Installed as podman-fork; the podman wrapper that hack/install.sh puts in
+// /usr/local/bin turns `podman container fork ...` into this command.
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/sirupsen/logrus"
+	"github.com/urfave/cli/v2"
+
+	"github.com/tclone/tclone/runtime/buildinfo"
+	"github.com/tclone/tclone/runtime/plan"
+	"github.com/tclone/tclone/shim/podmanfork"
+)
+
+func main() {
+	app := &cli.App{
+		Name:      "podman container fork",
+		Usage:     "fork a running container into new sibling containers",
+		UsageText: "podman container fork [options] SOURCE",
+		Version:   buildinfo.Version,
+		Description: `Captures SOURCE's whole process tree, memory, open files, sockets and
+filesystem at one instant, and creates new containers from it that run on
+independently, each with its own ID, name, IP and hostname. SOURCE is paused
+briefly and keeps running. SOURCE must run with --runtime tclone.
+
+Prints the new container IDs, one per line, like podman create.`,
+		HideHelpCommand: true,
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "name", Usage: "name of the new container (with --count N: NAME-1..NAME-N); default SOURCE-fork-<n>"},
+			&cli.IntFlag{Name: "count", Value: 1, Usage: fmt.Sprintf("number of siblings, 1..%d, all or nothing", podmanfork.MaxCount)},
+			&cli.StringSliceFlag{Name: "publish", Aliases: []string{"p"}, Usage: "publish a port of each sibling (podman -p syntax)"},
+			&cli.BoolFlag{Name: "ignore-static-ip", Usage: "give siblings of a source with a static IP fresh addresses"},
+			&cli.BoolFlag{Name: "ignore-static-mac", Usage: "give siblings of a source with a static MAC fresh addresses"},
+			&cli.BoolFlag{Name: "tcp-established", Usage: "give siblings copies of the source's open TCP connections"},
+			&cli.BoolFlag{Name: "tcp-close", Usage: "capture open TCP connections, and close the siblings' copies"},
+			&cli.BoolFlag{Name: "file-locks", Usage: "capture and restore file locks"},
+			&cli.StringSliceFlag{Name: "label", Aliases: []string{"l"}, Usage: "add a label KEY=VALUE to each sibling"},
+			&cli.StringFlag{Name: "identity", Value: string(plan.IdentityUnique), Usage: "unique (own hostname and machine-id), best-effort or preserve"},
+			&cli.StringSliceFlag{Name: "hook", Usage: "command run with sh -c in each sibling before it is reported; a failure fails the fork"},
+			&cli.StringFlag{Name: "ready", Value: "running", Usage: "when a sibling is up: running, exec, tcp:PORT or http:PORT/PATH"},
+			&cli.DurationFlag{Name: "ready-timeout", Value: podmanDefaultReadyTimeout, Usage: "how long hooks plus readiness may take per sibling"},
+			&cli.BoolFlag{Name: "print-stats", Usage: "print the fork's timings as JSON instead of the IDs"},
+			&cli.StringFlag{Name: "format", Usage: "output format: json prints the new containers as a JSON array"},
+			&cli.StringFlag{Name: "url", EnvVars: []string{"CONTAINER_HOST"}, Usage: "Podman service URL (default: the local service, started for this call if none runs)"},
+			&cli.BoolFlag{Name: "debug", Usage: "debug output"},
+		},
+		Action: run,
+	}
+	if err := app.Run(os.Args); err != nil {
+		fmt.Fprintln(os.Stderr, "Error:", err)
+		os.Exit(125)
+	}
+}
+
+const podmanDefaultReadyTimeout = 60 * time.Second
+
+func run(c *cli.Context) error {
+	if c.Bool("debug") {
+		logrus.SetLevel(logrus.DebugLevel)
+	}
+	if c.NArg() != 1 {
+		return fmt.Errorf("podman container fork takes exactly one SOURCE container; see --help")
+	}
+	format := c.String("format")
+	if format != "" && format != "json" {
+		return fmt.Errorf("unknown --format %q (use json)", format)
+	}
+	opts, err := options(c)
+	if err != nil {
+		return err
+	}
+	ctx, stop, err := connect(c.Context, c.String("url"))
+	if err != nil {
+		return err
+	}
+	defer stop()
+	stats, err := podmanfork.ForkWithStats(ctx, c.Args().First(), opts)
+	if err != nil {
+		return err
+	}
+	out := json.NewEncoder(os.Stdout)
+	out.SetIndent("", "  ")
+	switch {
+	case c.Bool("print-stats"):
+		return out.Encode(stats)
+	case format == "json":
+		return out.Encode(stats.Siblings)
+	}
+	for _, r := range stats.Siblings {
+		fmt.Println(r.ID)
+	}
+	return nil
+}
+
+func options(c *cli.Context) (podmanfork.Options, error) {
+	labels, err := podmanfork.ParseLabels(c.StringSlice("label"))
+	if err != nil {
+		return podmanfork.Options{}, err
+	}
+	ready, err := podmanfork.ParseReady(c.String("ready"))
+	if err != nil {
+		return podmanfork.Options{}, err
+	}
+	opts := podmanfork.Options{
+		Count:           c.Int("count"),
+		Publish:         c.StringSlice("publish"),
+		IgnoreStaticIP:  c.Bool("ignore-static-ip"),
+		IgnoreStaticMAC: c.Bool("ignore-static-mac"),
+		TCPEstablished:  c.Bool("tcp-established"),
+		TCPClose:        c.Bool("tcp-close"),
+		FileLocks:       c.Bool("file-locks"),
+		Labels:          labels,
+		Identity:        plan.Identity(c.String("identity")),
+		Hooks:           c.StringSlice("hook"),
+		Ready:           ready,
+		ReadyTimeout:    c.Duration("ready-timeout"),
+	}
+	if name := strings.TrimSpace(c.String("name")); name != "" {
+		if opts.Count <= 1 {
+			opts.Names = []string{name}
+		} else {
+			for i := 1; i <= opts.Count; i++ {
+				opts.Names = append(opts.Names, fmt.Sprintf("%s-%d", name, i))
+			}
+		}
+	}
+	return opts, nil
+}

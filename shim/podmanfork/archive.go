@@ -1,0 +1,172 @@
+package podmanfork
+
+import (
+	"archive/tar"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path"
+
+	"github.com/containers/storage/pkg/archive"
+
+	"github.com/tclone/tclone/runtime/plan"
+)
+
+// Podman's checkpoint archive holds the container's configuration next to
+// the checkpoint directory; restore --import creates the new container from
+// it. A fork archive's checkpoint directory holds only a plan reference.
+const (
+	configDump = "config.dump"
+	specDump   = "spec.dump"
+	planRef    = "checkpoint/" + plan.ReferenceFile
+)
+
+// readReference finds the plan reference in an exported checkpoint archive.
+// An archive without one is an ordinary checkpoint: tclone did not capture a
+// plan, so the source is not running under tclone.
+func readReference(archivePath string) (*plan.Reference, error) {
+	var ref *plan.Reference
+	err := walkArchive(archivePath, func(h *tar.Header, r io.Reader) error {
+		if path.Clean(h.Name) != planRef {
+			return nil
+		}
+		ref = &plan.Reference{}
+		return json.NewDecoder(r).Decode(ref)
+	})
+	if err != nil {
+		return nil, err
+	}
+	if ref == nil {
+		return nil, errors.New("the checkpoint holds no fork plan: the source's runtime did not capture one")
+	}
+	return ref, nil
+}
+
+func walkArchive(archivePath string, fn func(*tar.Header, io.Reader) error) error {
+	f, err := os.Open(archivePath)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	// Podman may compress its export; this reads any of its formats.
+	rc, err := archive.DecompressStream(f)
+	if err != nil {
+		return fmt.Errorf("reading checkpoint archive %s: %w", archivePath, err)
+	}
+	defer rc.Close()
+	tr := tar.NewReader(rc)
+	for {
+		h, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("reading checkpoint archive %s: %w", archivePath, err)
+		}
+		if err := fn(h, tr); err != nil {
+			return fmt.Errorf("%s in %s: %w", h.Name, archivePath, err)
+		}
+	}
+}
+
+// siblingEdit is what one sibling's archive changes in the source's
+// configuration.
+type siblingEdit struct {
+	Hostname string            // "" keeps the source's
+	Labels   map[string]string // added to the source's
+	// DropPorts removes the source's published ports: they belong to the
+	// source, and a sibling that kept them would fail to bind.
+	DropPorts bool
+}
+
+// writeSiblingArchive copies the source's checkpoint archive with the
+// sibling's configuration edits applied. The result is uncompressed: it is a
+// few kilobytes.
+func writeSiblingArchive(src, dst string, edit siblingEdit) error {
+	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return err
+	}
+	tw := tar.NewWriter(out)
+	err = walkArchive(src, func(h *tar.Header, r io.Reader) error {
+		name := path.Clean(h.Name)
+		if name != configDump && name != specDump {
+			if err := tw.WriteHeader(h); err != nil {
+				return err
+			}
+			_, err := io.Copy(tw, r)
+			return err
+		}
+		data, err := io.ReadAll(r)
+		if err != nil {
+			return err
+		}
+		if name == configDump {
+			data, err = editConfig(data, edit)
+		} else {
+			data, err = editSpec(data, edit)
+		}
+		if err != nil {
+			return err
+		}
+		nh := *h
+		nh.Size = int64(len(data))
+		if err := tw.WriteHeader(&nh); err != nil {
+			return err
+		}
+		_, err = tw.Write(data)
+		return err
+	})
+	if cerr := tw.Close(); err == nil {
+		err = cerr
+	}
+	if cerr := out.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// editConfig edits libpod's container configuration. It is decoded
+// generically so that fields this code does not know pass through
+// untouched.
+func editConfig(data []byte, edit siblingEdit) ([]byte, error) {
+	var cfg map[string]any
+	if err := json.Unmarshal(data, &cfg); err != nil {
+		return nil, err
+	}
+	if len(edit.Labels) > 0 {
+		labels, _ := cfg["labels"].(map[string]any)
+		if labels == nil {
+			labels = map[string]any{}
+		}
+		for k, v := range edit.Labels {
+			labels[k] = v
+		}
+		cfg["labels"] = labels
+	}
+	if edit.DropPorts {
+		delete(cfg, "newPortMappings")
+		delete(cfg, "portMappings")
+		delete(cfg, "exposedPorts")
+	}
+	if edit.Hostname != "" {
+		if spec, ok := cfg["spec"].(map[string]any); ok {
+			spec["hostname"] = edit.Hostname
+		}
+	}
+	return json.Marshal(cfg)
+}
+
+func editSpec(data []byte, edit siblingEdit) ([]byte, error) {
+	if edit.Hostname == "" {
+		return data, nil
+	}
+	var spec map[string]any
+	if err := json.Unmarshal(data, &spec); err != nil {
+		return nil, err
+	}
+	spec["hostname"] = edit.Hostname
+	return json.Marshal(spec)
+}

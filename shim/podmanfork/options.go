@@ -1,0 +1,186 @@
+// Package podmanfork forks running Podman containers through the Podman REST
+// API. It is what `podman container fork` runs, and what Podman REST clients
+// and CI pipelines import.
+//
+// The fork rides on Podman's own checkpoint and restore: the source must run
+// with `--runtime tclone`; its checkpoint becomes a fork plan kept in memory
+// on the host, and each restore makes a real Podman container (its own ID,
+// name, IP, hostname, /etc/hosts) that conmon monitors like any other.
+//
+// The package runs on the Podman host: it leaves a fork intent for tclone in
+// the host's plan store (see plan.Intent), so the connection must be to the
+// local Podman service, as root.
+package podmanfork
+
+import (
+	"fmt"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/tclone/tclone/runtime/plan"
+)
+
+// MaxCount bounds how many siblings one call makes.
+const MaxCount = 32
+
+// Options configure a fork. The zero value makes one sibling with a unique
+// identity, named <source>-fork-<n>, ready once running.
+type Options struct {
+	// Names of the siblings; when empty they are <source>-fork-<n>. When
+	// set, its length must equal Count.
+	Names []string
+	// Count of siblings, 1..MaxCount; 0 means 1. All or nothing.
+	Count int
+	// Publish ports for each sibling, in Podman's -p syntax (with several
+	// siblings, leave the host port out so each gets its own). The
+	// source's own published ports are never given to a sibling.
+	Publish []string
+	// IgnoreStaticIP and IgnoreStaticMAC let siblings of a source with a
+	// static address get fresh ones instead of failing.
+	IgnoreStaticIP  bool
+	IgnoreStaticMAC bool
+	// TCPEstablished gives siblings copies of the source's open TCP
+	// connections; TCPClose captures them but closes the siblings' copies.
+	TCPEstablished bool
+	TCPClose       bool
+	// FileLocks captures and restores file locks.
+	FileLocks bool
+	// Labels added to every sibling, KEY=VALUE. Siblings always carry
+	// LabelForkedFrom.
+	Labels map[string]string
+	// Identity policy: unique (default), best-effort or preserve.
+	Identity plan.Identity
+	// Hooks run in each sibling, in order, with `sh -c`, before it is
+	// reported. A hook that fails fails the whole fork.
+	Hooks []string
+	// Ready says when a sibling counts as up; see ParseReady.
+	Ready Ready
+	// ReadyTimeout bounds Hooks plus Ready per sibling; 0 means 60 s.
+	ReadyTimeout time.Duration
+	// PlanTTL bounds how long the capture is kept if the call is cut short;
+	// 0 means tclone's default.
+	PlanTTL time.Duration
+}
+
+// LabelForkedFrom names the label every sibling carries: the source's ID.
+const LabelForkedFrom = "io.tclone.forked-from"
+
+// ReadyKind is how readiness is checked.
+type ReadyKind string
+
+const (
+	ReadyRunning ReadyKind = "running" // Podman reports it running
+	ReadyExec    ReadyKind = "exec"    // a command (true) runs in it
+	ReadyTCP     ReadyKind = "tcp"     // its PORT accepts a connection
+	ReadyHTTP    ReadyKind = "http"    // GET PORT/PATH answers 2xx or 3xx
+)
+
+// Ready is a readiness condition.
+type Ready struct {
+	Kind ReadyKind
+	Port int
+	Path string
+}
+
+func (r Ready) String() string {
+	switch r.Kind {
+	case ReadyTCP:
+		return fmt.Sprintf("tcp:%d", r.Port)
+	case ReadyHTTP:
+		return fmt.Sprintf("http:%d%s", r.Port, r.Path)
+	case "":
+		return string(ReadyRunning)
+	}
+	return string(r.Kind)
+}
+
+var readyRE = regexp.MustCompile(`^(tcp|http):(\d+)(/.*)?$`)
+
+// ParseReady reads running, exec, tcp:PORT or http:PORT/PATH.
+func ParseReady(s string) (Ready, error) {
+	switch s {
+	case "", string(ReadyRunning):
+		return Ready{Kind: ReadyRunning}, nil
+	case string(ReadyExec):
+		return Ready{Kind: ReadyExec}, nil
+	}
+	m := readyRE.FindStringSubmatch(s)
+	if m == nil {
+		return Ready{}, fmt.Errorf("invalid readiness %q: use running, exec, tcp:PORT or http:PORT/PATH", s)
+	}
+	port, err := strconv.Atoi(m[2])
+	if err != nil || port < 1 || port > 65535 {
+		return Ready{}, fmt.Errorf("invalid readiness %q: port must be 1..65535", s)
+	}
+	r := Ready{Kind: ReadyKind(m[1]), Port: port, Path: m[3]}
+	if r.Kind == ReadyTCP && r.Path != "" {
+		return Ready{}, fmt.Errorf("invalid readiness %q: tcp takes a port only", s)
+	}
+	if r.Kind == ReadyHTTP && r.Path == "" {
+		r.Path = "/"
+	}
+	return r, nil
+}
+
+// ParseLabels reads KEY=VALUE strings.
+func ParseLabels(kvs []string) (map[string]string, error) {
+	labels := map[string]string{}
+	for _, kv := range kvs {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
+			return nil, fmt.Errorf("invalid label %q: use KEY=VALUE", kv)
+		}
+		if k == LabelForkedFrom {
+			return nil, fmt.Errorf("label %s is set by the fork itself", LabelForkedFrom)
+		}
+		labels[k] = v
+	}
+	return labels, nil
+}
+
+// normalize checks the options and fills defaults.
+func (o *Options) normalize() error {
+	if o.Count == 0 {
+		o.Count = 1
+		if len(o.Names) > 1 {
+			o.Count = len(o.Names)
+		}
+	}
+	if o.Count < 1 || o.Count > MaxCount {
+		return fmt.Errorf("count %d out of range: fork 1 to %d siblings at a time", o.Count, MaxCount)
+	}
+	if len(o.Names) > 0 && len(o.Names) != o.Count {
+		return fmt.Errorf("%d names given for %d siblings; give one name per sibling, or none", len(o.Names), o.Count)
+	}
+	if o.TCPEstablished && o.TCPClose {
+		return fmt.Errorf("--tcp-established and --tcp-close exclude each other")
+	}
+	id, err := plan.ParseIdentity(string(o.Identity))
+	if err != nil {
+		return err
+	}
+	o.Identity = id
+	if o.Ready.Kind == "" {
+		o.Ready.Kind = ReadyRunning
+	}
+	if o.ReadyTimeout == 0 {
+		o.ReadyTimeout = 60 * time.Second
+	}
+	return nil
+}
+
+var hostnameBad = regexp.MustCompile(`[^a-zA-Z0-9-]+`)
+
+// hostnameFor turns a container name into a valid hostname.
+func hostnameFor(name string) string {
+	h := strings.Trim(hostnameBad.ReplaceAllString(name, "-"), "-")
+	if len(h) > 63 {
+		h = strings.TrimRight(h[:63], "-")
+	}
+	if h == "" {
+		h = "fork"
+	}
+	return h
+}
