@@ -1,24 +1,36 @@
 #!/usr/bin/env bash
-# Installs the tclone binary and registers it with Podman as runtime "tclone".
+# Installs tclone and podman-fork and registers tclone with Podman.
 #
-#   hack/install.sh BIN [PREFIX]
+#   hack/install.sh BINDIR [PREFIX]
 #
-# Idempotent: the binary is replaced only when it changed, and the
-# containers.conf drop-in is written only when it differs.
+# BINDIR holds the built tclone and podman-fork. Idempotent: binaries are
+# replaced only when they changed, and configuration is written only when it
+# differs.
 set -euo pipefail
-bin=${1:?usage: install.sh BIN [PREFIX]}
+here=$(cd "$(dirname "$0")" && pwd)
+bindir=${1:?usage: install.sh BINDIR [PREFIX]}
 prefix=${2:-${PREFIX:-/usr/local}}
-dest=$prefix/bin/tclone
 
 log() { printf 'install: %s\n' "$*"; }
 
-[ -x "$bin" ] || { echo "install: $bin is not an executable; run 'make build'" >&2; exit 1; }
+put() { # src dest
+	local src=$1 dest=$2
+	[ -x "$src" ] || { echo "install: $src is missing; run 'make build'" >&2; exit 1; }
+	if ! cmp -s "$src" "$dest"; then
+		# Replace atomically: Podman may be executing the old binary.
+		install -m 0755 "$src" "$dest.new"
+		mv -f "$dest.new" "$dest"
+		log "installed $dest"
+	fi
+}
+
 install -d "$prefix/bin"
-if ! cmp -s "$bin" "$dest"; then
-	# Replace atomically: a running Podman may be executing the old binary.
-	install -m 0755 "$bin" "$dest.new"
-	mv -f "$dest.new" "$dest"
-	log "installed $dest"
+put "$bindir/tclone" "$prefix/bin/tclone"
+put "$bindir/podman-fork" "$prefix/bin/podman-fork"
+# `podman container fork` goes to podman-fork through this wrapper; it
+# shadows /usr/bin/podman only by coming first in PATH.
+if [ -x /usr/bin/podman ]; then
+	put "$here/podman-wrapper.sh" "$prefix/bin/podman"
 fi
 
 # Podman reads drop-ins from containers.conf.d; a drop-in leaves the
@@ -31,17 +43,16 @@ fi
 conf=/etc/containers/containers.conf.d/50-tclone.conf
 default=""
 if [ "${TCLONE_DEFAULT_RUNTIME:-1}" = 1 ]; then
-	default="runtime = \"tclone\"
-"
+	default='runtime = "tclone"'
 fi
 want="# Written by tclone's hack/install.sh.
 [engine]
-${default}
+$default
+
 [engine.runtimes]
-tclone = [\"$dest\"]
-"
-if [ "$(cat "$conf" 2>/dev/null)" != "$(printf '%s' "$want")" ]; then
+tclone = [\"$prefix/bin/tclone\"]"
+if [ "$(cat "$conf" 2>/dev/null)" != "$want" ]; then
 	install -d "$(dirname "$conf")"
-	printf '%s' "$want" >"$conf"
+	printf '%s\n' "$want" >"$conf"
 	log "registered runtime tclone in $conf"
 fi

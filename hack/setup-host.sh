@@ -8,7 +8,7 @@
 #   hack/setup-host.sh --service    the same, then start the Podman API service
 #
 # Environment:
-#   TCLONE_BIN   the tclone binary to install (default: bin/tclone of this checkout)
+#   TCLONE_BINDIR  where the built tclone and podman-fork are (default: bin/ of this checkout)
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -148,9 +148,9 @@ set_sysctl fs.pipe-max-size 67108864
 "$here/build-images.sh"
 
 # --- 5. tclone ---------------------------------------------------------------
-bin=${TCLONE_BIN:-$top/bin/tclone}
-[ -x "$bin" ] || die "$bin is missing; run 'make build' first (make test and make demo do)"
-"$here/install.sh" "$bin"
+bindir=${TCLONE_BINDIR:-$top/bin}
+[ -x "$bindir/tclone" ] || die "$bindir/tclone is missing; run 'make build' first (make test and make demo do)"
+"$here/install.sh" "$bindir"
 
 # --- 6. Podman API service (optional) -----------------------------------------
 # There is no systemd here; the service is started by hand for REST clients.
