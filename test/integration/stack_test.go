@@ -1,0 +1,186 @@
+// Package integration tests tclone against the real stack: Podman, conmon,
+// crun and CRIU, as root. `make test` runs it with
+// TCLONE_REQUIRE_INTEGRATION=1, which turns a missing piece from a skip into
+// a failure, so CI never passes by skipping.
+package integration
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+const (
+	busybox   = "localhost/tclone-busybox:latest"
+	workspace = "localhost/tclone-workspace:latest"
+)
+
+// requireStack skips (or, under TCLONE_REQUIRE_INTEGRATION=1, fails) a test
+// when the machine lacks what it needs.
+func requireStack(t *testing.T) {
+	t.Helper()
+	var missing []string
+	if os.Geteuid() != 0 {
+		missing = append(missing, "root")
+	}
+	for _, bin := range []string{"/usr/bin/podman", "crun", "criu", "conmon", tcloneBin(), podmanForkBin()} {
+		if _, err := exec.LookPath(bin); err != nil {
+			missing = append(missing, bin)
+		}
+	}
+	for _, img := range []string{busybox, workspace} {
+		if exec.Command("/usr/bin/podman", "image", "exists", img).Run() != nil {
+			missing = append(missing, "image "+img)
+		}
+	}
+	if len(missing) == 0 {
+		return
+	}
+	msg := fmt.Sprintf("missing %s (run hack/setup-host.sh)", strings.Join(missing, ", "))
+	if os.Getenv("TCLONE_REQUIRE_INTEGRATION") == "1" {
+		t.Fatal(msg)
+	}
+	t.Skip(msg)
+}
+
+func binDir() string {
+	if d := os.Getenv("TCLONE_BINDIR"); d != "" {
+		return d
+	}
+	return "/usr/local/bin"
+}
+
+func tcloneBin() string     { return filepath.Join(binDir(), "tclone") }
+func podmanForkBin() string { return filepath.Join(binDir(), "podman-fork") }
+func workloadBin() string   { return filepath.Join(binDir(), "workload") }
+
+// result is a finished command.
+type result struct {
+	stdout, stderr string
+	code           int
+}
+
+func run(t *testing.T, timeout time.Duration, name string, args ...string) result {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Env = append(os.Environ(), "PODMAN_IGNORE_CGROUPSV1_WARNING=1")
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	r := result{stdout: out.String(), stderr: errb.String()}
+	if ctx.Err() != nil {
+		t.Fatalf("%s %s: timed out after %s\nstderr: %s", name, strings.Join(args, " "), timeout, r.stderr)
+	}
+	if ee, ok := err.(*exec.ExitError); ok {
+		r.code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatalf("%s %s: %v", name, strings.Join(args, " "), err)
+	}
+	return r
+}
+
+// podman runs the real podman and fails the test on a non-zero exit.
+func podman(t *testing.T, args ...string) string {
+	t.Helper()
+	r := run(t, 3*time.Minute, "/usr/bin/podman", args...)
+	if r.code != 0 {
+		t.Fatalf("podman %s: exit %d\nstdout: %s\nstderr: %s", strings.Join(args, " "), r.code, r.stdout, r.stderr)
+	}
+	return strings.TrimSpace(r.stdout)
+}
+
+// podmanTry runs podman and returns the result whatever the exit status.
+func podmanTry(t *testing.T, args ...string) result {
+	t.Helper()
+	return run(t, 3*time.Minute, "/usr/bin/podman", args...)
+}
+
+// name returns a container name unique to this test run, and removes the
+// container when the test ends.
+func name(t *testing.T, prefix string) string {
+	t.Helper()
+	b := make([]byte, 4)
+	rand.Read(b)
+	n := fmt.Sprintf("tct-%s-%s", prefix, hex.EncodeToString(b))
+	t.Cleanup(func() { removeContainers(t, n) })
+	return n
+}
+
+// removeContainers removes containers and anything forked from them.
+func removeContainers(t *testing.T, names ...string) {
+	for _, n := range names {
+		ids := strings.Fields(podmanTry(t, "ps", "-aq", "--filter", "label=io.tclone.forked-from="+containerID(t, n)).stdout)
+		for _, id := range ids {
+			podmanTry(t, "rm", "-f", "-t", "0", id)
+		}
+		podmanTry(t, "rm", "-f", "-t", "0", n)
+	}
+}
+
+func containerID(t *testing.T, name string) string {
+	r := podmanTry(t, "inspect", "--format", "{{.Id}}", name)
+	if r.code != 0 {
+		return "none"
+	}
+	return strings.TrimSpace(r.stdout)
+}
+
+// inspect decodes `podman inspect` of one container.
+func inspect(t *testing.T, name string) map[string]any {
+	t.Helper()
+	var out []map[string]any
+	if err := json.Unmarshal([]byte(podman(t, "inspect", name)), &out); err != nil || len(out) != 1 {
+		t.Fatalf("inspect %s: %v", name, err)
+	}
+	return out[0]
+}
+
+func state(t *testing.T, name string) string {
+	t.Helper()
+	return podman(t, "inspect", "--format", "{{.State.Status}}", name)
+}
+
+// eventually retries fn until it returns nil or the timeout passes.
+func eventually(t *testing.T, timeout time.Duration, what string, fn func() error) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		err := fn()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %s: %v", what, timeout, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// counterScript counts in /tmp/c ten times a second.
+const counterScript = `i=0; while :; do i=$((i+1)); echo $i > /tmp/c; sleep 0.1; done`
+
+// readCounter reads the counter of a container running counterScript.
+func readCounter(t *testing.T, name string) int {
+	t.Helper()
+	var n int
+	eventually(t, 10*time.Second, "reading the counter of "+name, func() error {
+		out := podmanTry(t, "exec", name, "cat", "/tmp/c")
+		if out.code != 0 {
+			return fmt.Errorf("exit %d: %s", out.code, out.stderr)
+		}
+		_, err := fmt.Sscan(out.stdout, &n)
+		return err
+	})
+	return n
+}
