@@ -1,0 +1,85 @@
+package fork
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/tclone/tclone/runtime/plan"
+)
+
+func TestSiblingHostname(t *testing.T) {
+	src := strings.Repeat("a", 64)
+	sib := "b1b2b3b4b5b6" + strings.Repeat("c", 52)
+	p := &plan.Plan{Source: plan.Source{ID: src, Hostname: src[:12]}, Identity: plan.IdentityUnique}
+	cases := []struct {
+		name     string
+		identity plan.Identity
+		config   string
+		want     string
+	}{
+		{"inherited default hostname gets the sibling's short ID", plan.IdentityUnique, src[:12], "b1b2b3b4b5b6"},
+		{"no hostname in the config", plan.IdentityUnique, "", "b1b2b3b4b5b6"},
+		{"explicit hostname wins", plan.IdentityUnique, "trial", "trial"},
+		{"preserve keeps the captured one", plan.IdentityPreserve, src[:12], ""},
+		{"explicit hostname wins over preserve", plan.IdentityPreserve, "trial", "trial"},
+	}
+	for _, c := range cases {
+		p.Identity = c.identity
+		if got := siblingHostname(p, &specs.Spec{Hostname: c.config}, sib); got != c.want {
+			t.Errorf("%s: got %q want %q", c.name, got, c.want)
+		}
+	}
+}
+
+func TestFreshMachineID(t *testing.T) {
+	root := t.TempDir()
+	os.MkdirAll(filepath.Join(root, "etc"), 0o755)
+	old := "0123456789abcdef0123456789abcdef\n"
+	os.WriteFile(filepath.Join(root, "etc/machine-id"), []byte(old), 0o444)
+	changed, err := freshMachineID(root)
+	if err != nil || !changed {
+		t.Fatalf("changed %v err %v", changed, err)
+	}
+	got, _ := os.ReadFile(filepath.Join(root, "etc/machine-id"))
+	if string(got) == old || len(got) != len(old) || !machineIDRE.Match(got) {
+		t.Fatalf("new machine-id %q", got)
+	}
+	// An empty machine-id means "none": nothing to duplicate.
+	os.WriteFile(filepath.Join(root, "etc/machine-id"), nil, 0o444)
+	if changed, _ := freshMachineID(root); changed {
+		t.Fatal("an empty machine-id was filled in")
+	}
+}
+
+func TestRewriteNameFilesOnlyTouchesTheSiblingsOwn(t *testing.T) {
+	bundle := t.TempDir()
+	shared := t.TempDir()
+	hosts := filepath.Join(bundle, "hosts")
+	os.WriteFile(hosts, []byte("127.0.0.1\tlocalhost\n10.88.0.5\told old-name\n# old\n"), 0o644)
+	hostname := filepath.Join(bundle, "hostname")
+	os.WriteFile(hostname, []byte("old\n"), 0o644)
+	hostHosts := filepath.Join(shared, "hosts")
+	os.WriteFile(hostHosts, []byte("10.0.0.1 old\n"), 0o644)
+	spec := &specs.Spec{Mounts: []specs.Mount{
+		{Destination: "/etc/hosts", Source: hosts, Options: []string{"bind"}},
+		{Destination: "/etc/hostname", Source: hostname, Options: []string{"rbind"}},
+		{Destination: "/etc/hosts2", Source: hostHosts, Options: []string{"bind"}},
+	}}
+	if err := rewriteNameFiles(spec, bundle, "sib", "old", "new"); err != nil {
+		t.Fatal(err)
+	}
+	got, _ := os.ReadFile(hosts)
+	if string(got) != "127.0.0.1\tlocalhost\n10.88.0.5\tnew\told-name\n# old\n" {
+		t.Errorf("hosts %q", got)
+	}
+	if got, _ := os.ReadFile(hostname); string(got) != "new\n" {
+		t.Errorf("hostname %q", got)
+	}
+	if got, _ := os.ReadFile(hostHosts); string(got) != "10.0.0.1 old\n" {
+		t.Errorf("a file outside the sibling was changed: %q", got)
+	}
+}

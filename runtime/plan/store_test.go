@@ -1,0 +1,171 @@
+package plan
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// testStore is a store whose plan directory is an ordinary directory: the
+// tmpfs mount is exercised by the integration tests.
+func testStore(t *testing.T) Store {
+	t.Helper()
+	root := t.TempDir()
+	s := Store{Root: root, SnapshotRoot: filepath.Join(root, "snapshots")}
+	if err := os.MkdirAll(s.PlansDir(), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func newPlan(t *testing.T, s Store, uses int) string {
+	t.Helper()
+	id := NewID()
+	dir := s.Dir(id)
+	if err := os.MkdirAll(ImagesDir(dir), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	p := &Plan{Version: FormatVersion, ID: id, ExpiresAt: time.Now().Add(time.Hour)}
+	if err := p.Write(dir); err != nil {
+		t.Fatal(err)
+	}
+	if err := SetUses(dir, uses); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+func TestPlanRemovedWithLastUse(t *testing.T) {
+	s := testStore(t)
+	dir := newPlan(t, s, 2)
+	a, err := s.Acquire(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := s.Acquire(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Acquire(dir); !errors.Is(err, ErrUsedUp) {
+		t.Fatalf("third use of a two-use plan: %v", err)
+	}
+	if err := a.Release(true); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(dir); err != nil {
+		t.Fatal("plan removed while a use is still in flight")
+	}
+	if err := b.Release(true); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
+		t.Fatal("plan kept after its last use")
+	}
+}
+
+func TestFailedUseIsGivenBack(t *testing.T) {
+	s := testStore(t)
+	dir := newPlan(t, s, 1)
+	l, err := s.Acquire(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Release(false)
+	if u, _ := ReadUses(dir); u.Remaining != 1 || u.InFlight != 0 {
+		t.Fatalf("uses after a failed use: %+v", u)
+	}
+	if _, err := s.Acquire(dir); err != nil {
+		t.Fatalf("plan not usable again after a failed use: %v", err)
+	}
+}
+
+func TestUnlimitedPlanExpires(t *testing.T) {
+	s := testStore(t)
+	dir := newPlan(t, s, Unlimited)
+	for i := 0; i < 5; i++ {
+		l, err := s.Acquire(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		l.Release(true)
+	}
+	if Expired(dir, time.Now()) {
+		t.Fatal("expired early")
+	}
+	if !Expired(dir, time.Now().Add(2*time.Hour)) {
+		t.Fatal("not expired after its expiry")
+	}
+	l, _ := s.Acquire(dir)
+	if Expired(dir, time.Now().Add(2*time.Hour)) {
+		t.Fatal("a plan with a use in flight counted as expired")
+	}
+	l.Release(true)
+}
+
+func TestReadRejectsOtherVersions(t *testing.T) {
+	s := testStore(t)
+	dir := newPlan(t, s, 1)
+	os.WriteFile(filepath.Join(dir, "plan.json"), []byte(`{"version": 99}`), 0o600)
+	if _, err := Read(dir); err == nil {
+		t.Fatal("read a plan of an unknown format version")
+	}
+	if _, err := Read(filepath.Join(s.PlansDir(), "missing")); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("missing plan: %v", err)
+	}
+}
+
+func TestIntentTakenOnce(t *testing.T) {
+	s := testStore(t)
+	if err := s.WriteIntent(Intent{ContainerID: "c1", Uses: 3, Identity: IdentityUnique}); err != nil {
+		t.Fatal(err)
+	}
+	in, err := s.TakeIntent("c1")
+	if err != nil || in == nil || in.Uses != 3 {
+		t.Fatalf("take: %+v %v", in, err)
+	}
+	if again, _ := s.TakeIntent("c1"); again != nil {
+		t.Fatal("an intent was taken twice")
+	}
+	s.WriteIntent(Intent{ContainerID: "c2", ExpiresAt: time.Now().Add(-time.Second)})
+	if in, _ := s.TakeIntent("c2"); in != nil {
+		t.Fatal("an expired intent was taken")
+	}
+}
+
+func TestReferenceRoundTrip(t *testing.T) {
+	dir := t.TempDir()
+	if ref, err := ReadReference(dir); ref != nil || err != nil {
+		t.Fatalf("an ordinary checkpoint directory read as a reference: %v %v", ref, err)
+	}
+	if err := WriteReference(dir, Reference{PlanID: "p", PlanDir: "/run/tclone/plans/p"}); err != nil {
+		t.Fatal(err)
+	}
+	ref, err := ReadReference(dir)
+	if err != nil || ref.PlanDir != "/run/tclone/plans/p" {
+		t.Fatalf("%+v %v", ref, err)
+	}
+}
+
+func TestEnsureTmpfsMountsWhereNeeded(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("mounting needs root")
+	}
+	s := Store{Root: t.TempDir()}
+	if err := s.EnsureTmpfs(); err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Unmount(s.PlansDir(), unix.MNT_DETACH)
+	var fs unix.Statfs_t
+	unix.Statfs(s.PlansDir(), &fs)
+	if fs.Type != unix.TMPFS_MAGIC {
+		t.Fatal("plan store is not tmpfs")
+	}
+	// Idempotent: no second mount on top.
+	if err := s.EnsureTmpfs(); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,103 @@
+package main
+
+import (
+	"reflect"
+	"testing"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/tclone/tclone/runtime/crun"
+)
+
+// parse runs args through a copy of cmd inside a real app, as main would,
+// and returns the context its action received.
+func parse(t *testing.T, cmd *cli.Command, args ...string) *cli.Context {
+	t.Helper()
+	var got *cli.Context
+	c := *cmd
+	c.Action = func(ctx *cli.Context) error { got = ctx; return nil }
+	app := &cli.App{Name: "tclone", Commands: []*cli.Command{&c}}
+	if err := app.Run(append([]string{"tclone", c.Name}, args...)); err != nil {
+		t.Fatal(err)
+	}
+	if got == nil {
+		t.Fatal("action not reached")
+	}
+	return got
+}
+
+// Podman's exact checkpoint argv (it repeats --leave-running) must reach
+// crun with every option intact.
+func TestCheckpointArgsRoundTrip(t *testing.T) {
+	c := parse(t, checkpointCommand, "--image-path", "/b/checkpoint", "--work-path", "/b",
+		"--leave-running", "--leave-running", "--tcp-established", "--file-locks", "--manage-cgroups-mode", "ignore", "ID")
+	got := checkpointOptions(c).crunArgs()
+	want := []string{"--image-path", "/b/checkpoint", "--work-path", "/b", "--leave-running",
+		"--tcp-established", "--file-locks", "--manage-cgroups-mode", "ignore"}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("got %q\nwant %q", got, want)
+	}
+	if c.Args().First() != "ID" {
+		t.Fatalf("container ID %q", c.Args().First())
+	}
+}
+
+func TestRestoreArgsRoundTrip(t *testing.T) {
+	c := parse(t, restoreCommand, "--bundle", "/b", "--pid-file", "/p", "--detach",
+		"--image-path", "/b/checkpoint", "--work-path", "/b", "--console-socket", "/s", "--tcp-close",
+		"--lsm-profile", "apparmor:x", "ID")
+	got := restoreOptions(c).crunArgs()
+	want := []string{"--bundle", "/b", "--image-path", "/b/checkpoint", "--work-path", "/b",
+		"--tcp-close", "--detach", "--pid-file", "/p", "--console-socket", "/s", "--lsm-profile", "apparmor:x"}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("got %q\nwant %q", got, want)
+	}
+}
+
+func TestRestoreShortFlags(t *testing.T) {
+	c := parse(t, restoreCommand, "-b", "/b", "-d", "ID")
+	o := restoreOptions(c)
+	if o.Bundle != "/b" || !o.Detach {
+		t.Fatalf("short flags not understood: %+v", o)
+	}
+}
+
+func TestMaterializeRequestFromRestoreFlags(t *testing.T) {
+	c := parse(t, restoreCommand, "--bundle", "/b", "--pid-file", "/p", "--detach", "--image-path", "/b/checkpoint",
+		"--work-path", "/w", "--console-socket", "/s", "--tcp-close", "ID")
+	req := restoreOptions(c).materializeRequest("ID", "/run/tclone/plans/x")
+	if req.ID != "ID" || req.Plan != "/run/tclone/plans/x" || req.Bundle != "/b" || !req.Detach ||
+		req.PidFile != "/p" || req.ConsoleSocket != "/s" || req.WorkPath != "/w" || !req.TCPClose {
+		t.Fatalf("request %+v", req)
+	}
+}
+
+// Delegated verbs take crun's flags verbatim, unparsed.
+func TestDelegatedVerbsSkipFlagParsing(t *testing.T) {
+	seen := map[string]bool{}
+	for _, c := range delegatedCommands() {
+		if !c.SkipFlagParsing {
+			t.Errorf("%s parses flags; crun's flags would be rejected", c.Name)
+		}
+		seen[c.Name] = true
+	}
+	for _, verb := range []string{"create", "start", "run", "exec", "state", "list", "kill", "delete", "pause", "resume", "ps", "update", "spec", "features"} {
+		if !seen[verb] {
+			t.Errorf("verb %s is not delegated", verb)
+		}
+	}
+}
+
+func TestGlobalFlagsReachCrun(t *testing.T) {
+	app := newApp()
+	var g crun.Global
+	app.Before = nil
+	app.Commands = []*cli.Command{{Name: "state", Action: func(c *cli.Context) error { g = globalOptions(c); return nil }}}
+	if err := app.Run([]string{"tclone", "--root", "/r", "--log", "/l", "--log-format", "json", "--systemd-cgroup", "--debug", "--rootless", "false", "state"}); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"--debug", "--log=/l", "--log-format=json", "--root=/r", "--systemd-cgroup", "--rootless=false"}
+	if got := g.Args(); !reflect.DeepEqual(got, want) {
+		t.Fatalf("got %q want %q", got, want)
+	}
+}
