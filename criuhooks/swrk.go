@@ -29,7 +29,13 @@ type Error struct {
 
 func (e *Error) Error() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "criu %s failed: %v", e.Op, e.Err)
+	fmt.Fprintf(&b, "criu %s failed", e.Op)
+	// CRIU's log says why; go-criu's own message repeats CRIU's first
+	// error line, which is usually a harmless warning, so it is shown only
+	// when the log has nothing, or when tclone itself ended the call.
+	if len(e.Reasons) == 0 || errors.Is(e.Err, ErrTimeout) {
+		fmt.Fprintf(&b, ": %v", e.Err)
+	}
 	if len(e.Reasons) > 0 {
 		b.WriteString(": ")
 		b.WriteString(strings.Join(e.Reasons, "; "))

@@ -4,9 +4,9 @@ import "testing"
 
 func TestParseVersion(t *testing.T) {
 	for in, want := range map[string]Version{
-		"Version: 4.2.1\n":                       40201,
-		"Version: 4.1\nGitID: v4.1-3-gabc\n":     40100,
-		"Version: 3.17.1\n":                      31701,
+		"Version: 4.2.1\n":                        40201,
+		"Version: 4.1\nGitID: v4.1-3-gabc\n":      40100,
+		"Version: 3.17.1\n":                       31701,
 		"criu: warning\nVersion: 4.2\nGitID: x\n": 40200,
 	} {
 		got, err := ParseVersion(in)

@@ -73,6 +73,7 @@ func (e *Engine) Capture(ctx context.Context, req CaptureRequest) (*Captured, er
 		e.Store.Remove(dir)
 		return nil, err
 	}
+	crashPoint(CrashCaptureStarted)
 	p, err := e.capture(ctx, src, id, dir, freezer, check, req)
 	if err != nil {
 		err = errors.Join(err, e.Store.Remove(dir))
@@ -210,11 +211,13 @@ func (e *Engine) dump(ctx context.Context, src *source, dir string, freezer *cgr
 				return err
 			}
 			froze, frozenAt = true, time.Now()
+			crashPoint(CrashSourceFrozen)
 			return nil
 		},
 		OnPostDump: func() error {
 			var err error
 			snap, err = snapshot()
+			crashPoint(CrashSnapshotTaken)
 			return err
 		},
 	}
@@ -228,9 +231,15 @@ func (e *Engine) dump(ctx context.Context, src *source, dir string, freezer *cgr
 		err = errors.Join(err, terr)
 	}
 	thawed := time.Now()
+	crashPoint(CrashDumpDone)
 	if err != nil {
 		if snap != nil {
 			snap.Remove()
+		}
+		// The plan directory goes; the log of the failed dump stays.
+		var cerr *criuhooks.Error
+		if errors.As(err, &cerr) {
+			cerr.LogPath = keepLog(logPath, "dump", src.id)
 		}
 		return nil, explainDumpError(src.id, err)
 	}

@@ -92,4 +92,24 @@ func (e *Engine) lockSource(ctx context.Context, id string) (func(), error) {
 	}
 }
 
+// LogDir keeps the CRIU logs of failed operations, whose work directories
+// are removed with everything else the failure left.
+var LogDir = "/var/log/tclone"
+
+// keepLog copies a CRIU log of a failed operation to LogDir and returns
+// where it is now ("" if it could not be kept).
+func keepLog(path, op, id string) string {
+	if _, err := os.Stat(path); err != nil {
+		return ""
+	}
+	if err := os.MkdirAll(LogDir, 0o700); err != nil {
+		return ""
+	}
+	dst := filepath.Join(LogDir, fmt.Sprintf("%s-%s-%s.log", op, id, time.Now().UTC().Format("20060102T150405.000")))
+	if err := copyFile(path, dst); err != nil {
+		return ""
+	}
+	return dst
+}
+
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

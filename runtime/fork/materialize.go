@@ -104,6 +104,12 @@ func (e *Engine) Materialize(ctx context.Context, req MaterializeRequest) (*Mate
 			return nil, fmt.Errorf("the source joined network namespace %s by path, so the sibling's config.json must name a network namespace path too (Podman does this); create one (ip netns add NAME) and set linux.namespaces[network].path", p.Source.NetNSPath)
 		}
 	}
+	root := rootPath(bundle, spec)
+	// Refuse a root that is not ours to fill before making anything:
+	// undoing a failed sibling empties its root.
+	if _, err := p.Rootfs.CheckTarget(root); err != nil {
+		return nil, err
+	}
 	check, err := criucheck.Check(ctx)
 	if err != nil {
 		return nil, err
@@ -113,7 +119,6 @@ func (e *Engine) Materialize(ctx context.Context, req MaterializeRequest) (*Mate
 		return nil, err
 	}
 	siblingDir := e.Store.SiblingDir(req.ID)
-	root := rootPath(bundle, spec)
 	entry, err := e.Journal.Begin(journal.Record{
 		Kind: journal.Materialize, Phase: "prepare", PlanDir: dir, SiblingID: req.ID, LeaseHeld: true,
 		RootTarget: root, CrunRoot: e.Crun.Global.Root, ImagesOverlay: siblingDir,
@@ -165,6 +170,7 @@ func (e *Engine) materialize(ctx context.Context, req MaterializeRequest, p *pla
 		}
 	}
 	m.Timings.RootfsMs = ms(time.Since(t))
+	crashPoint(CrashRootfsFilled)
 
 	work := req.WorkPath
 	if work == "" {
@@ -181,6 +187,7 @@ func (e *Engine) materialize(ctx context.Context, req MaterializeRequest, p *pla
 		return nil, err
 	}
 	m.Timings.RestoreMs = ms(time.Since(t))
+	crashPoint(CrashSiblingRestored)
 	if st, err := criuhooks.RestoreStats(work); err == nil {
 		m.Timings.CriuRestoreMs = float64(st.GetRestoreTime()) / 1000
 		m.PagesRestored = st.GetPagesRestored()
@@ -252,7 +259,10 @@ func (e *Engine) crunRestore(ctx context.Context, req MaterializeRequest, p *pla
 		msg = fmt.Sprintf("timed out after %s", e.criuTimeout())
 	}
 	logPath := filepath.Join(work, restoreLogName)
-	cerr := &criuhooks.Error{Op: "restore", Err: fmt.Errorf("crun restore: %s", msg), Reasons: criuhooks.LogErrors(logPath), LogPath: logPath}
+	reasons := criuhooks.LogErrors(logPath)
+	// The work directory goes with the failed sibling; its log stays.
+	kept := keepLog(logPath, "restore", req.ID)
+	cerr := &criuhooks.Error{Op: "restore", Err: fmt.Errorf("crun restore: %s", msg), Reasons: reasons, LogPath: kept}
 	return fmt.Errorf("restoring sibling %s: %w", req.ID, cerr)
 }
 

@@ -80,7 +80,7 @@ func (e *Engine) RecoverQuietly(ctx context.Context) {
 		logrus.Warnf("cleaning up after an earlier interrupted fork: %v", err)
 	}
 	if r != nil && (r.Captures+r.Siblings+r.ExpiredPlans+r.StraySnaps > 0 || len(r.Thawed) > 0) {
-		logrus.Infof("cleaned up after earlier forks: %+v", *r)
+		logrus.Debugf("cleaned up after earlier forks: %+v", *r)
 	}
 }
 

@@ -66,8 +66,13 @@ func loadSource(ctx context.Context, rt *crun.Runtime, id string) (*source, erro
 	if err != nil {
 		return nil, err
 	}
-	if status.Rootfs == "" {
+	switch {
+	case status.Rootfs == "":
 		status.Rootfs = rootPath(st.Bundle, spec)
+	case !filepath.IsAbs(status.Rootfs):
+		// crun records the root as the config gave it, relative to the
+		// bundle for bare bundles.
+		status.Rootfs = filepath.Join(st.Bundle, status.Rootfs)
 	}
 	return &source{id: id, state: st, status: status, spec: spec}, nil
 }

@@ -172,6 +172,17 @@ func (c *copier) copyDir(src, dst string, st *unix.Stat_t) error {
 	return c.copyMeta(src, dst, st)
 }
 
+// copyRootMeta gives the target root the captured root's owner, mode, xattrs
+// and times: CRIU checks the mode of the root it restores into against the
+// one it dumped.
+func (c *copier) copyRootMeta(src, dst string) error {
+	var st unix.Stat_t
+	if err := unix.Lstat(src, &st); err != nil {
+		return fmt.Errorf("stat %s: %w", src, err)
+	}
+	return c.copyMeta(src, dst, &st)
+}
+
 // copyFile shares the data by reflink where the filesystem can, else copies it
 // in the kernel.
 func (c *copier) copyFile(src, dst string, st *unix.Stat_t) error {

@@ -146,33 +146,50 @@ func copyInto(mode copyMode, src, dst string) (Stats, error) {
 // not the same image as the source's.
 var ErrTargetNotEmpty = errors.New("sibling root is neither empty nor an overlay of the source's image")
 
-// Apply fills target, the sibling's root, from the snapshot. Target is either
-// an empty directory (a bare bundle) or an overlay mount of the same image as
-// the source (a Podman sibling), in which case only the source's own writes
-// are applied on top.
-func (s *Snapshot) Apply(target string) (Stats, error) {
+// CheckTarget tells whether target can receive the snapshot: an empty
+// directory (a bare bundle), or an overlay mount of the same image layers as
+// the source (a Podman sibling). It changes nothing, so a caller can refuse a
+// sibling before anything is made for it.
+func (s *Snapshot) CheckTarget(target string) (overlay bool, err error) {
 	m, isMount, err := mountAt(target)
 	if err != nil {
-		return Stats{}, fmt.Errorf("inspecting sibling root %s: %w", target, err)
+		return false, fmt.Errorf("inspecting sibling root %s: %w", target, err)
 	}
 	if isMount && m.FSType == "overlay" {
 		layers, err := parseOverlayOpts(m.SuperOpts)
 		if err != nil {
-			return Stats{}, fmt.Errorf("sibling root %s: %w", target, err)
+			return false, fmt.Errorf("sibling root %s: %w", target, err)
 		}
 		if s.Kind != KindOverlay || !slices.Equal(layers.Lower, s.LowerDirs) {
-			return Stats{}, fmt.Errorf("%w: %s is an overlay of other layers than the source's", ErrTargetNotEmpty, target)
+			return false, fmt.Errorf("%w: %s is an overlay of other layers than the source's", ErrTargetNotEmpty, target)
 		}
-		c := newCopier(applyLayer)
-		err = c.copyTree(s.Path, target)
-		return c.stats, err
+		return true, nil
 	}
 	empty, err := isEmptyDir(target)
 	if err != nil {
-		return Stats{}, fmt.Errorf("sibling root %s: %w", target, err)
+		return false, fmt.Errorf("sibling root %s: %w", target, err)
 	}
 	if !empty {
-		return Stats{}, fmt.Errorf("%w: %s has files in it", ErrTargetNotEmpty, target)
+		return false, fmt.Errorf("%w: %s has files in it; give the sibling an empty root directory", ErrTargetNotEmpty, target)
+	}
+	return false, nil
+}
+
+// Apply fills target, the sibling's root, from the snapshot. Target is either
+// an empty directory (a bare bundle), or an overlay mount of the same image as
+// the source (a Podman sibling), in which case only the source's own writes
+// are applied on top.
+func (s *Snapshot) Apply(target string) (Stats, error) {
+	overlay, err := s.CheckTarget(target)
+	if err != nil {
+		return Stats{}, err
+	}
+	if overlay {
+		c := newCopier(applyLayer)
+		if err := c.copyTree(s.Path, target); err != nil {
+			return c.stats, err
+		}
+		return c.stats, c.copyRootMeta(s.Path, target)
 	}
 	switch s.Kind {
 	case KindBtrfs:
@@ -180,12 +197,16 @@ func (s *Snapshot) Apply(target string) (Stats, error) {
 			return Stats{}, nil
 		}
 		c := newCopier(verbatim)
-		err := c.copyTree(s.Path, target)
-		return c.stats, err
+		if err := c.copyTree(s.Path, target); err != nil {
+			return c.stats, err
+		}
+		return c.stats, c.copyRootMeta(s.Path, target)
 	case KindDir:
 		c := newCopier(verbatim)
-		err := c.copyTree(s.Path, target)
-		return c.stats, err
+		if err := c.copyTree(s.Path, target); err != nil {
+			return c.stats, err
+		}
+		return c.stats, c.copyRootMeta(s.Path, target)
 	case KindOverlay:
 		// A bare directory gets the whole image: the layers bottom up, then
 		// the source's own writes.
@@ -195,8 +216,10 @@ func (s *Snapshot) Apply(target string) (Stats, error) {
 				return c.stats, err
 			}
 		}
-		err := c.copyTree(s.Path, target)
-		return c.stats, err
+		if err := c.copyTree(s.Path, target); err != nil {
+			return c.stats, err
+		}
+		return c.stats, c.copyRootMeta(s.Path, target)
 	}
 	return Stats{}, fmt.Errorf("unknown snapshot kind %q", s.Kind)
 }

@@ -184,3 +184,5 @@ func readCounter(t *testing.T, name string) int {
 	})
 	return n
 }
+
+func errorf(format string, args ...any) error { return fmt.Errorf(format, args...) }

@@ -1,0 +1,33 @@
+package fork
+
+import (
+	"os"
+	"syscall"
+)
+
+// EnvCrashAt names a crash point at which tclone kills itself with SIGKILL.
+// It exists for the crash-injection tests, which prove that a fork killed at
+// any point leaves the source running and, after recovery, nothing behind.
+const EnvCrashAt = "TCLONE_CRASH_AT"
+
+// Crash points, in the order a fork passes them.
+const (
+	CrashCaptureStarted  = "capture-started"  // journal written, nothing frozen yet
+	CrashSourceFrozen    = "source-frozen"    // in CRIU's pre-dump: the source is frozen
+	CrashSnapshotTaken   = "snapshot-taken"   // in post-dump: frozen, images and snapshot written
+	CrashDumpDone        = "dump-done"        // CRIU returned, plan not yet complete
+	CrashRootfsFilled    = "rootfs-filled"    // sibling root filled, restore not started
+	CrashSiblingRestored = "sibling-restored" // sibling running, plan use not yet released
+)
+
+// CrashPoints lists every crash point, for the tests.
+var CrashPoints = []string{
+	CrashCaptureStarted, CrashSourceFrozen, CrashSnapshotTaken, CrashDumpDone, CrashRootfsFilled, CrashSiblingRestored,
+}
+
+func crashPoint(name string) {
+	if os.Getenv(EnvCrashAt) == name {
+		syscall.Kill(os.Getpid(), syscall.SIGKILL)
+		select {} // SIGKILL is not deliverable late, but never continue.
+	}
+}
