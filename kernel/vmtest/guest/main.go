@@ -1,0 +1,110 @@
+// Command vcptest is the vma_cherrypick VM suite. It runs as PID 1's child
+// in a busybox initramfs with the module loaded, and re-executes itself as
+// helper processes ("vcptest helper") that own the memory being shared.
+package main
+
+import (
+	"fmt"
+	"math/rand"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/tclone/tclone/kernel/cherrypick"
+)
+
+const (
+	kib = 1024
+	mib = 1024 * kib
+	gib = 1024 * mib
+	// thpSize is the x86-64 PMD size.
+	thpSize = 2 * mib
+)
+
+type suite struct {
+	dev      *cherrypick.Device
+	nextAddr uint64
+	rng      *rand.Rand
+}
+
+type testCase struct {
+	name string
+	fn   func(*suite) error
+}
+
+func fatalf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "vcptest: "+format+"\n", args...)
+	os.Exit(2)
+}
+
+// region hands out a fresh, THP-aligned address range that no helper uses:
+// every test maps at addresses of its own, identical in source and
+// destination.
+func (s *suite) region(size uint64) uint64 {
+	addr := s.nextAddr
+	s.nextAddr += (size+thpSize-1)/thpSize*thpSize + thpSize
+	return addr
+}
+
+func main() {
+	if len(os.Args) > 1 && os.Args[1] == "helper" {
+		helperMain()
+		return
+	}
+	os.Exit(runSuite(os.Args[1:]))
+}
+
+func runSuite(only []string) int {
+	seed := time.Now().UnixNano()
+	fmt.Printf("vcptest: seed %d\n", seed)
+	dev, err := cherrypick.Open()
+	if err != nil {
+		fmt.Printf("FAIL open: %v\n", err)
+		fmt.Println("vcptest: 0 passed, 1 failed")
+		return 1
+	}
+	defer dev.Close()
+	s := &suite{dev: dev, nextAddr: 0x100000000000, rng: rand.New(rand.NewSource(seed))}
+
+	tests := []testCase{
+		{"version", testVersion},
+		{"content-256m-holes", testContent256},
+		{"several-destinations-source-exits", testSeveralDestinations},
+		{"destination-forks", testDestinationForks},
+		{"thp", testTHP},
+		{"file-private", testFilePrivate},
+		{"refusals", testRefusals},
+		{"benchmark-1g", testBenchmark1G},
+		{"stress", testStress},
+	}
+	passed, failed := 0, 0
+	for _, tc := range tests {
+		if len(only) > 0 && !contains(only, tc.name) {
+			continue
+		}
+		start := time.Now()
+		err := tc.fn(s)
+		took := time.Since(start).Round(time.Millisecond)
+		if err != nil {
+			failed++
+			fmt.Printf("FAIL %s (%v): %v\n", tc.name, took, err)
+		} else {
+			passed++
+			fmt.Printf("PASS %s (%v)\n", tc.name, took)
+		}
+	}
+	fmt.Printf("vcptest: %d passed, %d failed\n", passed, failed)
+	if failed > 0 || passed == 0 {
+		return 1
+	}
+	return 0
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if strings.EqualFold(x, s) {
+			return true
+		}
+	}
+	return false
+}
