@@ -246,9 +246,7 @@ func (e *Engine) dump(ctx context.Context, src *source, dir string, freezer *cgr
 	if !froze {
 		return nil, fmt.Errorf("capturing %s: CRIU finished without asking to freeze the tree", src.id)
 	}
-	// Siblings must not start frozen because the source was frozen when
-	// CRIU looked.
-	if err := criuhooks.MarkThawed(plan.ImagesDir(dir)); err != nil {
+	if err := criuhooks.FixupDump(plan.ImagesDir(dir)); err != nil {
 		snap.Remove()
 		return nil, err
 	}
@@ -278,6 +276,8 @@ func explainDumpError(id string, err error) error {
 		return fmt.Errorf("capturing %s: %w; the container has open TCP connections: fork with --tcp-established (the sibling keeps them) or --tcp-close (the sibling's copies are closed)", id, err)
 	case strings.Contains(msg, "file lock") || strings.Contains(msg, "flock"):
 		return fmt.Errorf("capturing %s: %w; the container holds file locks: fork with --file-locks", id, err)
+	case strings.Contains(msg, "Unsupported proto 262"):
+		return fmt.Errorf("capturing %s: %w; a socket uses Multipath TCP, which CRIU cannot dump (Go 1.24 and later listen with it by default: run such servers with GODEBUG=multipathtcp=0)", id, err)
 	case strings.Contains(msg, "external unix") || strings.Contains(msg, "unix socket"):
 		return fmt.Errorf("capturing %s: %w; a unix socket connects outside the container: fork with --ext-unix-sk if its peer may be shared", id, err)
 	}

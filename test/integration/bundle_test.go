@@ -219,3 +219,5 @@ func runDetached(t *testing.T, env []string, name string, args ...string) result
 	}
 	return r
 }
+
+type specsMount = specs.Mount

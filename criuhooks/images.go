@@ -1,0 +1,108 @@
+package criuhooks
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/checkpoint-restore/go-criu/v7/crit"
+	"github.com/checkpoint-restore/go-criu/v7/crit/images/cgroup"
+	"github.com/checkpoint-restore/go-criu/v7/crit/images/fdinfo"
+	"google.golang.org/protobuf/proto"
+)
+
+// FixupDump corrects what CRIU records at a fork's dump that would make a
+// restored sibling behave differently from its running source. It runs once
+// per plan, after the source is running again.
+func FixupDump(imagesDir string) error {
+	return errors.Join(markThawed(imagesDir), rearmTimerfds(imagesDir))
+}
+
+// markThawed rewrites the freezer state recorded in the cgroup image to
+// THAWED. CRIU records the state it found, and tclone freezes the cgroup
+// before CRIU looks: left as FROZEN, every sibling would start frozen.
+func markThawed(imagesDir string) error {
+	return rewriteImage(filepath.Join(imagesDir, "cgroup.img"), &cgroup.CgroupEntry{}, func(m proto.Message) bool {
+		changed := false
+		for _, ctl := range m.(*cgroup.CgroupEntry).GetControllers() {
+			for _, d := range ctl.GetDirs() {
+				changed = thawDir(d) || changed
+			}
+		}
+		return changed
+	})
+}
+
+func thawDir(d *cgroup.CgroupDirEntry) bool {
+	changed := false
+	for _, p := range d.GetProperties() {
+		if p.GetName() == "freezer.state" && p.GetValue() != "THAWED" {
+			p.Value = proto.String("THAWED")
+			changed = true
+		}
+	}
+	for _, c := range d.GetChildren() {
+		changed = thawDir(c) || changed
+	}
+	return changed
+}
+
+// rearmTimerfds fixes periodic timerfds that CRIU would restore disarmed.
+// While the source is frozen, a periodic timerfd whose expiry went unread
+// reports no time left until the next one; CRIU stores that zero, and a
+// timerfd restored with a zero value is switched off, so the sibling's
+// reader takes the stored ticks and then blocks for ever. A periodic timer
+// never has "no next expiry": it is re-armed one interval ahead.
+func rearmTimerfds(imagesDir string) error {
+	return rewriteImage(filepath.Join(imagesDir, "files.img"), &fdinfo.FileEntry{}, func(m proto.Message) bool {
+		t := m.(*fdinfo.FileEntry).GetTfd()
+		if t == nil || t.GetVsec() != 0 || t.GetVnsec() != 0 || (t.GetIsec() == 0 && t.GetInsec() == 0) {
+			return false
+		}
+		t.Vsec, t.Vnsec = proto.Uint64(t.GetIsec()), proto.Uint64(t.GetInsec())
+		return true
+	})
+}
+
+// rewriteImage applies edit to every entry of a CRIU image and writes the
+// image back, atomically, if any entry changed. A missing image is not an
+// error: not every dump has every image.
+func rewriteImage(path string, entryType proto.Message, edit func(proto.Message) bool) error {
+	in, err := os.Open(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	img, err := crit.New(in, nil, "", false, false).Decode(entryType)
+	in.Close()
+	if err != nil {
+		return fmt.Errorf("decoding %s: %w", path, err)
+	}
+	changed := false
+	for _, e := range img.Entries {
+		if e.Message != nil && edit(e.Message) {
+			changed = true
+		}
+	}
+	if !changed {
+		return nil
+	}
+	tmp := path + ".tmp"
+	out, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		return err
+	}
+	if err := crit.New(nil, out, "", false, false).Encode(img); err != nil {
+		out.Close()
+		os.Remove(tmp)
+		return fmt.Errorf("encoding %s: %w", path, err)
+	}
+	if err := out.Close(); err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	return os.Rename(tmp, path)
+}

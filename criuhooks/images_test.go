@@ -1,0 +1,127 @@
+package criuhooks
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/checkpoint-restore/go-criu/v7/crit"
+	"github.com/checkpoint-restore/go-criu/v7/crit/images/cgroup"
+	"github.com/checkpoint-restore/go-criu/v7/crit/images/fdinfo"
+	"github.com/checkpoint-restore/go-criu/v7/crit/images/fown"
+	"github.com/checkpoint-restore/go-criu/v7/crit/images/timerfd"
+	"google.golang.org/protobuf/proto"
+)
+
+func writeImage(t *testing.T, path, magic string, msgs ...proto.Message) {
+	t.Helper()
+	img := &crit.CriuImage{Magic: magic}
+	for _, m := range msgs {
+		img.Entries = append(img.Entries, &crit.CriuEntry{Message: m})
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := crit.New(nil, f, "", false, false).Encode(img); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func readImage(t *testing.T, path string, entry proto.Message) []proto.Message {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	img, err := crit.New(f, nil, "", false, false).Decode(entry)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []proto.Message
+	for _, e := range img.Entries {
+		out = append(out, e.Message)
+	}
+	return out
+}
+
+func tfdEntry(id uint32, vsec, vnsec, isec, insec uint64) *fdinfo.FileEntry {
+	return &fdinfo.FileEntry{
+		Type: fdinfo.FdTypes_TIMERFD.Enum(),
+		Id:   proto.Uint32(id),
+		Tfd: &timerfd.TimerfdEntry{
+			Id: proto.Uint32(id), Flags: proto.Uint32(0), Clockid: proto.Uint32(1), Ticks: proto.Uint64(1),
+			SettimeFlags: proto.Uint32(0), Vsec: proto.Uint64(vsec), Vnsec: proto.Uint64(vnsec),
+			Isec: proto.Uint64(isec), Insec: proto.Uint64(insec),
+			Fown: &fown.FownEntry{Uid: proto.Uint32(0), Euid: proto.Uint32(0), Signum: proto.Uint32(0), PidType: proto.Uint32(0), Pid: proto.Uint32(0)},
+		},
+	}
+}
+
+// A periodic timerfd caught with no time left is re-armed one interval
+// ahead; armed, one-shot and disarmed timers are left as CRIU saw them.
+func TestFixupRearmsPeriodicTimerfds(t *testing.T) {
+	dir := t.TempDir()
+	writeImage(t, filepath.Join(dir, "files.img"), "FILES",
+		tfdEntry(1, 0, 0, 0, 10_000_000), // periodic, caught expired: re-arm
+		tfdEntry(2, 0, 5_000_000, 0, 10_000_000), // periodic, armed: keep
+		tfdEntry(3, 0, 0, 0, 0),                  // disarmed: keep
+		tfdEntry(4, 2, 0, 0, 0),                  // one-shot: keep
+	)
+	if err := FixupDump(dir); err != nil {
+		t.Fatal(err)
+	}
+	got := readImage(t, filepath.Join(dir, "files.img"), &fdinfo.FileEntry{})
+	want := [][2]uint64{{0, 10_000_000}, {0, 5_000_000}, {0, 0}, {2, 0}}
+	for i, m := range got {
+		tfd := m.(*fdinfo.FileEntry).GetTfd()
+		if v := [2]uint64{tfd.GetVsec(), tfd.GetVnsec()}; v != want[i] {
+			t.Errorf("timerfd %d: value %v, want %v", i+1, v, want[i])
+		}
+	}
+}
+
+func TestFixupThawsRecordedFreezerState(t *testing.T) {
+	dir := t.TempDir()
+	frozen := &cgroup.CgroupPropEntry{Name: proto.String("freezer.state"), Value: proto.String("FROZEN")}
+	other := &cgroup.CgroupPropEntry{Name: proto.String("cpu.shares"), Value: proto.String("1024")}
+	child := &cgroup.CgroupDirEntry{DirName: proto.String("child"), Properties: []*cgroup.CgroupPropEntry{frozen}}
+	writeImage(t, filepath.Join(dir, "cgroup.img"), "CGROUP", &cgroup.CgroupEntry{
+		Controllers: []*cgroup.CgControllerEntry{{
+			Cnames: []string{"freezer"},
+			Dirs:   []*cgroup.CgroupDirEntry{{DirName: proto.String("ctr"), Properties: []*cgroup.CgroupPropEntry{other}, Children: []*cgroup.CgroupDirEntry{child}}},
+		}},
+	})
+	if err := FixupDump(dir); err != nil {
+		t.Fatal(err)
+	}
+	got := readImage(t, filepath.Join(dir, "cgroup.img"), &cgroup.CgroupEntry{})[0].(*cgroup.CgroupEntry)
+	d := got.GetControllers()[0].GetDirs()[0]
+	if v := d.GetChildren()[0].GetProperties()[0].GetValue(); v != "THAWED" {
+		t.Errorf("freezer.state %q", v)
+	}
+	if v := d.GetProperties()[0].GetValue(); v != "1024" {
+		t.Errorf("an unrelated property changed to %q", v)
+	}
+}
+
+func TestFixupWithoutImages(t *testing.T) {
+	if err := FixupDump(t.TempDir()); err != nil {
+		t.Fatalf("a dump without cgroup or files images: %v", err)
+	}
+}
+
+func TestLogErrors(t *testing.T) {
+	log := filepath.Join(t.TempDir(), "dump.log")
+	os.WriteFile(log, []byte(`(00.000100) Error (criu/util.c:1534): rlimit: Can't setup RLIMIT_NOFILE for self: Operation not permitted
+(00.100000) Info everything fine
+(00.200000) Error (criu/sk-inet.c:1): inet: Unsupported proto 262
+(00.300000) Error (criu/cr-dump.c:2): Dumping FAILED.
+`), 0o644)
+	got := LogErrors(log)
+	if len(got) != 2 || got[0] != "Error (criu/sk-inet.c:1): inet: Unsupported proto 262" {
+		t.Fatalf("%q", got)
+	}
+}
