@@ -118,6 +118,12 @@ func (f *forker) run(ctx context.Context, names []string) (*Stats, error) {
 		}
 		stats.Siblings = append(stats.Siblings, r)
 	}
+	// A source stopped or removed while the siblings were being made ends
+	// the fork: siblings of a source the user just took down are not what
+	// was asked for.
+	if _, err := inspectSource(ctx, f.src.ID); err != nil {
+		return nil, fmt.Errorf("the source changed while the fork was in progress: %w", err)
+	}
 	// Every use of the plan is taken; tclone removed it with the last one.
 	// Make sure, in case a sibling was restored outside this plan's count.
 	f.store.Remove(f.planDir)
@@ -190,6 +196,9 @@ func (f *forker) restore(ctx context.Context, archive, name string, i int) (*Res
 		f.made = append(f.made, rep.Id)
 	}
 	if err != nil {
+		// Podman may have created the container before the restore itself
+		// failed (a port it cannot bind, say) without telling us its ID.
+		f.adoptFailed(ctx, name)
 		// Asking the service for its configuration is slow (about a
 		// second), so it is done only to explain a failure.
 		if serr := checkService(ctx); serr != nil {
@@ -210,6 +219,21 @@ func (f *forker) restore(ctx context.Context, archive, name string, i int) (*Res
 		return nil, err
 	}
 	return r, nil
+}
+
+// adoptFailed records, for rollback, a container that a failed restore left
+// under the sibling's name, if it is one of this source's siblings.
+func (f *forker) adoptFailed(ctx context.Context, name string) {
+	data, err := containers.Inspect(context.WithoutCancel(ctx), name, nil)
+	if err != nil || data.Config == nil || data.Config.Labels[LabelForkedFrom] != f.src.ID {
+		return
+	}
+	for _, id := range f.made {
+		if id == data.ID {
+			return
+		}
+	}
+	f.made = append(f.made, data.ID)
 }
 
 // rollback removes every sibling this call made and its capture.
