@@ -47,8 +47,16 @@ if need_image localhost/tclone-workspace:latest; then
 	mmdebstrap --quiet --variant=apt \
 		--include=bash,tmux,python3,procps,coreutils,git,iproute2,curl,ca-certificates \
 		--customize-hook='echo workspace >"$1/etc/hostname"' \
-		--customize-hook='rm -f "$1/etc/machine-id"; : >"$1/etc/machine-id"' \
 		trixie "$work/workspace.tar" http://deb.debian.org/debian
-	podman import --quiet --change 'CMD ["/bin/bash"]' "$work/workspace.tar" localhost/tclone-workspace:latest >/dev/null
+	podman import --quiet --change 'CMD ["/bin/bash"]' "$work/workspace.tar" localhost/tclone-workspace:base >/dev/null
+	# A workspace image carries a machine-id, as images built from a
+	# booted system do; a fork must give each sibling its own. mmdebstrap
+	# empties the file on purpose, so it is written in a layer of its own.
+	podman rm -f tclone-image-build >/dev/null 2>&1 || true
+	podman run --name tclone-image-build --runtime crun localhost/tclone-workspace:base \
+		sh -c 'od -An -N16 -tx1 /dev/urandom | tr -d " \n" >/etc/machine-id && echo >>/etc/machine-id' >/dev/null
+	podman commit --quiet --change 'CMD ["/bin/bash"]' tclone-image-build localhost/tclone-workspace:latest >/dev/null
+	podman rm -f tclone-image-build >/dev/null
+	podman rmi localhost/tclone-workspace:base >/dev/null
 fi
 log "images ready"

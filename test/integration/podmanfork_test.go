@@ -98,6 +98,10 @@ func TestPodmanForkDemoWorkspace(t *testing.T) {
 	if r := podmanTry(t, "exec", sib, "cat", "/etc/resolv.conf"); r.code != 0 {
 		t.Errorf("no resolv.conf in the sibling")
 	}
+	srcMID, sibMID := podman(t, "exec", src, "cat", "/etc/machine-id"), podman(t, "exec", sib, "cat", "/etc/machine-id")
+	if len(sibMID) != 32 || sibMID == srcMID {
+		t.Errorf("machine-id: source %q, sibling %q; the sibling needs its own", srcMID, sibMID)
+	}
 	// Continuity, and the http server answering from the sibling's IP.
 	if c := readCounter(t, sib); c < before {
 		t.Errorf("sibling counter %d behind the source's pre-fork %d", c, before)
