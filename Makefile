@@ -40,7 +40,7 @@ setup: build
 test: setup unit-test integration-test kernel-test bench-quick
 
 unit-test:
-	$(GOTEST) -count=1 $$($(GO) list ./... | grep -v -e /test/ -e /kernel/vmtest)
+	$(GOTEST) -count=1 $$($(GO) list ./... | grep -v -e /test/integration -e /test/bench -e /kernel/vmtest)
 
 integration-test:
 	hack/podman-service.sh start
