@@ -350,3 +350,27 @@ func TestGoClientOverREST(t *testing.T) {
 	}
 	requireNoLeftovers(t)
 }
+
+// A terminal container's sibling gets a terminal of its own, handed to its
+// conmon through the console socket.
+func TestPodmanForkTTYContainer(t *testing.T) {
+	requireStack(t)
+	src := name(t, "tty")
+	podman(t, "run", "-dt", "--name", src, busybox, "sh", "-c", counterScript)
+	readCounter(t, src)
+	if r := forkCLI(t, "--name", src+"-f", src); r.code != 0 {
+		t.Fatalf("fork: %s", r.stderr)
+	}
+	sib := src + "-f"
+	if fd0 := podman(t, "exec", sib, "readlink", "/proc/1/fd/0"); !strings.HasPrefix(fd0, "/dev/pts/") {
+		t.Fatalf("sibling's init stdin is %q, not a terminal", fd0)
+	}
+	if got := podman(t, "exec", "-t", sib, "tty"); !strings.HasPrefix(got, "/dev/pts/") {
+		t.Fatalf("exec -t in the sibling: %q", got)
+	}
+	a := readCounter(t, sib)
+	time.Sleep(500 * time.Millisecond)
+	if b := readCounter(t, sib); b <= a {
+		t.Fatalf("sibling counter stuck at %d", a)
+	}
+}
