@@ -60,54 +60,55 @@ func (e *Engine) Capture(ctx context.Context, req CaptureRequest) (*Captured, er
 	}
 	defer unlock()
 
+	rfs, err := rootfs.Detect(src.status.Rootfs)
+	if err != nil {
+		return nil, err
+	}
 	id, dir, err := e.Store.Create()
 	if err != nil {
 		return nil, err
 	}
+	snapDir := rootfs.SnapshotDir(rfs, e.Store.SnapshotRoot, id)
 	freezer := cgroups.FreezerFor(src.status.CgroupPath)
 	entry, err := e.Journal.Begin(journal.Record{
 		Kind: journal.Capture, Phase: "dump", PlanDir: dir, SourceID: src.id,
 		CrunRoot: e.Crun.Global.Root, FreezerDir: freezer.Dir,
+		SnapshotKind: string(rfs.Kind), SnapshotPath: snapDir,
 	})
 	if err != nil {
 		e.Store.Remove(dir)
 		return nil, err
 	}
-	crashPoint(CrashCaptureStarted)
-	p, err := e.capture(ctx, src, id, dir, freezer, check, req)
-	if err != nil {
-		err = errors.Join(err, e.Store.Remove(dir))
+	fail := func(err error) (*Captured, error) {
+		snap := rootfs.Snapshot{Kind: rfs.Kind, Path: snapDir}
+		err = errors.Join(err, snap.Remove(), e.Store.Remove(dir))
 		entry.End()
 		return nil, err
 	}
+	crashPoint(CrashCaptureStarted)
+	p, err := e.capture(ctx, src, rfs, id, dir, snapDir, freezer, check, req)
+	if err != nil {
+		return fail(err)
+	}
 	p.Timings.TotalMs = ms(time.Since(start))
 	if err := p.Write(dir); err != nil {
-		e.Store.Remove(dir)
-		entry.End()
-		return nil, fmt.Errorf("writing plan: %w", err)
+		return fail(fmt.Errorf("writing plan: %w", err))
 	}
 	uses := req.Uses
 	if uses == 0 {
 		uses = 1
 	}
 	if err := plan.SetUses(dir, uses); err != nil {
-		e.Store.Remove(dir)
-		entry.End()
-		return nil, fmt.Errorf("writing plan uses: %w", err)
+		return fail(fmt.Errorf("writing plan uses: %w", err))
 	}
 	return &Captured{Plan: p, Dir: dir}, entry.End()
 }
 
-func (e *Engine) capture(ctx context.Context, src *source, id, dir string, freezer *cgroups.Freezer, check *criucheck.Result, req CaptureRequest) (*plan.Plan, error) {
-	rfs, err := rootfs.Detect(src.status.Rootfs)
-	if err != nil {
-		return nil, err
-	}
+func (e *Engine) capture(ctx context.Context, src *source, rfs rootfs.Source, id, dir, snapDir string, freezer *cgroups.Freezer, check *criucheck.Result, req CaptureRequest) (*plan.Plan, error) {
 	images := plan.ImagesDir(dir)
 	if err := os.WriteFile(filepath.Join(images, descriptorsFile), []byte(src.status.ExternalDescriptors), 0o600); err != nil {
 		return nil, fmt.Errorf("saving the source's stdio descriptors: %w", err)
 	}
-	snapDir := rootfs.SnapshotDir(rfs, e.Store.SnapshotRoot, id)
 	d, err := e.dump(ctx, src, dir, freezer, check, req.Options, func() (*rootfs.Snapshot, error) {
 		return rootfs.Take(rfs, snapDir)
 	})

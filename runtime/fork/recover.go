@@ -14,6 +14,7 @@ import (
 	"github.com/tclone/tclone/runtime/crun"
 	"github.com/tclone/tclone/runtime/journal"
 	"github.com/tclone/tclone/runtime/plan"
+	"github.com/tclone/tclone/runtime/rootfs"
 )
 
 // Recovered reports what a recovery pass cleaned up.
@@ -46,6 +47,10 @@ func (e *Engine) Recover(ctx context.Context) (*Recovered, error) {
 				} else if was {
 					r.Thawed = append(r.Thawed, o.Rec.SourceID)
 				}
+			}
+			if o.Rec.SnapshotPath != "" {
+				snap := rootfs.Snapshot{Kind: rootfs.Kind(o.Rec.SnapshotKind), Path: o.Rec.SnapshotPath}
+				errs = append(errs, snap.Remove())
 			}
 			if o.Rec.PlanDir != "" {
 				errs = append(errs, e.Store.Remove(o.Rec.PlanDir))

@@ -88,6 +88,11 @@ type Record struct {
 	// OwnsPlan marks a plan made only for this operation, to be removed
 	// with it (tclone fork SRC NEW).
 	OwnsPlan bool `json:"owns_plan,omitempty"`
+	// SnapshotPath is where a capture puts the root filesystem snapshot,
+	// recorded before it is taken (a btrfs snapshot lives next to its
+	// subvolume, outside tclone's directories).
+	SnapshotKind string `json:"snapshot_kind,omitempty"`
+	SnapshotPath string `json:"snapshot_path,omitempty"`
 	// CrunRoot and FreezerDir let recovery reach crun and the source's
 	// freezer the way the operation did.
 	CrunRoot   string `json:"crun_root,omitempty"`
