@@ -65,7 +65,7 @@ func tfdEntry(id uint32, vsec, vnsec, isec, insec uint64) *fdinfo.FileEntry {
 func TestFixupRearmsPeriodicTimerfds(t *testing.T) {
 	dir := t.TempDir()
 	writeImage(t, filepath.Join(dir, "files.img"), "FILES",
-		tfdEntry(1, 0, 0, 0, 10_000_000), // periodic, caught expired: re-arm
+		tfdEntry(1, 0, 0, 0, 10_000_000),         // periodic, caught expired: re-arm
 		tfdEntry(2, 0, 5_000_000, 0, 10_000_000), // periodic, armed: keep
 		tfdEntry(3, 0, 0, 0, 0),                  // disarmed: keep
 		tfdEntry(4, 2, 0, 0, 0),                  // one-shot: keep

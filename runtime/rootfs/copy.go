@@ -20,14 +20,6 @@ type Stats struct {
 	Whiteouts      int   `json:"whiteouts"`
 }
 
-func (s *Stats) add(o Stats) {
-	s.Files += o.Files
-	s.Dirs += o.Dirs
-	s.Bytes += o.Bytes
-	s.ReflinkedBytes += o.ReflinkedBytes
-	s.Whiteouts += o.Whiteouts
-}
-
 // copyMode says how overlay metadata in the source is treated.
 type copyMode int
 

@@ -31,7 +31,7 @@ func write(t *testing.T, path, content string, mode os.FileMode) {
 
 func whiteout(t *testing.T, path string) {
 	t.Helper()
-	if err := unix.Mknod(path, unix.S_IFCHR|0, 0); err != nil {
+	if err := unix.Mknod(path, unix.S_IFCHR, 0); err != nil {
 		t.Fatal(err)
 	}
 }

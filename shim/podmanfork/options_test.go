@@ -67,9 +67,9 @@ func TestNormalize(t *testing.T) {
 
 func TestHostnameFor(t *testing.T) {
 	for in, want := range map[string]string{
-		"ws-fork-1":        "ws-fork-1",
-		"my_ws.fork_2":     "my-ws-fork-2",
-		"__":               "fork",
+		"ws-fork-1":    "ws-fork-1",
+		"my_ws.fork_2": "my-ws-fork-2",
+		"__":           "fork",
 		string(make([]byte, 0)) + "x" + string(bytes.Repeat([]byte("y"), 80)): "x" + string(bytes.Repeat([]byte("y"), 62)),
 	} {
 		if got := hostnameFor(in); got != want {

@@ -177,7 +177,7 @@ func testContent256(s *suite) error {
 	}
 	// Holes stay holes: the destination has exactly the source's pages.
 	if dstArea.rss != srcArea.rss || dstArea.anonymous != srcArea.anonymous || srcArea.rss >= size/kib {
-		return fmt.Errorf("Rss source %d kB, destination %d kB, region %d kB: holes not preserved", srcArea.rss, dstArea.rss, size/kib)
+		return fmt.Errorf("rss: source %d kB, destination %d kB, region %d kB: holes not preserved", srcArea.rss, dstArea.rss, size/kib)
 	}
 	if err := expectPattern(dst, addr, size, seed, holeMod); err != nil {
 		return err
@@ -484,7 +484,7 @@ func testFilePrivate(s *suite) error {
 			putUint64(want, 0xC0C0000000+p)
 		}
 		if !bytes.Equal(buf, want) {
-			return fmt.Errorf("destination page %d: got %x..., want %x...", p, buf[:16], want[:16])
+			return fmt.Errorf("destination page %d: got %x (first 16 bytes), want %x", p, buf[:16], want[:16])
 		}
 	}
 	return nil
