@@ -43,13 +43,14 @@ var restoreCommand = &cli.Command{
 			return err
 		}
 		opts := restoreOptions(c)
-		planDir, err := fork.PlanDirFor(opts.ImagePath)
+		eng := fork.NewEngine(rt)
+		planDir, err := eng.PlanDirFor(opts.ImagePath)
 		if err != nil {
 			return err
 		}
 		if planDir != "" {
 			req := opts.materializeRequest(id, planDir)
-			m, err := fork.NewEngine(rt).Materialize(c.Context, req)
+			m, err := eng.Materialize(c.Context, req)
 			if err != nil {
 				return err
 			}
@@ -62,11 +63,7 @@ var restoreCommand = &cli.Command{
 		if err != nil {
 			return err
 		}
-		for _, kv := range check.Env() {
-			k, v, _ := cutEnv(kv)
-			os.Setenv(k, v)
-		}
-		return rt.Exec("restore", append(opts.crunArgs(), id))
+		return eng.RestoreCheckpoint(c.Context, id, opts.Bundle, opts.crunArgs(), check.Env())
 	},
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/tclone/tclone/runtime/plan"
@@ -55,8 +56,20 @@ func (e *Engine) Fork(ctx context.Context, req ForkRequest) (*Report, error) {
 
 // PlanDirFor tells whether a restore's --image-path names a fork plan: a
 // reference left by a fork checkpoint, a plan directory, or a plan's images
-// directory. It returns "" for an ordinary CRIU checkpoint.
-func PlanDirFor(imagePath string) (string, error) {
+// directory. A path inside the plan store is a plan even when the plan is
+// gone (used up or expired), so that restoring it says so instead of handing
+// crun a directory that does not exist. It returns "" for an ordinary CRIU
+// checkpoint.
+func (e *Engine) PlanDirFor(imagePath string) (string, error) {
+	if imagePath != "" {
+		abs, err := filepath.Abs(imagePath)
+		if err != nil {
+			return "", err
+		}
+		if rel, err := filepath.Rel(e.Store.PlansDir(), abs); err == nil && rel != "." && !strings.HasPrefix(rel, "..") {
+			return filepath.Join(e.Store.PlansDir(), strings.Split(rel, string(filepath.Separator))[0]), nil
+		}
+	}
 	ref, err := plan.ReadReference(imagePath)
 	if err != nil {
 		return "", err

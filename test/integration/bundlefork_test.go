@@ -120,8 +120,11 @@ func TestPlanServesSeveralSiblings(t *testing.T) {
 	}
 	extra := newBundle(t, "sib", false)
 	res := runDetached(t, nil, tcloneBin(), "restore", "--detach", "--image-path", planDir, "--bundle", extra.dir, extra.id)
-	if res.code == 0 || !strings.Contains(res.stderr, "plan") {
+	if res.code == 0 || !strings.Contains(res.stderr, "used up") {
 		t.Fatalf("a fourth sibling from a three-use plan: exit %d %q", res.code, res.stderr)
+	}
+	if st := crunState(t, extra.id); st != "" {
+		t.Fatalf("the refused sibling exists in crun: %q", st)
 	}
 	requireNoLeftovers(t)
 }

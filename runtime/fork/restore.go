@@ -1,0 +1,50 @@
+package fork
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+
+	"github.com/tclone/tclone/runtime/cgroups"
+)
+
+// RestoreCheckpoint has crun restore an ordinary (non-fork) checkpoint,
+// with the caller's stdio and exit status. crun leaves the container's
+// cgroup behind when a restore fails, and the next container with the same
+// cgroup path then cannot start; so a failed restore's cgroup is removed
+// here, unless crun kept a container under that ID.
+func (e *Engine) RestoreCheckpoint(ctx context.Context, id, bundle string, args []string, env []string) error {
+	cmd := e.Crun.Command(ctx, "restore", append(args, id)...)
+	cmd.Env = append(os.Environ(), env...)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+	err := cmd.Run()
+	if err == nil {
+		return nil
+	}
+	if _, serr := os.Stat(filepath.Join(e.Crun.Global.StateRoot(), id)); serr != nil {
+		if spec, lerr := loadSpec(bundle); lerr == nil {
+			if cerr := cgroups.RemoveLeftovers(spec.Linux.CgroupsPath); cerr != nil {
+				err = errors.Join(err, cerr)
+			}
+		}
+	}
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		// crun said why on stderr; pass its status through.
+		return &ExitStatus{Code: ee.ExitCode(), Err: fmt.Errorf("crun restore of %s failed", id)}
+	}
+	return err
+}
+
+// ExitStatus is a failure whose exit status the command passes through.
+type ExitStatus struct {
+	Code int
+	Err  error
+}
+
+func (e *ExitStatus) Error() string { return e.Err.Error() }
+func (e *ExitStatus) ExitCode() int { return e.Code }
+func (e *ExitStatus) Unwrap() error { return e.Err }

@@ -1,0 +1,56 @@
+package integration
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// TestMain fails the run if the tests, once all cleanups have run, left
+// anything of theirs on the machine: containers, crun state, cgroups, fork
+// plans or journal entries. A test that leaks is a test that fails.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if rootfsDir != "" {
+		os.RemoveAll(rootfsDir)
+	}
+	if os.Geteuid() == 0 {
+		if leaks := leaked(); len(leaks) > 0 {
+			fmt.Fprintf(os.Stderr, "FAIL: the tests left these behind:\n  %s\n", strings.Join(leaks, "\n  "))
+			if code == 0 {
+				code = 1
+			}
+		}
+	}
+	os.Exit(code)
+}
+
+func leaked() []string {
+	var out []string
+	if names, err := exec.Command("/usr/bin/podman", "ps", "-a", "--format", "{{.Names}}").Output(); err == nil {
+		for _, n := range strings.Fields(string(names)) {
+			if strings.HasPrefix(n, "tct-") {
+				out = append(out, "container "+n)
+			}
+		}
+	}
+	if ids, err := exec.Command("crun", "list", "-q").Output(); err == nil {
+		for _, id := range strings.Fields(string(ids)) {
+			if strings.HasPrefix(id, "tct-") {
+				out = append(out, "crun container "+id)
+			}
+		}
+	}
+	cgs, _ := filepath.Glob("/sys/fs/cgroup/*/tclone-test/tct-*")
+	for _, cg := range cgs {
+		out = append(out, "cgroup "+cg)
+	}
+	for _, pattern := range []string{"/run/tclone/plans/[^.]*", "/run/tclone/plans/.siblings/*", "/run/tclone/journal/*", "/var/lib/tclone/snapshots/*"} {
+		m, _ := filepath.Glob(pattern)
+		out = append(out, m...)
+	}
+	return out
+}
