@@ -70,33 +70,3 @@ func removeTree(dir string) error {
 	return nil
 }
 
-// RemoveRestoreProxy removes the empty ".proxy-crun" cgroup that crun's
-// restore sometimes leaves under a restored container's cgroup (its helper
-// process moves out and should remove it). Left there, it keeps the
-// container's own cgroup from being removed when the container is deleted.
-// A proxy cgroup that still holds a process is left alone.
-func RemoveRestoreProxy(cgroupPath string) error {
-	if cgroupPath == "" || strings.Contains(cgroupPath, ":") {
-		return nil
-	}
-	proxy := filepath.Join(filepath.Clean("/"+cgroupPath), ".proxy-crun")
-	var dirs []string
-	if Unified() {
-		dirs = []string{filepath.Join(Root, proxy)}
-	} else {
-		entries, err := os.ReadDir(Root)
-		if err != nil {
-			return err
-		}
-		for _, e := range entries {
-			dirs = append(dirs, filepath.Join(Root, e.Name(), proxy))
-		}
-	}
-	var errs []error
-	for _, d := range dirs {
-		if err := unix.Rmdir(d); err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.ENOTDIR) {
-			errs = append(errs, fmt.Errorf("removing crun's restore proxy cgroup %s: %w", d, err))
-		}
-	}
-	return errors.Join(errs...)
-}

@@ -11,8 +11,6 @@ import (
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
-	"github.com/sirupsen/logrus"
-
 	"github.com/tclone/tclone/criuhooks"
 	"github.com/tclone/tclone/runtime/cgroups"
 	"github.com/tclone/tclone/runtime/criucheck"
@@ -190,9 +188,6 @@ func (e *Engine) materialize(ctx context.Context, req MaterializeRequest, p *pla
 	}
 	m.Timings.RestoreMs = ms(time.Since(t))
 	crashPoint(CrashSiblingRestored)
-	if err := cgroups.RemoveRestoreProxy(spec.Linux.CgroupsPath); err != nil {
-		logrus.Warnf("sibling %s: %v", req.ID, err)
-	}
 	if st, err := criuhooks.RestoreStats(work); err == nil {
 		m.Timings.CriuRestoreMs = float64(st.GetRestoreTime()) / 1000
 		m.PagesRestored = st.GetPagesRestored()
