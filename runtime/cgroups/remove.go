@@ -69,4 +69,3 @@ func removeTree(dir string) error {
 	}
 	return nil
 }
-
