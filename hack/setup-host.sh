@@ -21,6 +21,7 @@ for arg in "$@"; do
 	esac
 done
 
+. "$here/lib/apt-suites.sh"
 log() { printf 'setup-host: %s\n' "$*"; }
 die() { printf 'setup-host: error: %s\n' "$*" >&2; exit 1; }
 
@@ -61,37 +62,12 @@ missing_tools() {
 	done
 }
 
-add_suite() { # name suite priority
-	local name=$1 suite=$2 prio=$3
-	local src=/etc/apt/sources.list.d/tclone-$name.sources
-	local pin=/etc/apt/preferences.d/tclone-$name
-	if [ ! -f "$src" ]; then
-		cat >"$src" <<SRC
-Types: deb
-URIs: http://deb.debian.org/debian
-Suites: $suite
-Components: main
-Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
-SRC
-		changed_sources=1
-	fi
-	if [ ! -f "$pin" ]; then
-		cat >"$pin" <<PIN
-Package: *
-Pin: release n=$suite
-Pin-Priority: $prio
-PIN
-		changed_sources=1
-	fi
-}
-
-changed_sources=0
 need_tools=$(missing_tools)
 if ! have_stack || [ -n "$need_tools" ]; then
 	. /etc/os-release
 	if [ "${VERSION_CODENAME:-}" = bookworm ]; then
-		add_suite trixie trixie 100
-		add_suite forky forky 50
+		tclone_have_suite trixie || tclone_add_suite trixie trixie 100 || true
+		tclone_have_suite forky || tclone_add_suite forky forky 50 || true
 	fi
 	log "installing packages (podman, crun, conmon, criu and test tools)"
 	apt-get update -qq

@@ -42,37 +42,14 @@ done
 command -v apt-get >/dev/null || die "missing packages (${missing[*]}) and this is not a Debian host"
 export DEBIAN_FRONTEND=noninteractive
 
-# Adds a suite pinned below the host's own, so nothing moves to it unless a
-# package exists only there (the kernels and their compiler). The file names
-# match hack/setup-host.sh so the two scripts never define a suite twice.
-add_suite() { # name suite priority
-	local name=$1 suite=$2 prio=$3
-	local src=/etc/apt/sources.list.d/tclone-$name.sources
-	local pin=/etc/apt/preferences.d/tclone-$name
-	[ -f "$src" ] || cat >"$src" <<SRC
-Types: deb
-URIs: http://deb.debian.org/debian
-Suites: $suite
-Components: main
-Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
-SRC
-	[ -f "$pin" ] || cat >"$pin" <<PIN
-Package: *
-Pin: release n=$suite
-Pin-Priority: $prio
-PIN
-}
-
-# Is a suite already reachable through any source (ours or the host's own)?
-have_suite() {
-	grep -rqsE "^(Suites:.*[[:space:]]$1([[:space:]]|\$)|deb .*[[:space:]]$1[[:space:]])" \
-		/etc/apt/sources.list /etc/apt/sources.list.d/
-}
+# The suites are added as hack/setup-host.sh adds them (same files, same
+# pins), so the two scripts never define a suite twice.
+. "$(cd "$(dirname "$0")/../.." && pwd)/hack/lib/apt-suites.sh"
 
 # trixie at 100 (as hack/setup-host.sh sets it); backports below it at 50, so
 # a package that exists in both never moves to the backports build.
-have_suite trixie || add_suite trixie trixie 100
-have_suite trixie-backports || add_suite trixie-backports trixie-backports 50
+tclone_have_suite trixie || tclone_add_suite trixie trixie 100 || true
+tclone_have_suite trixie-backports || tclone_add_suite trixie-backports trixie-backports 50 || true
 
 log "installing ${missing[*]}"
 apt-get update -qq
