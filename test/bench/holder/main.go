@@ -1,0 +1,318 @@
+// Command holder is the benchmark's in-container workload, and its host-side
+// helper for the CRIU and fork() baselines.
+//
+//	holder serve [--procs N] [--mem-mib M] [--children holder|sleep] [--report PATH] [--setsid]
+//	holder child --mem-kib K                 (started by serve, not by hand)
+//	holder forkfloor --mem-mib M [--reps R]  (prints JSON)
+//
+// serve is the root of a process tree of N processes (itself included) that
+// together hold M MiB of touched, private anonymous memory, split evenly
+// between them. Children are either holder processes (each touching its
+// share) or, for the process-count sweep, the smallest process there is:
+// busybox `sleep`. The root runs a 1 ms ticker and records the largest gap
+// between two ticks, which is how long the process could not run (a frozen
+// source shows up as one long gap). On SIGUSR1 it writes its report (JSON)
+// to --report, atomically, then resets the largest gap. The first report is
+// written once every child has touched its memory: it is the ready marker.
+//
+// No sockets, no locks, no open files beyond stdio: the tree is all memory,
+// processes and threads, so the benchmark measures those and nothing else.
+//
+// forkfloor touches M MiB in one process and times raw fork() calls of it
+// (the child exits at once): the physical floor of a copy-on-write copy of
+// that much memory.
+//
+// Build it static, it runs in a busybox image:
+//
+//	CGO_ENABLED=0 go build -o holder ./test/bench/holder
+//
+//go:debug containermaxprocs=0
+package main
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+func main() {
+	if len(os.Args) < 2 {
+		fmt.Fprintln(os.Stderr, "usage: holder serve|child|forkfloor [flags]")
+		os.Exit(2)
+	}
+	var err error
+	switch os.Args[1] {
+	case "serve":
+		err = serve(os.Args[2:])
+	case "child":
+		err = child(os.Args[2:])
+	case "forkfloor":
+		err = forkFloor(os.Args[2:])
+	default:
+		err = fmt.Errorf("unknown command %q", os.Args[1])
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "holder %s: %v\n", os.Args[1], err)
+		os.Exit(1)
+	}
+}
+
+// Report is what serve writes to --report.
+type Report struct {
+	Seq      int64   `json:"seq"`
+	Pid      int     `json:"pid"`
+	Procs    int     `json:"procs"`
+	MemKiB   int64   `json:"mem_kib"`
+	MaxGapMs float64 `json:"max_gap_ms"`
+	Ticks    int64   `json:"ticks"`
+	ReadyMs  float64 `json:"ready_ms"`
+}
+
+// touch maps kib KiB of private anonymous memory and writes every byte of
+// it with a pseudo-random stream, so every page is present, dirty and
+// different. The mapping is never unmapped.
+func touch(kib int64, seed uint64) error {
+	if kib <= 0 {
+		return nil
+	}
+	size := int(kib * 1024)
+	mem, err := unix.Mmap(-1, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		return fmt.Errorf("mmap %d KiB: %w", kib, err)
+	}
+	x := seed*0x9e3779b97f4a7c15 + 1
+	for i := 0; i+8 <= len(mem); i += 8 {
+		x ^= x << 13
+		x ^= x >> 7
+		x ^= x << 17
+		binary.LittleEndian.PutUint64(mem[i:], x)
+	}
+	return nil
+}
+
+func serve(args []string) error {
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	procs := fs.Int("procs", 1, "processes in the tree, this one included")
+	memMiB := fs.Int("mem-mib", 0, "MiB of touched anonymous memory, split evenly between the processes")
+	kind := fs.String("children", "holder", "children: holder (touch their share) or sleep (busybox sleep, no memory)")
+	sleepBin := fs.String("sleep-bin", "/bin/sleep", "sleep binary for --children sleep")
+	report := fs.String("report", "/tmp/tcb-holder.json", "report file, written at ready and on SIGUSR1")
+	setsid := fs.Bool("setsid", false, "start a new session first (for a tree started from a shell)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *procs < 1 || *memMiB < 0 {
+		return fmt.Errorf("--procs must be >= 1 and --mem-mib >= 0")
+	}
+	if *kind != "holder" && *kind != "sleep" {
+		return fmt.Errorf("--children must be holder or sleep")
+	}
+	start := time.Now()
+	if *setsid {
+		unix.Setsid()
+	}
+	// Registered before any child exists, so that no exit goes unreaped.
+	sigs := make(chan os.Signal, 16)
+	signal.Notify(sigs, syscall.SIGUSR1, syscall.SIGCHLD, syscall.SIGTERM, syscall.SIGINT)
+
+	var maxGap, ticks atomic.Int64
+	go func() {
+		// One locked thread that sleeps 1 ms at a time: a tick that comes
+		// late shows how long the process could not run.
+		runtime.LockOSThread()
+		last := time.Now()
+		for {
+			time.Sleep(time.Millisecond)
+			now := time.Now()
+			gap := int64(now.Sub(last))
+			last = now
+			ticks.Add(1)
+			for {
+				cur := maxGap.Load()
+				if gap <= cur || maxGap.CompareAndSwap(cur, gap) {
+					break
+				}
+			}
+		}
+	}()
+
+	totalKiB := int64(*memMiB) * 1024
+	share := totalKiB / int64(*procs)
+	exe, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	// Children report having touched their memory by writing one byte to
+	// a pipe; the pipe is closed before the tree is ready, so the captured
+	// tree holds no pipe.
+	r, w, err := os.Pipe()
+	if err != nil {
+		return err
+	}
+	for i := 1; i < *procs; i++ {
+		var argv []string
+		bin := exe
+		if *kind == "sleep" {
+			bin = *sleepBin
+			argv = []string{"sleep", "2147483647"}
+		} else {
+			argv = []string{"holder", "child", "--mem-kib", strconv.FormatInt(share, 10), "--seed", strconv.Itoa(i + 1)}
+		}
+		attr := &syscall.ProcAttr{Files: []uintptr{os.Stdin.Fd(), os.Stdout.Fd(), os.Stderr.Fd(), w.Fd()}}
+		if _, err := syscall.ForkExec(bin, argv, attr); err != nil {
+			return fmt.Errorf("start child %d (%s): %w", i, bin, err)
+		}
+	}
+	w.Close()
+	if err := touch(share, 1); err != nil {
+		return err
+	}
+	if *kind == "holder" {
+		buf := make([]byte, 1)
+		for i := 1; i < *procs; i++ {
+			if _, err := r.Read(buf); err != nil {
+				return fmt.Errorf("waiting for child %d of %d to touch its memory: %w", i, *procs-1, err)
+			}
+		}
+	}
+	r.Close()
+
+	var seq int64
+	write := func() error {
+		rep := Report{
+			Seq: seq, Pid: os.Getpid(), Procs: *procs, MemKiB: totalKiB,
+			MaxGapMs: float64(maxGap.Swap(0)) / 1e6, Ticks: ticks.Load(),
+			ReadyMs: float64(time.Since(start).Microseconds()) / 1000,
+		}
+		seq++
+		b, _ := json.Marshal(rep)
+		tmp := *report + ".tmp"
+		if err := os.WriteFile(tmp, b, 0o644); err != nil {
+			return err
+		}
+		return os.Rename(tmp, *report)
+	}
+	if err := os.MkdirAll(filepath.Dir(*report), 0o755); err != nil {
+		return err
+	}
+	if err := write(); err != nil {
+		return fmt.Errorf("write ready report: %w", err)
+	}
+	for sig := range sigs {
+		switch sig {
+		case syscall.SIGUSR1:
+			if err := write(); err != nil {
+				fmt.Fprintf(os.Stderr, "holder: report: %v\n", err)
+			}
+		case syscall.SIGCHLD:
+			for {
+				var ws syscall.WaitStatus
+				pid, err := syscall.Wait4(-1, &ws, syscall.WNOHANG, nil)
+				if pid <= 0 || err != nil {
+					break
+				}
+			}
+		default:
+			return nil
+		}
+	}
+	return nil
+}
+
+func child(args []string) error {
+	fs := flag.NewFlagSet("child", flag.ContinueOnError)
+	kib := fs.Int64("mem-kib", 0, "KiB to touch")
+	seed := fs.Uint64("seed", 2, "content seed")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if err := touch(*kib, *seed); err != nil {
+		return err
+	}
+	ready := os.NewFile(3, "ready")
+	ready.Write([]byte{1})
+	ready.Close()
+	signal.Ignore(syscall.SIGUSR1)
+	for {
+		time.Sleep(time.Hour)
+	}
+}
+
+// rawFork forks the calling thread; the child exits at once. It must not
+// grow the stack or call into the runtime between fork and exit, hence
+// nosplit and raw system calls only.
+//
+//go:nosplit
+//go:norace
+func rawFork() (uintptr, syscall.Errno) {
+	pid, _, errno := syscall.RawSyscall(syscall.SYS_FORK, 0, 0, 0)
+	if errno != 0 {
+		return 0, errno
+	}
+	if pid == 0 {
+		syscall.RawSyscall(syscall.SYS_EXIT_GROUP, 0, 0, 0)
+	}
+	return pid, 0
+}
+
+// FloorResult is forkfloor's output.
+type FloorResult struct {
+	MemMiB  int       `json:"mem_mib"`
+	RssKiB  int64     `json:"rss_kib"`
+	ForkMs  []float64 `json:"fork_ms"`
+	TouchMs float64   `json:"touch_ms"`
+}
+
+func forkFloor(args []string) error {
+	fs := flag.NewFlagSet("forkfloor", flag.ContinueOnError)
+	memMiB := fs.Int("mem-mib", 0, "MiB of touched memory in the forked process")
+	reps := fs.Int("reps", 5, "number of forks timed")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	t := time.Now()
+	if err := touch(int64(*memMiB)*1024, 7); err != nil {
+		return err
+	}
+	res := FloorResult{MemMiB: *memMiB, TouchMs: float64(time.Since(t).Microseconds()) / 1000}
+	runtime.LockOSThread()
+	for i := 0; i < *reps; i++ {
+		start := time.Now()
+		pid, errno := rawFork()
+		d := time.Since(start)
+		if errno != 0 {
+			return fmt.Errorf("fork: %v", errno)
+		}
+		var ws syscall.WaitStatus
+		if _, err := syscall.Wait4(int(pid), &ws, 0, nil); err != nil {
+			return fmt.Errorf("wait for %d: %w", pid, err)
+		}
+		res.ForkMs = append(res.ForkMs, float64(d.Nanoseconds())/1e6)
+	}
+	if b, err := os.ReadFile("/proc/self/smaps_rollup"); err == nil {
+		res.RssKiB = rollupField(string(b), "Rss:")
+	}
+	return json.NewEncoder(os.Stdout).Encode(res)
+}
+
+func rollupField(s, name string) int64 {
+	for _, line := range strings.Split(s, "\n") {
+		if rest, ok := strings.CutPrefix(line, name); ok {
+			v, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
+			return v
+		}
+	}
+	return 0
+}

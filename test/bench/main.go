@@ -1,0 +1,614 @@
+// Command bench is tclone's benchmark harness (issue 5): fork latency,
+// source pause and memory of `podman container fork`, side by side with
+// stock Podman checkpoint/restore, raw CRIU and the fork() floor, measured
+// in one run on the same container contents.
+//
+//	go run ./test/bench --out bench-results --markdown BENCHMARKS.md   # the full run (make bench)
+//	go run ./test/bench --quick --out /tmp/bench-quick                 # smoke test (make bench-quick)
+//	go run ./test/bench --check bench-results                          # validate an earlier run's output
+//
+// It needs root, Podman with tclone installed (hack/install.sh), crun,
+// CRIU, unshare, the local images localhost/tclone-busybox and
+// localhost/tclone-workspace, and the Go toolchain (it builds its static
+// in-container workload, test/bench/holder, unless --holder is given).
+//
+// Outputs: <out>/results.json (every sample, summaries, ratios, machine),
+// <out>/*.png (plots) and the markdown report. The run exits non-zero when
+// a measurement failed or the outputs are not well formed; the quick mode
+// asserts only that, never a timing.
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"math"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// Config is the command line.
+type Config struct {
+	Quick         bool
+	Out           string
+	Markdown      string
+	WarmReps      int
+	LargeWarmReps int
+	LargeFromMiB  int
+	ProcCounts    []int
+	MemMiBs       []int
+	MemProcs      int
+	Workspace     bool
+	WorkspaceMiB  int
+	FanOutCounts  []int
+	FanOutReps    int
+	FanOutMemMiB  int
+	LaterDelay    time.Duration
+	ArchiveDir    string
+	CriuDir       string
+	Only          []string
+}
+
+// Bench is one run.
+type Bench struct {
+	cfg   Config
+	tools Tools
+	svc   *service
+	runID string
+	tmp   string
+	res   *Results
+	start time.Time
+
+	mu         sync.Mutex
+	sourceIDs  []string
+	containers []string
+	pids       []int
+	cmds       []*exec.Cmd
+}
+
+func main() {
+	os.Exit(run())
+}
+
+func intList(s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		f = strings.TrimSpace(f)
+		if f == "" {
+			continue
+		}
+		n, err := strconv.Atoi(f)
+		if err != nil {
+			return nil, fmt.Errorf("%q is not a number", f)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+func run() int {
+	var cfg Config
+	var procs, mems, fan, only, check, holder string
+	var render bool
+	flag.BoolVar(&cfg.Quick, "quick", false, "smoke test: tiny workloads, one warm repetition, short waits; checks only that the outputs are well formed")
+	flag.StringVar(&cfg.Out, "out", "bench-results", "directory for results.json and the plots")
+	flag.StringVar(&cfg.Markdown, "markdown", "", "markdown report to write (default <out>/BENCHMARKS.md)")
+	flag.IntVar(&cfg.WarmReps, "reps", 5, "warm repetitions per workload and method (plus one cold)")
+	flag.IntVar(&cfg.LargeWarmReps, "large-reps", 5, "warm repetitions for memory workloads of --large-from MiB and more")
+	flag.IntVar(&cfg.LargeFromMiB, "large-from", 2048, "memory size from which --large-reps applies")
+	flag.StringVar(&procs, "procs", "1,10,50,100,200", "process-count sweep")
+	flag.StringVar(&mems, "mem", "0,256,1024,2048", "touched-memory sweep, MiB")
+	flag.IntVar(&cfg.MemProcs, "mem-procs", 10, "processes of the memory sweep")
+	flag.BoolVar(&cfg.Workspace, "workspace", true, "run the realistic workspace")
+	flag.IntVar(&cfg.WorkspaceMiB, "workspace-mib", 200, "memory of the workspace's multi-threaded process")
+	flag.StringVar(&fan, "fan-out", "1,4,16", "sibling counts of the fan-out experiment (empty: skip)")
+	flag.IntVar(&cfg.FanOutReps, "fan-out-reps", 5, "repetitions per fan-out count")
+	flag.IntVar(&cfg.FanOutMemMiB, "fan-out-mem", 256, "memory of the fan-out source, MiB, in --mem-procs processes")
+	flag.DurationVar(&cfg.LaterDelay, "later", 30*time.Second, "when to read memory again after the cold fork")
+	flag.StringVar(&cfg.ArchiveDir, "archive-dir", "/dev/shm", "where stock Podman's export archives go (tmpfs, like tclone's plans)")
+	flag.StringVar(&cfg.CriuDir, "criu-dir", "/dev/shm", "where raw CRIU's images go (tmpfs)")
+	flag.StringVar(&only, "only", "", "comma-separated workload names to run (for debugging; the others are skipped)")
+	flag.StringVar(&check, "check", "", "only validate the outputs in this directory (and --markdown) and exit")
+	flag.BoolVar(&render, "render", false, "only redraw the plots and the markdown from <out>/results.json, then validate")
+	flag.StringVar(&holder, "holder", "", "static holder binary (default: build ./test/bench/holder)")
+	flag.Parse()
+
+	if cfg.Quick {
+		setDefault := func(name, value string) {
+			set := false
+			flag.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+			if !set {
+				flag.Set(name, value)
+			}
+		}
+		setDefault("reps", "1")
+		setDefault("large-reps", "1")
+		setDefault("procs", "1,10")
+		setDefault("mem", "0,32")
+		setDefault("workspace-mib", "16")
+		setDefault("fan-out", "1,2")
+		setDefault("fan-out-reps", "1")
+		setDefault("fan-out-mem", "16")
+		setDefault("later", "3s")
+	}
+	var err error
+	if cfg.ProcCounts, err = intList(procs); err == nil {
+		if cfg.MemMiBs, err = intList(mems); err == nil {
+			cfg.FanOutCounts, err = intList(fan)
+		}
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		return 2
+	}
+	if only != "" {
+		cfg.Only = strings.Split(only, ",")
+	}
+	if check != "" {
+		if cfg.Markdown == "" {
+			cfg.Markdown = filepath.Join(check, "BENCHMARKS.md")
+		}
+		problems := validate(check, cfg.Markdown, nil)
+		return report(problems)
+	}
+	if cfg.Markdown == "" {
+		cfg.Markdown = filepath.Join(cfg.Out, "BENCHMARKS.md")
+	}
+	if render {
+		data, err := os.ReadFile(filepath.Join(cfg.Out, "results.json"))
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			return 1
+		}
+		var r Results
+		if err := json.Unmarshal(data, &r); err != nil {
+			fmt.Fprintln(os.Stderr, "bench: results.json:", err)
+			return 1
+		}
+		if err := writePlots(&r, cfg.Out); err != nil {
+			fmt.Fprintln(os.Stderr, "bench: plots:", err)
+			return 1
+		}
+		if err := writeMarkdown(&r, cfg.Markdown, cfg.Out); err != nil {
+			fmt.Fprintln(os.Stderr, "bench: markdown:", err)
+			return 1
+		}
+		return report(validate(cfg.Out, cfg.Markdown, nil))
+	}
+	if os.Geteuid() != 0 {
+		fmt.Fprintln(os.Stderr, "bench: must run as root (Podman, CRIU, /proc of other processes)")
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	b := &Bench{cfg: cfg, start: time.Now()}
+	res, runErr := b.run(ctx, holder)
+	if runErr != nil {
+		fmt.Fprintln(os.Stderr, "bench:", runErr)
+		return 1
+	}
+	problems := validate(cfg.Out, cfg.Markdown, res)
+	for _, f := range res.Failures {
+		problems = append(problems, fmt.Sprintf("measurement failed: %s / %s rep %d: %s", f.Workload, f.Method, f.Rep, f.Error))
+	}
+	return report(problems)
+}
+
+func report(problems []string) int {
+	if len(problems) == 0 {
+		fmt.Fprintln(os.Stderr, "bench: outputs are well formed")
+		return 0
+	}
+	fmt.Fprintf(os.Stderr, "bench: %d problem(s):\n", len(problems))
+	for _, p := range problems {
+		fmt.Fprintln(os.Stderr, "  -", p)
+	}
+	return 1
+}
+
+func (b *Bench) logf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "[%6.1fs] %s\n", time.Since(b.start).Seconds(), fmt.Sprintf(format, args...))
+}
+
+func (b *Bench) fail(workload, method string, rep int, err error) {
+	b.logf("FAILED %s / %s rep %d: %v", workload, method, rep, err)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.res.Failures = append(b.res.Failures, Failure{Workload: workload, Method: method, Rep: rep, Error: err.Error()})
+}
+
+// Everything the run creates is tracked, so that it is removed on every
+// path out, including ^C.
+
+func (b *Bench) track(name string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if !slices.Contains(b.containers, name) {
+		b.containers = append(b.containers, name)
+	}
+}
+
+func (b *Bench) trackPid(pid int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.pids = append(b.pids, pid)
+}
+
+func (b *Bench) untrackPid(pid int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.pids = slices.DeleteFunc(b.pids, func(p int) bool { return p == pid })
+}
+
+func (b *Bench) trackCmd(c *exec.Cmd) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.cmds = append(b.cmds, c)
+}
+
+func (b *Bench) untrackCmd(c *exec.Cmd) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.cmds = slices.DeleteFunc(b.cmds, func(x *exec.Cmd) bool { return x == c })
+}
+
+// removeContainers force-removes containers this run created.
+func (b *Bench) removeContainers(names ...string) {
+	if len(names) == 0 {
+		return
+	}
+	// A fresh context: cleanup must run after ^C too.
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	args := append([]string{"rm", "-f", "-t", "0", "--ignore"}, names...)
+	if _, _, err := b.tools.podman(ctx, args...); err != nil {
+		b.logf("warning: removing %v: %v", names, err)
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.containers = slices.DeleteFunc(b.containers, func(n string) bool { return slices.Contains(names, n) })
+}
+
+// cleanup removes whatever is left: containers, restored host trees,
+// unshare processes, the service, temporary files, archives and images.
+func (b *Bench) cleanup() {
+	b.mu.Lock()
+	left := append([]string(nil), b.containers...)
+	pids := append([]int(nil), b.pids...)
+	cmds := append([]*exec.Cmd(nil), b.cmds...)
+	b.mu.Unlock()
+	if len(left) > 0 {
+		b.removeContainers(left...)
+	}
+	for _, p := range pids {
+		syscall.Kill(p, syscall.SIGKILL)
+		waitGone(p, 10*time.Second)
+	}
+	for _, c := range cmds {
+		if ch, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", c.Process.Pid, c.Process.Pid)); err == nil {
+			for _, f := range strings.Fields(string(ch)) {
+				if p, err := strconv.Atoi(f); err == nil {
+					syscall.Kill(p, syscall.SIGKILL)
+				}
+			}
+		}
+		c.Process.Kill()
+		c.Wait()
+	}
+	b.svc.stop()
+	for _, dir := range []string{b.cfg.ArchiveDir, b.cfg.CriuDir} {
+		if matches, _ := filepath.Glob(filepath.Join(dir, "tcb-"+b.runID+"-*")); len(matches) > 0 {
+			for _, m := range matches {
+				os.RemoveAll(m)
+			}
+		}
+	}
+	if b.tmp != "" {
+		os.RemoveAll(b.tmp)
+	}
+	b.checkLeftovers()
+}
+
+// checkLeftovers warns about fork plans of this run's sources that tclone
+// did not remove.
+func (b *Bench) checkLeftovers() {
+	plans, _ := filepath.Glob("/run/tclone/plans/*/plan.json")
+	for _, p := range plans {
+		data, err := os.ReadFile(p)
+		if err != nil {
+			continue
+		}
+		var pl struct {
+			Source struct {
+				ID string `json:"id"`
+			} `json:"source"`
+		}
+		b.mu.Lock()
+		mine := json.Unmarshal(data, &pl) == nil && slices.Contains(b.sourceIDs, pl.Source.ID)
+		b.mu.Unlock()
+		if mine {
+			msg := fmt.Sprintf("a fork plan of this run was left behind: %s (run `tclone gc`)", filepath.Dir(p))
+			b.logf("warning: %s", msg)
+			b.res.Notes = append(b.res.Notes, msg)
+		}
+	}
+}
+
+func (b *Bench) selected(name string) bool {
+	return len(b.cfg.Only) == 0 || slices.Contains(b.cfg.Only, name)
+}
+
+func (b *Bench) run(ctx context.Context, holder string) (*Results, error) {
+	id := make([]byte, 3)
+	rand.Read(id)
+	b.runID = hex.EncodeToString(id)
+	b.res = &Results{Schema: SchemaVersion, Quick: b.cfg.Quick, Started: time.Now().UTC(), Failures: []Failure{}, Notes: []string{}}
+	var err error
+	if b.tmp, err = os.MkdirTemp("", "tcb-bench-"); err != nil {
+		return nil, err
+	}
+	defer b.cleanup()
+
+	t := Tools{}
+	if t.Podman, err = findTool("podman", "/usr/bin/podman"); err != nil {
+		return nil, err
+	}
+	if t.PodmanFork, err = findTool("podman-fork", "/usr/local/bin/podman-fork"); err != nil {
+		return nil, err
+	}
+	if t.Tclone, err = findTool("tclone", "/usr/local/bin/tclone"); err != nil {
+		return nil, err
+	}
+	if t.Criu, err = findTool("criu", "/usr/sbin/criu"); err != nil {
+		return nil, err
+	}
+	if t.Unshare, err = findTool("unshare", "/usr/bin/unshare"); err != nil {
+		return nil, err
+	}
+	if holder != "" {
+		if t.Holder, err = filepath.Abs(holder); err != nil {
+			return nil, err
+		}
+	} else if t.Holder, err = buildHolder(ctx, b.tmp); err != nil {
+		return nil, err
+	}
+	b.tools = t
+	for _, img := range []string{busyboxImage, workspaceImage} {
+		if _, _, err := t.podman(ctx, "image", "exists", img); err != nil {
+			return nil, fmt.Errorf("image %s is missing (hack/setup-host.sh builds it)", img)
+		}
+	}
+	b.res.Machine = describeMachine(ctx, t)
+	startSums := binarySums(t.Tclone, t.PodmanFork)
+	b.res.Config = RunConfig{
+		WarmReps: b.cfg.WarmReps, LargeWarmReps: b.cfg.LargeWarmReps, LargeFromMiB: b.cfg.LargeFromMiB,
+		ProcCounts: b.cfg.ProcCounts, MemMiBs: b.cfg.MemMiBs, MemProcs: b.cfg.MemProcs,
+		Workspace: b.cfg.Workspace, WorkspaceMiB: b.cfg.WorkspaceMiB,
+		FanOutCounts: b.cfg.FanOutCounts, FanOutReps: b.cfg.FanOutReps, FanOutMemMiB: b.cfg.FanOutMemMiB,
+		LaterDelayS: b.cfg.LaterDelay.Seconds(), ArchiveDir: b.cfg.ArchiveDir, CriuImageDir: b.cfg.CriuDir,
+	}
+	if b.svc, err = startService(t.Podman); err != nil {
+		return nil, err
+	}
+	b.logf("run %s: tclone %s, podman service at %s", b.runID, b.res.Machine.Tclone, b.svc.url)
+
+	var workloads []Workload
+	for _, n := range b.cfg.ProcCounts {
+		workloads = append(workloads, procsWorkload(n))
+	}
+	for _, m := range b.cfg.MemMiBs {
+		workloads = append(workloads, memWorkload(m, b.cfg.MemProcs))
+	}
+	if b.cfg.Workspace {
+		workloads = append(workloads, workspaceWorkload(b.cfg.WorkspaceMiB))
+	}
+	for _, w := range workloads {
+		if !b.selected(w.Name) || ctx.Err() != nil {
+			continue
+		}
+		b.logf("workload %s: %s", w.Name, w.Description)
+		wr := &WorkloadResult{Name: w.Name, Kind: w.Kind, Procs: w.Procs, MemMiB: w.MemMiB,
+			Description: w.Description, Methods: map[string]*MethodResult{}}
+		b.res.Workloads = append(b.res.Workloads, wr)
+		b.runContainerMethod(ctx, w, wr, MethodTclone)
+		b.runContainerMethod(ctx, w, wr, MethodPodman)
+		b.runCriu(ctx, w, wr)
+		b.runFork(ctx, w, wr)
+		for _, m := range wr.Methods {
+			m.summarize()
+		}
+		wr.computeRatios()
+		if wr.Kind == "workspace" {
+			if m := wr.Methods[MethodTclone]; m != nil && len(m.Samples) > 0 {
+				wr.Procs = int(m.Samples[0].Metrics["source_procs"])
+			}
+		}
+		b.writeJSON() // partial results survive a crash later on
+	}
+	if len(b.cfg.FanOutCounts) > 0 && b.selected("fanout") && ctx.Err() == nil {
+		b.logf("fan-out %v", b.cfg.FanOutCounts)
+		b.res.FanOut = b.runFanOut(ctx)
+	}
+	if ctx.Err() != nil {
+		b.res.Failures = append(b.res.Failures, Failure{Workload: "*", Method: "*", Rep: -1, Error: "interrupted: " + ctx.Err().Error()})
+	}
+	b.checkLeftovers()
+	// The host is shared: if tclone was reinstalled during the run, the
+	// results mix two builds, and the run must say so.
+	if end := binarySums(t.Tclone, t.PodmanFork); end != startSums {
+		now := versionOf(context.Background(), t.Tclone, "--version")
+		b.res.Failures = append(b.res.Failures, Failure{Workload: "*", Method: MethodTclone, Rep: -1,
+			Error: fmt.Sprintf("tclone or podman-fork was replaced during the run (%s at the start, %s at the end): the results mix two builds; run again", b.res.Machine.Tclone, now)})
+	}
+	b.res.Headline = headline(b.res)
+	b.res.Machine.LoadEnd = readFirstLine("/proc/loadavg")
+	b.res.Finished = time.Now().UTC()
+	b.res.DurationS = math.Round(time.Since(b.start).Seconds())
+	b.res.Notes = append(b.res.Notes, standardNotes(b.cfg)...)
+	sanitize(b.res)
+	if err := b.writeJSON(); err != nil {
+		return nil, err
+	}
+	if err := writePlots(b.res, b.cfg.Out); err != nil {
+		return nil, fmt.Errorf("plots: %w", err)
+	}
+	if err := writeMarkdown(b.res, b.cfg.Markdown, b.cfg.Out); err != nil {
+		return nil, fmt.Errorf("markdown: %w", err)
+	}
+	if err := writeGitignore(b.cfg.Out); err != nil {
+		return nil, err
+	}
+	b.logf("done: %s, %s", filepath.Join(b.cfg.Out, "results.json"), b.cfg.Markdown)
+	return b.res, nil
+}
+
+func (b *Bench) writeJSON() error {
+	if err := os.MkdirAll(b.cfg.Out, 0o755); err != nil {
+		return err
+	}
+	sanitize(b.res)
+	data, err := json.MarshalIndent(b.res, "", "  ")
+	if err != nil {
+		return err
+	}
+	tmp := filepath.Join(b.cfg.Out, "results.json.tmp")
+	if err := os.WriteFile(tmp, append(data, '\n'), 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, filepath.Join(b.cfg.Out, "results.json"))
+}
+
+// writeGitignore keeps only the results and the plots of the output
+// directory under version control.
+func writeGitignore(dir string) error {
+	return os.WriteFile(filepath.Join(dir, ".gitignore"), []byte("# written by test/bench: only the results and plots are meant to be committed\n*\n!.gitignore\n!results.json\n!*.png\n"), 0o644)
+}
+
+// sanitize replaces values JSON cannot hold (NaN, ±Inf) by 0; validation
+// then reports them as missing.
+func sanitize(r *Results) {
+	fix := func(v *float64) {
+		if math.IsNaN(*v) || math.IsInf(*v, 0) {
+			*v = 0
+		}
+	}
+	for _, w := range r.Workloads {
+		for k, v := range w.Ratios {
+			if math.IsNaN(v) || math.IsInf(v, 0) {
+				delete(w.Ratios, k)
+			}
+		}
+		for _, m := range w.Methods {
+			for _, s := range m.Samples {
+				for k, v := range s.Metrics {
+					fix(&v)
+					s.Metrics[k] = v
+				}
+			}
+		}
+	}
+	h := &r.Headline
+	for _, v := range []*float64{&h.TclonePauseMs, &h.PodmanPauseMs, &h.TcloneGapMs, &h.PodmanGapMs,
+		&h.TcloneFirstCommandMs, &h.PodmanFirstCommandMs, &h.PauseRatio, &h.GapRatio, &h.FirstCommandRatio,
+		&h.TcloneMsPerProcess, &h.TclonePauseMsPerProcess, &h.PodmanMsPerProcess, &h.MarginalMsPerChild} {
+		fix(v)
+	}
+	if r.FanOut != nil {
+		fix(&r.FanOut.MarginalMsPerChild)
+	}
+}
+
+// headline picks the numbers the closing note quotes.
+func headline(r *Results) Headline {
+	var h Headline
+	var mem *WorkloadResult
+	for _, w := range r.Workloads {
+		if w.Kind != "mem" {
+			continue
+		}
+		if w.MemMiB == 1024 {
+			mem = w
+			break
+		}
+		if mem == nil || w.MemMiB > mem.MemMiB {
+			mem = w
+		}
+	}
+	if mem != nil {
+		h.MemWorkload = mem.Name
+		h.TclonePauseMs = mem.warmMedian(MethodTclone, "pause_ms")
+		h.PodmanPauseMs = mem.warmMedian(MethodPodman, "pause_ms")
+		h.TcloneGapMs = mem.warmMedian(MethodTclone, "observer_gap_ms")
+		h.PodmanGapMs = mem.warmMedian(MethodPodman, "observer_gap_ms")
+		h.TcloneFirstCommandMs = mem.warmMedian(MethodTclone, "first_command_ms")
+		h.PodmanFirstCommandMs = mem.warmMedian(MethodPodman, "first_command_ms")
+		h.PauseRatio = h.PodmanPauseMs / h.TclonePauseMs
+		h.GapRatio = h.PodmanGapMs / h.TcloneGapMs
+		h.FirstCommandRatio = h.PodmanFirstCommandMs / h.TcloneFirstCommandMs
+	}
+	h.TcloneMsPerProcess = procSlope(r, MethodTclone, "to_running_ms")
+	h.TclonePauseMsPerProcess = procSlope(r, MethodTclone, "pause_ms")
+	h.PodmanMsPerProcess = procSlope(r, MethodPodman, "to_running_ms")
+	if r.FanOut != nil {
+		h.MarginalMsPerChild = r.FanOut.MarginalMsPerChild
+	}
+	return h
+}
+
+// procSlope is the least-squares slope of a warm median against the
+// process count over the process-count sweep.
+func procSlope(r *Results, method, metric string) float64 {
+	var xs, ys []float64
+	for _, w := range r.Workloads {
+		if w.Kind != "procs" {
+			continue
+		}
+		if v := w.warmMedian(method, metric); !math.IsNaN(v) {
+			xs = append(xs, float64(w.Procs))
+			ys = append(ys, v)
+		}
+	}
+	return slope(xs, ys)
+}
+
+func standardNotes(cfg Config) []string {
+	notes := []string{
+		"Cold is the first fork after the source started (one sample per workload and method); warm statistics are over the following repetitions.",
+		"p95 interpolates linearly between order statistics; with 5 samples it lies between the two largest.",
+		"tclone is driven through `podman container fork` (podman-fork) against a Podman API service this run starts; stock Podman through the podman CLI. Both timings include their client's start-up.",
+		"Stock Podman's pause is CRIU's freezing_time + frozen_time from `--print-stats`; raw CRIU's the same from its stats-dump; tclone's is its own freeze-to-thaw figure. The observer gap is measured the same way for all three.",
+		"Stock Podman's tmpfs bytes are the export archive (written to " + cfg.ArchiveDir + " here); its disk bytes are CRIU's image directory in the source container's storage; `restore --import` writes those images once more under the new container (not counted).",
+		"The fork() floor is fork() of one process holding as much anonymous memory as the whole source tree, plus one fork() of a tiny process for each other process of the tree.",
+	}
+	if cfg.LargeWarmReps < cfg.WarmReps {
+		notes = append(notes, fmt.Sprintf("Memory workloads of %d MiB and more ran %d warm repetitions instead of %d, to keep the run short.", cfg.LargeFromMiB, cfg.LargeWarmReps, cfg.WarmReps))
+	}
+	return notes
+}
+
+// binarySums fingerprints the installed binaries by size and modification
+// time.
+func binarySums(paths ...string) string {
+	var out []string
+	for _, p := range paths {
+		fi, err := os.Stat(p)
+		if err != nil {
+			out = append(out, p+":missing")
+			continue
+		}
+		out = append(out, fmt.Sprintf("%s:%d:%d", p, fi.Size(), fi.ModTime().UnixNano()))
+	}
+	return strings.Join(out, " ")
+}
