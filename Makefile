@@ -42,10 +42,13 @@ test: setup unit-test integration-test kernel-test bench-quick
 unit-test:
 	$(GOTEST) -count=1 $$($(GO) list ./... | grep -v -e /test/integration -e /test/bench -e /kernel/vmtest)
 
+# The REST tests need the Podman API service; a service this target starts,
+# it also stops.
 integration-test:
-	hack/podman-service.sh start
+	@if hack/podman-service.sh status >/dev/null 2>&1; then started=0; else started=1; hack/podman-service.sh start; fi; \
 	TCLONE_REQUIRE_INTEGRATION=1 TCLONE_BINDIR=$(CURDIR)/$(BIN) \
-		$(GOTEST) -count=1 -timeout 25m -v ./test/integration/...
+		$(GOTEST) -count=1 -timeout 25m -v ./test/integration/...; status=$$?; \
+	if [ $$started = 1 ]; then hack/podman-service.sh stop; fi; exit $$status
 
 demo: setup
 	hack/demo.sh

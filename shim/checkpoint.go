@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"os"
+	"strings"
 
 	"github.com/sirupsen/logrus"
 	"github.com/urfave/cli/v2"
@@ -56,7 +57,7 @@ var checkpointCommand = &cli.Command{
 			}
 		}
 		for _, kv := range check.Env() {
-			k, v, _ := cutEnv(kv)
+			k, v, _ := strings.Cut(kv, "=")
 			os.Setenv(k, v)
 		}
 		return rt.Exec("checkpoint", append(opts.crunArgs(), id))
@@ -118,13 +119,4 @@ func oneArg(c *cli.Context, what string) (string, error) {
 		return "", errors.New(c.Command.Name + " takes exactly one " + what + " argument; see 'tclone " + c.Command.Name + " --help'")
 	}
 	return c.Args().First(), nil
-}
-
-func cutEnv(kv string) (string, string, bool) {
-	for i := 0; i < len(kv); i++ {
-		if kv[i] == '=' {
-			return kv[:i], kv[i+1:], true
-		}
-	}
-	return kv, "", false
 }
