@@ -3,9 +3,7 @@ package fork
 import (
 	"context"
 	"errors"
-	"os"
 	"path/filepath"
-	"strings"
 	"time"
 
 	"github.com/tclone/tclone/runtime/plan"
@@ -55,39 +53,26 @@ func (e *Engine) Fork(ctx context.Context, req ForkRequest) (*Report, error) {
 }
 
 // PlanDirFor tells whether a restore's --image-path names a fork plan: a
-// reference left by a fork checkpoint, a plan directory, or a plan's images
-// directory. A path inside the plan store is a plan even when the plan is
-// gone (used up or expired), so that restoring it says so instead of handing
-// crun a directory that does not exist. It returns "" for an ordinary CRIU
-// checkpoint.
+// checkpoint directory holding a reference left by a fork checkpoint, or a
+// path inside the plan store (a plan, its images, even one that is gone, so
+// that restoring a used-up plan says so instead of reaching crun). It
+// returns "" for an ordinary CRIU checkpoint.
 func (e *Engine) PlanDirFor(imagePath string) (string, error) {
-	if imagePath != "" {
-		abs, err := filepath.Abs(imagePath)
-		if err != nil {
-			return "", err
-		}
-		if rel, err := filepath.Rel(e.Store.PlansDir(), abs); err == nil && rel != "." && !strings.HasPrefix(rel, "..") {
-			return filepath.Join(e.Store.PlansDir(), strings.Split(rel, string(filepath.Separator))[0]), nil
-		}
+	if imagePath == "" {
+		return "", nil
 	}
-	ref, err := plan.ReadReference(imagePath)
+	abs, err := filepath.Abs(imagePath)
 	if err != nil {
 		return "", err
 	}
-	if ref != nil {
-		return ref.PlanDir, nil
+	if e.Store.Contains(abs) {
+		return e.Store.Resolve(abs)
 	}
-	if exists(filepath.Join(imagePath, "plan.json")) {
-		return imagePath, nil
+	ref, err := plan.ReadReference(abs)
+	if err != nil || ref == nil {
+		return "", err
 	}
-	parent := filepath.Dir(filepath.Clean(imagePath))
-	if filepath.Base(filepath.Clean(imagePath)) == "images" && exists(filepath.Join(parent, "plan.json")) {
-		return parent, nil
-	}
-	return "", nil
-}
-
-func exists(path string) bool {
-	_, err := os.Stat(path)
-	return err == nil
+	// The reference came with an archive anyone could have written: only
+	// its plan ID is used, and only a plan of this store is accepted.
+	return e.Store.Resolve(ref.PlanID)
 }

@@ -5,12 +5,14 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
 
 	"github.com/tclone/tclone/runtime/plan"
 )
@@ -45,21 +47,27 @@ var machineIDRE = regexp.MustCompile(`^[0-9a-f]{32}\n?$`)
 
 // freshMachineID gives the sibling its own /etc/machine-id when the image has
 // one. An empty or absent file is left alone: the image then has no identity
-// to duplicate.
+// to duplicate. The path is resolved inside the sibling's root: the root came
+// from the source container, whose processes could have made /etc a symlink
+// to anywhere on the host.
 func freshMachineID(root string) (bool, error) {
-	path := filepath.Join(root, "etc", "machine-id")
-	st, err := os.Lstat(path)
-	if errors.Is(err, os.ErrNotExist) || (err == nil && !st.Mode().IsRegular()) {
+	f, err := openInRoot(root, "etc/machine-id", unix.O_RDWR)
+	if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ELOOP) {
 		return false, nil
 	}
 	if err != nil {
 		return false, err
 	}
-	old, err := os.ReadFile(path)
-	if err != nil {
+	defer f.Close()
+	if st, err := f.Stat(); err != nil || !st.Mode().IsRegular() {
 		return false, err
 	}
-	if !machineIDRE.Match(old) {
+	old := make([]byte, 64)
+	n, err := f.ReadAt(old, 0)
+	if err != nil && !errors.Is(err, io.EOF) {
+		return false, err
+	}
+	if !machineIDRE.Match(old[:n]) {
 		return false, nil
 	}
 	b := make([]byte, 16)
@@ -68,13 +76,37 @@ func freshMachineID(root string) (bool, error) {
 	}
 	// Same length as before: CRIU checks the size of files the tree holds
 	// open.
-	return true, os.WriteFile(path, []byte(hex.EncodeToString(b)+"\n"), st.Mode().Perm())
+	fresh := []byte(hex.EncodeToString(b) + "\n")
+	if err := f.Truncate(0); err != nil {
+		return false, err
+	}
+	_, err = f.WriteAt(fresh, 0)
+	return err == nil, err
+}
+
+// openInRoot opens rel with every path component resolved inside root, as
+// if root were "/": symlinks, including absolute ones, cannot lead out.
+func openInRoot(root, rel string, flags int) (*os.File, error) {
+	dir, err := os.Open(root)
+	if err != nil {
+		return nil, err
+	}
+	defer dir.Close()
+	fd, err := unix.Openat2(int(dir.Fd()), rel, &unix.OpenHow{
+		Flags:   uint64(flags | unix.O_CLOEXEC | unix.O_NOFOLLOW),
+		Resolve: unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_MAGICLINKS,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return os.NewFile(uintptr(fd), filepath.Join(root, rel)), nil
 }
 
 // rewriteNameFiles updates the sibling's private /etc/hostname and
 // /etc/hosts bind-mount sources for a new hostname. Only files that belong to
-// the sibling (inside its bundle, or in a directory named after it) are
-// touched; a file shared with the host or the source never is.
+// the sibling (inside its bundle, or in Podman's per-container userdata
+// directory named after it) are touched; a file shared with the host or the
+// source never is.
 func rewriteNameFiles(spec *specs.Spec, bundle, siblingID, oldName, newName string) error {
 	if oldName == "" || oldName == newName {
 		return nil
@@ -86,9 +118,9 @@ func rewriteNameFiles(spec *specs.Spec, bundle, siblingID, oldName, newName stri
 		var err error
 		switch m.Destination {
 		case "/etc/hostname":
-			err = os.WriteFile(m.Source, []byte(newName+"\n"), 0o644)
+			err = rewriteFile(m.Source, func([]byte) []byte { return []byte(newName + "\n") })
 		case "/etc/hosts":
-			err = replaceHostToken(m.Source, oldName, newName)
+			err = rewriteFile(m.Source, func(data []byte) []byte { return replaceHostToken(data, oldName, newName) })
 		}
 		if err != nil {
 			return fmt.Errorf("updating %s for hostname %s: %w", m.Source, newName, err)
@@ -97,24 +129,37 @@ func rewriteNameFiles(spec *specs.Spec, bundle, siblingID, oldName, newName stri
 	return nil
 }
 
+// ownedBySibling accepts a file inside the sibling's bundle, or Podman's
+// .../<ID>/userdata/<file> for this sibling's ID.
 func ownedBySibling(path, bundle, siblingID string) bool {
-	rel, err := filepath.Rel(bundle, path)
-	if err == nil && !strings.HasPrefix(rel, "..") {
+	path = filepath.Clean(path)
+	if rel, err := filepath.Rel(bundle, path); err == nil && rel != "." && !strings.HasPrefix(rel, "..") {
 		return true
 	}
-	for _, part := range strings.Split(filepath.Clean(path), string(filepath.Separator)) {
-		if part == siblingID {
-			return true
-		}
-	}
-	return false
+	userdata := filepath.Dir(path)
+	return filepath.Base(userdata) == "userdata" && filepath.Base(filepath.Dir(userdata)) == siblingID
 }
 
-func replaceHostToken(path, oldName, newName string) error {
-	data, err := os.ReadFile(path)
+// rewriteFile replaces a regular file's content in place, refusing to
+// follow a symlink.
+func rewriteFile(path string, edit func([]byte) []byte) error {
+	f, err := os.OpenFile(path, os.O_RDWR|unix.O_NOFOLLOW, 0)
 	if err != nil {
 		return err
 	}
+	defer f.Close()
+	data, err := io.ReadAll(f)
+	if err != nil {
+		return err
+	}
+	if err := f.Truncate(0); err != nil {
+		return err
+	}
+	_, err = f.WriteAt(edit(data), 0)
+	return err
+}
+
+func replaceHostToken(data []byte, oldName, newName string) []byte {
 	lines := strings.Split(string(data), "\n")
 	for i, line := range lines {
 		if strings.HasPrefix(strings.TrimSpace(line), "#") {
@@ -132,5 +177,5 @@ func replaceHostToken(path, oldName, newName string) error {
 			lines[i] = strings.Join(fields, "\t")
 		}
 	}
-	return os.WriteFile(path, []byte(strings.Join(lines, "\n")), 0o644)
+	return []byte(strings.Join(lines, "\n"))
 }

@@ -83,3 +83,38 @@ func TestRewriteNameFilesOnlyTouchesTheSiblingsOwn(t *testing.T) {
 		t.Errorf("a file outside the sibling was changed: %q", got)
 	}
 }
+
+// A source container can leave /etc a symlink to a host directory: the
+// sibling's new machine-id must still land inside its own root.
+func TestFreshMachineIDStaysInsideRoot(t *testing.T) {
+	root, host := t.TempDir(), t.TempDir()
+	hostID := "0123456789abcdef0123456789abcdef\n"
+	os.WriteFile(filepath.Join(host, "machine-id"), []byte(hostID), 0o444)
+	if err := os.Symlink(host, filepath.Join(root, "etc")); err != nil {
+		t.Fatal(err)
+	}
+	freshMachineID(root)
+	if got, _ := os.ReadFile(filepath.Join(host, "machine-id")); string(got) != hostID {
+		t.Fatalf("a file outside the sibling's root was rewritten: %q", got)
+	}
+}
+
+func TestOwnedBySibling(t *testing.T) {
+	id := strings.Repeat("c", 64)
+	for path, want := range map[string]bool{
+		"/b/hosts":        true,
+		"/b/sub/hostname": true,
+		"/b":              false,
+		"/run/containers/storage/overlay-containers/" + id + "/userdata/hosts": true,
+		"/run/containers/storage/overlay-containers/other/userdata/hosts":      false,
+		"/etc/hosts": false,
+	} {
+		if got := ownedBySibling(path, "/b", id); got != want {
+			t.Errorf("ownedBySibling(%s) = %v, want %v", path, got, want)
+		}
+	}
+	// A sibling named like a host directory does not own it.
+	if ownedBySibling("/etc/hosts", "/b", "etc") {
+		t.Error("a sibling called etc owns /etc/hosts")
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"time"
 
@@ -80,20 +81,41 @@ func (s Store) Create() (id, dir string, err error) {
 	return id, dir, nil
 }
 
+var idRE = regexp.MustCompile(`^[0-9a-f]{16}$`)
+
+// ValidID reports whether id has the form NewID gives plans.
+func ValidID(id string) bool { return idRE.MatchString(id) }
+
+// ErrNotInStore reports a plan reference outside this host's plan store.
+var ErrNotInStore = errors.New("not a fork plan in this host's plan store")
+
 // Resolve turns a plan reference (an ID, or a path to a plan directory or to
-// its images) into the plan directory.
+// anything inside it) into the plan's directory. Only plans in the store are
+// plans: their contents are written by tclone alone, and a plan names host
+// paths that tclone copies from and removes, so a directory elsewhere (say,
+// one extracted from an imported archive) must never be taken for one.
 func (s Store) Resolve(ref string) (string, error) {
-	if ref == "" {
-		return "", errors.New("empty plan reference")
-	}
-	if !strings.Contains(ref, "/") {
+	if ValidID(ref) {
 		return s.Dir(ref), nil
 	}
-	dir := filepath.Clean(ref)
-	if filepath.Base(dir) == "images" {
-		dir = filepath.Dir(dir)
+	if !filepath.IsAbs(ref) {
+		return "", fmt.Errorf("%w: %q is neither a plan ID nor an absolute path", ErrNotInStore, ref)
 	}
-	return dir, nil
+	rel, err := filepath.Rel(s.PlansDir(), filepath.Clean(ref))
+	if err != nil || rel == "." || strings.HasPrefix(rel, "..") {
+		return "", fmt.Errorf("%w: %s is outside %s", ErrNotInStore, ref, s.PlansDir())
+	}
+	id := strings.Split(rel, string(filepath.Separator))[0]
+	if !ValidID(id) {
+		return "", fmt.Errorf("%w: %s names no plan ID", ErrNotInStore, ref)
+	}
+	return s.Dir(id), nil
+}
+
+// Contains reports whether path lies inside the plan store.
+func (s Store) Contains(path string) bool {
+	rel, err := filepath.Rel(s.PlansDir(), filepath.Clean(path))
+	return err == nil && rel != "." && !strings.HasPrefix(rel, "..")
 }
 
 // List returns the IDs of all plans in the store.

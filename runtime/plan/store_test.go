@@ -169,3 +169,30 @@ func TestEnsureTmpfsMountsWhereNeeded(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// Only plans inside the store are plans: a directory elsewhere, however it
+// looks, is not, because a plan names host paths tclone copies and removes.
+func TestResolveOnlyInsideTheStore(t *testing.T) {
+	s := Store{Root: "/run/tclone"}
+	id := NewID()
+	good := map[string]string{
+		id:                                       s.Dir(id),
+		s.Dir(id):                                s.Dir(id),
+		filepath.Join(s.Dir(id), "images"):       s.Dir(id),
+		filepath.Join(s.Dir(id), "images") + "/": s.Dir(id),
+	}
+	for ref, want := range good {
+		if got, err := s.Resolve(ref); err != nil || got != want {
+			t.Errorf("Resolve(%q) = %q, %v; want %q", ref, got, err, want)
+		}
+	}
+	for _, bad := range []string{
+		"", "relative/path", "/var/lib/containers/x/userdata/checkpoint", s.PlansDir(),
+		filepath.Join(s.PlansDir(), "..", "..", "etc"), filepath.Join(s.PlansDir(), ".siblings", "x"),
+		filepath.Join(s.PlansDir(), "not-an-id"), "../../etc",
+	} {
+		if got, err := s.Resolve(bad); !errors.Is(err, ErrNotInStore) {
+			t.Errorf("Resolve(%q) = %q, %v; want ErrNotInStore", bad, got, err)
+		}
+	}
+}

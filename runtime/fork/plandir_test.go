@@ -1,0 +1,40 @@
+package fork
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/tclone/tclone/runtime/plan"
+)
+
+// An imported checkpoint cannot point tclone at host paths: a reference's
+// plan directory is ignored in favour of its ID in this store, and a plan.json
+// outside the store is just a file.
+func TestPlanDirForTrustsOnlyTheStore(t *testing.T) {
+	root := t.TempDir()
+	e := &Engine{Store: plan.Store{Root: root, SnapshotRoot: filepath.Join(root, "snap")}}
+
+	ordinary := t.TempDir()
+	os.WriteFile(filepath.Join(ordinary, "plan.json"), []byte(`{"version":1}`), 0o600)
+	if dir, err := e.PlanDirFor(ordinary); dir != "" || err != nil {
+		t.Fatalf("a plan.json outside the store made %s a plan (%v)", dir, err)
+	}
+
+	forged := t.TempDir()
+	plan.WriteReference(forged, plan.Reference{PlanID: "../../etc", PlanDir: "/etc"})
+	if dir, err := e.PlanDirFor(forged); !errors.Is(err, plan.ErrNotInStore) {
+		t.Fatalf("a forged reference resolved to %q (%v)", dir, err)
+	}
+
+	id := plan.NewID()
+	honest := t.TempDir()
+	plan.WriteReference(honest, plan.Reference{PlanID: id, PlanDir: "/somewhere/else"})
+	if dir, err := e.PlanDirFor(honest); err != nil || dir != e.Store.Dir(id) {
+		t.Fatalf("reference resolved to %q (%v), want %s", dir, err, e.Store.Dir(id))
+	}
+	if dir, err := e.PlanDirFor(filepath.Join(e.Store.Dir(id), "images")); err != nil || dir != e.Store.Dir(id) {
+		t.Fatalf("images path resolved to %q (%v)", dir, err)
+	}
+}
