@@ -5,7 +5,6 @@ import (
 	"os"
 	"strings"
 
-	"github.com/sirupsen/logrus"
 	"github.com/urfave/cli/v2"
 
 	"github.com/tclone/tclone/runtime/criucheck"
@@ -45,14 +44,11 @@ var checkpointCommand = &cli.Command{
 		}
 		opts := checkpointOptions(c)
 		if !opts.PreDump {
-			captured, err := fork.NewEngine(rt).CheckpointForIntent(c.Context, id, opts.ImagePath, opts.WorkPath)
+			captured, err := fork.NewEngine(rt).CheckpointForIntent(c.Context, id, opts.ImagePath, opts.WorkPath, opts.LeaveRunning)
 			if err != nil {
 				return err
 			}
 			if captured != nil {
-				if !opts.LeaveRunning {
-					logrus.Warnf("fork checkpoint of %s: the container keeps running (a fork never stops its source)", id)
-				}
 				return nil
 			}
 		}

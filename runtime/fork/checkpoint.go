@@ -15,10 +15,18 @@ import (
 // fork plan, and leaves in imagePath only what Podman reads (inventory.img,
 // stats-dump in workPath) plus a reference to the plan. It returns nil, nil
 // when there is no intent and the checkpoint is an ordinary one.
-func (e *Engine) CheckpointForIntent(ctx context.Context, id, imagePath, workPath string) (*Captured, error) {
+func (e *Engine) CheckpointForIntent(ctx context.Context, id, imagePath, workPath string, leaveRunning bool) (*Captured, error) {
 	intent, err := e.Store.TakeIntent(id)
 	if err != nil || intent == nil {
 		return nil, err
+	}
+	// A fork never stops its source; a checkpoint that would (Podman marks
+	// the container stopped and tears down its network) is refused.
+	if !leaveRunning {
+		return nil, fmt.Errorf("container %s has a fork request pending, and a fork checkpoint must leave it running: checkpoint with --leave-running", id)
+	}
+	if imagePath == "" {
+		return nil, fmt.Errorf("a fork checkpoint of %s needs --image-path", id)
 	}
 	c, err := e.Capture(ctx, CaptureRequest{
 		Source: id, Options: intent.Options, Uses: intent.Uses, TTL: intent.TTL, Identity: intent.Identity,
@@ -35,9 +43,6 @@ func (e *Engine) CheckpointForIntent(ctx context.Context, id, imagePath, workPat
 }
 
 func writeCheckpointDir(c *Captured, imagePath, workPath string) error {
-	if imagePath == "" {
-		return fmt.Errorf("a fork checkpoint needs --image-path")
-	}
 	if err := os.MkdirAll(imagePath, 0o700); err != nil {
 		return fmt.Errorf("creating checkpoint directory: %w", err)
 	}

@@ -7,6 +7,8 @@ import (
 	"os"
 	"path/filepath"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Intent asks that the next checkpoint of a container be a fork capture.
@@ -17,15 +19,17 @@ import (
 // a short-lived intent for the container before asking Podman to checkpoint
 // it; tclone's checkpoint consumes it and captures a fork plan instead.
 type Intent struct {
-	Version     int            `json:"version"`
-	ContainerID string         `json:"container_id"`
-	Nonce       string         `json:"nonce"`
-	ExpiresAt   time.Time      `json:"expires_at"`
-	Uses        int            `json:"uses"`
-	TTL         time.Duration  `json:"ttl"`
-	Identity    Identity       `json:"identity"`
-	Options     CaptureOptions `json:"options"`
-	TCPClose    bool           `json:"tcp_close,omitempty"`
+	Version     int    `json:"version"`
+	ContainerID string `json:"container_id"`
+	// Nonce tells this request's intent from a later one for the same
+	// container.
+	Nonce     string         `json:"nonce"`
+	ExpiresAt time.Time      `json:"expires_at"`
+	Uses      int            `json:"uses"`
+	TTL       time.Duration  `json:"ttl"`
+	Identity  Identity       `json:"identity"`
+	Options   CaptureOptions `json:"options"`
+	TCPClose  bool           `json:"tcp_close,omitempty"`
 }
 
 // IntentTTL is how long an unconsumed intent stays valid.
@@ -70,19 +74,51 @@ func (s Store) TakeIntent(containerID string) (*Intent, error) {
 	if err := json.Unmarshal(data, &in); err != nil {
 		return nil, fmt.Errorf("decoding fork intent for %s: %w", containerID, err)
 	}
-	if time.Now().After(in.ExpiresAt) {
+	if in.ContainerID != containerID || time.Now().After(in.ExpiresAt) {
 		return nil, nil
 	}
 	return &in, nil
 }
 
-// RemoveIntent withdraws an intent that was not consumed.
-func (s Store) RemoveIntent(containerID string) error {
-	err := os.Remove(s.intentPath(containerID))
+// RemoveIntent withdraws an intent that was not consumed, if it is still the
+// one with this nonce (another fork may have replaced it).
+func (s Store) RemoveIntent(containerID, nonce string) error {
+	path := s.intentPath(containerID)
+	data, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	var in Intent
+	if json.Unmarshal(data, &in) == nil && in.Nonce != nonce {
+		return nil
+	}
+	err = os.Remove(path)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil
 	}
 	return err
+}
+
+// LockIntents serialises fork requests for one container across processes:
+// between leaving an intent and the checkpoint that consumes it, no other
+// fork of that container may leave or remove one.
+func (s Store) LockIntents(containerID string) (unlock func(), err error) {
+	dir := filepath.Join(s.Root, "locks")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	f, err := os.OpenFile(filepath.Join(dir, "intent-"+containerID+".lock"), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("locking fork requests of %s: %w", containerID, err)
+	}
+	return func() { f.Close() }, nil
 }
 
 // Reference is what a fork checkpoint leaves in Podman's checkpoint

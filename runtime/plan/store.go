@@ -152,6 +152,25 @@ func (s Store) Remove(dir string) error {
 	return errors.Join(errs...)
 }
 
+// RemoveCapturedSince removes the plans of source captured at or after
+// since. A fork client uses it when its checkpoint failed after tclone had
+// already captured, so it never learned the plan's ID.
+func (s Store) RemoveCapturedSince(source string, since time.Time) error {
+	ids, err := s.List()
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, id := range ids {
+		p, err := Read(s.Dir(id))
+		if err != nil || p.Source.ID != source || p.CreatedAt.Before(since) {
+			continue
+		}
+		errs = append(errs, s.Remove(s.Dir(id)))
+	}
+	return errors.Join(errs...)
+}
+
 // Uses is the use-count record of a plan.
 type Uses struct {
 	// Remaining materialisations; -1 means unlimited until expiry.

@@ -39,7 +39,7 @@ func readReference(archivePath string) (*plan.Reference, error) {
 		return nil, err
 	}
 	if ref == nil {
-		return nil, errors.New("the checkpoint holds no fork plan: the source's runtime did not capture one")
+		return nil, errors.New("tclone did not capture a fork plan for this checkpoint: the Podman service runs the source with another runtime, runs on another host, or began the checkpoint after the fork request expired")
 	}
 	return ref, nil
 }

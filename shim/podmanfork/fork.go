@@ -90,7 +90,10 @@ type forker struct {
 
 	tmpDir  string
 	planDir string
-	made    []string // sibling IDs, for rollback
+	// captureAsked is when the checkpoint was requested: a capture tclone
+	// made before the checkpoint failed is found by it.
+	captureAsked time.Time
+	made         []string // sibling IDs, for rollback
 }
 
 func (f *forker) run(ctx context.Context, names []string) (*Stats, error) {
@@ -146,12 +149,20 @@ func (f *forker) checkpoint(ctx context.Context, archive string) (*plan.Plan, er
 		},
 		TCPClose: f.opts.TCPClose,
 	}
+	// Another fork of this source between our intent and our checkpoint
+	// would take or replace the intent.
+	unlock, err := f.store.LockIntents(f.src.ID)
+	if err != nil {
+		return nil, fmt.Errorf("this must run on the Podman host, as root: %w", err)
+	}
+	defer unlock()
 	if err := f.store.WriteIntent(intent); err != nil {
 		return nil, fmt.Errorf("leaving a fork intent for tclone (this must run on the Podman host, as root): %w", err)
 	}
-	defer f.store.RemoveIntent(f.src.ID)
+	defer f.store.RemoveIntent(f.src.ID, intent.Nonce)
 
-	_, err := containers.Checkpoint(ctx, f.src.ID, new(containers.CheckpointOptions).
+	f.captureAsked = time.Now().UTC()
+	_, err = containers.Checkpoint(ctx, f.src.ID, new(containers.CheckpointOptions).
 		WithLeaveRunning(true).WithIgnoreRootfs(true).WithExport(archive).
 		WithTCPEstablished(intent.Options.TCPEstablished).WithFileLocks(f.opts.FileLocks))
 	if err != nil {
@@ -247,8 +258,11 @@ func (f *forker) rollback(ctx context.Context) error {
 			errs = append(errs, fmt.Errorf("removing sibling %s: %w", id, err))
 		}
 	}
-	if f.planDir != "" {
+	switch {
+	case f.planDir != "":
 		errs = append(errs, f.store.Remove(f.planDir))
+	case !f.captureAsked.IsZero():
+		errs = append(errs, f.store.RemoveCapturedSince(f.src.ID, f.captureAsked))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("cleaning up the failed fork: %w", err)
