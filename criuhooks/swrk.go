@@ -64,6 +64,10 @@ type Request struct {
 	// LogPath is where CRIU writes its log (work dir + log file name); its
 	// error lines are quoted when the call fails.
 	LogPath string
+	// OnTimeout runs the moment the timeout expires, before the call is
+	// unwound: a hook may still be running then, and whatever it keeps
+	// waiting (a frozen source) must not wait for it.
+	OnTimeout func()
 }
 
 // Dump runs a CRIU dump with the given hooks.
@@ -100,11 +104,17 @@ func run(ctx context.Context, op string, req Request, call func(*criu.Criu) erro
 		}
 		return nil
 	case <-ctx.Done():
+		if req.OnTimeout != nil {
+			req.OnTimeout()
+		}
 		killNewChildren(before, filepath.Base(criuPath(req)))
 		err := <-done
 		cause := ctx.Err()
 		if errors.Is(cause, context.DeadlineExceeded) {
-			cause = fmt.Errorf("%w after %s", ErrTimeout, req.Timeout)
+			cause = ErrTimeout
+			if req.Timeout > 0 {
+				cause = fmt.Errorf("%w after %s", ErrTimeout, req.Timeout)
+			}
 		}
 		if err != nil {
 			cause = fmt.Errorf("%w (%v)", cause, err)

@@ -109,8 +109,8 @@ func (e *Engine) capture(ctx context.Context, src *source, rfs rootfs.Source, id
 	if err := os.WriteFile(filepath.Join(images, descriptorsFile), []byte(src.status.ExternalDescriptors), 0o600); err != nil {
 		return nil, fmt.Errorf("saving the source's stdio descriptors: %w", err)
 	}
-	d, err := e.dump(ctx, src, dir, freezer, check, req.Options, func() (*rootfs.Snapshot, error) {
-		return rootfs.Take(rfs, snapDir)
+	d, err := e.dump(ctx, src, dir, freezer, check, req.Options, func(ctx context.Context) (*rootfs.Snapshot, error) {
+		return rootfs.Take(ctx, rfs, snapDir)
 	})
 	if err != nil {
 		return nil, err
@@ -167,7 +167,10 @@ type dumped struct {
 // CRIU freezes and seizes, calls post-dump (the snapshot), then lets the tree
 // go. A guard process thaws the cgroup should both tclone and CRIU die in
 // between, and a timeout kills a CRIU that hangs.
-func (e *Engine) dump(ctx context.Context, src *source, dir string, freezer *cgroups.Freezer, check *criucheck.Result, opts CaptureOptions, snapshot func() (*rootfs.Snapshot, error)) (*dumped, error) {
+func (e *Engine) dump(ctx context.Context, src *source, dir string, freezer *cgroups.Freezer, check *criucheck.Result, opts CaptureOptions, snapshot func(context.Context) (*rootfs.Snapshot, error)) (*dumped, error) {
+	// One deadline for CRIU and for the snapshot it waits on.
+	ctx, cancel := context.WithTimeout(ctx, e.criuTimeout())
+	defer cancel()
 	imagesDir, err := os.Open(plan.ImagesDir(dir))
 	if err != nil {
 		return nil, err
@@ -217,14 +220,16 @@ func (e *Engine) dump(ctx context.Context, src *source, dir string, freezer *cgr
 		},
 		OnPostDump: func() error {
 			var err error
-			snap, err = snapshot()
+			snap, err = snapshot(ctx)
 			crashPoint(CrashSnapshotTaken)
 			return err
 		},
 	}
 	logPath := filepath.Join(plan.WorkDir(dir), dumpLogName)
 	err = criuhooks.Dump(ctx, criuhooks.Request{
-		CriuPath: check.Path, Env: check.Env(), Timeout: e.criuTimeout(), Opts: criuOpts, LogPath: logPath,
+		CriuPath: check.Path, Env: check.Env(), Opts: criuOpts, LogPath: logPath,
+		// The source must not wait for the snapshot hook to notice.
+		OnTimeout: func() { freezer.Thaw() },
 	}, hooks)
 	// CRIU leaves the cgroup as it found it, frozen by us; and if CRIU died
 	// while freezing, frozen by it. Either way the source runs again here.

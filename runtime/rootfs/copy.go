@@ -1,6 +1,7 @@
 package rootfs
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -44,6 +45,9 @@ type inodeKey struct{ dev, ino uint64 }
 
 // copier copies one tree. It remembers hard links so they stay links.
 type copier struct {
+	// ctx, when set, ends a copy that must not run on (a snapshot in the
+	// source's frozen window past its deadline).
+	ctx   context.Context
 	mode  copyMode
 	links map[inodeKey]string
 	stats Stats
@@ -72,6 +76,9 @@ func (c *copier) copyTree(src, dst string) error {
 }
 
 func (c *copier) copyEntry(src, dst string) error {
+	if c.ctx != nil && c.ctx.Err() != nil {
+		return fmt.Errorf("copying %s: %w", src, c.ctx.Err())
+	}
 	var st unix.Stat_t
 	if err := unix.Lstat(src, &st); err != nil {
 		return fmt.Errorf("stat %s: %w", src, err)
@@ -200,19 +207,52 @@ func (c *copier) copyFile(src, dst string, st *unix.Stat_t) error {
 		}
 		c.noReflink = true
 	}
-	if err := copyRange(in, out, st.Size); err != nil {
+	if err := copySparse(in, out, st.Size); err != nil {
 		return fmt.Errorf("copying %s to %s: %w", src, dst, err)
 	}
 	return nil
 }
 
-func copyRange(in, out *os.File, size int64) error {
-	var done int64
-	for done < size {
-		n, err := unix.CopyFileRange(int(in.Fd()), nil, int(out.Fd()), nil, int(size-done), 0)
+// copySparse copies only the data extents of in, so a sparse file (a
+// container's "truncate -s 1T") costs its data, not its size; the holes stay
+// holes.
+func copySparse(in, out *os.File, size int64) error {
+	var off int64
+	for off < size {
+		data, err := unix.Seek(int(in.Fd()), off, unix.SEEK_DATA)
+		if errors.Is(err, unix.ENXIO) {
+			break // only a hole is left
+		}
+		if err != nil {
+			// No SEEK_DATA on this filesystem: everything is data.
+			data = off
+		}
+		hole := size
+		if err == nil {
+			if h, herr := unix.Seek(int(in.Fd()), data, unix.SEEK_HOLE); herr == nil {
+				hole = h
+			}
+		}
+		if hole > size {
+			hole = size
+		}
+		if err := copyExtent(in, out, data, hole-data); err != nil {
+			return err
+		}
+		off = hole
+	}
+	return out.Truncate(size)
+}
+
+// copyExtent copies length bytes at offset, in the kernel where it can.
+func copyExtent(in, out *os.File, offset, length int64) error {
+	roff, woff := offset, offset
+	for length > 0 {
+		n, err := unix.CopyFileRange(int(in.Fd()), &roff, int(out.Fd()), &woff, int(min(length, 1<<30)), 0)
 		if err != nil {
 			if errors.Is(err, unix.EXDEV) || errors.Is(err, unix.ENOSYS) || errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.EINVAL) {
-				return copyUser(in, out, done)
+				_, err := io.Copy(io.NewOffsetWriter(out, woff), io.NewSectionReader(in, roff, length))
+				return err
 			}
 			return err
 		}
@@ -220,20 +260,9 @@ func copyRange(in, out *os.File, size int64) error {
 			// The file shrank under us; what we have is the file.
 			return nil
 		}
-		done += int64(n)
+		length -= int64(n)
 	}
 	return nil
-}
-
-func copyUser(in, out *os.File, offset int64) error {
-	if _, err := in.Seek(offset, io.SeekStart); err != nil {
-		return err
-	}
-	if _, err := out.Seek(offset, io.SeekStart); err != nil {
-		return err
-	}
-	_, err := io.Copy(out, in)
-	return err
 }
 
 // copyMeta sets owner, mode, extended attributes and times, in the order that

@@ -1,6 +1,7 @@
 package rootfs
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"sort"
@@ -93,7 +94,7 @@ func TestVerbatimCopyKeepsEverything(t *testing.T) {
 	unix.Close(fd)
 
 	dst := filepath.Join(t.TempDir(), "snap")
-	stats, err := copyInto(verbatim, src, dst)
+	stats, err := copyInto(context.Background(), verbatim, src, dst)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -185,7 +186,7 @@ func TestApplyOverlaySnapshotToEmptyDir(t *testing.T) {
 	write(t, filepath.Join(upper, "d"), "d", 0o644)
 	whiteout(t, filepath.Join(upper, "c"))
 
-	snap, err := Take(Source{Kind: KindOverlay, LowerDirs: []string{lowerTop, lowerBottom}, UpperDir: upper}, filepath.Join(t.TempDir(), "snap"))
+	snap, err := Take(context.Background(), Source{Kind: KindOverlay, LowerDirs: []string{lowerTop, lowerBottom}, UpperDir: upper}, filepath.Join(t.TempDir(), "snap"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -208,7 +209,7 @@ func TestApplyRefusesNonEmptyTarget(t *testing.T) {
 	needRoot(t)
 	src := t.TempDir()
 	write(t, filepath.Join(src, "f"), "x", 0o644)
-	snap, err := Take(Source{Kind: KindDir, Root: src}, filepath.Join(t.TempDir(), "snap"))
+	snap, err := Take(context.Background(), Source{Kind: KindDir, Root: src}, filepath.Join(t.TempDir(), "snap"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -232,4 +233,45 @@ func equal(a, b []string) bool {
 		}
 	}
 	return true
+}
+
+// A sparse file costs its data, not its size, and keeps its holes.
+func TestSparseFileStaysSparse(t *testing.T) {
+	src := t.TempDir()
+	f, err := os.Create(filepath.Join(src, "sparse"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Truncate(1 << 30)
+	f.WriteAt([]byte("middle"), 512<<20)
+	f.Close()
+	dst := filepath.Join(t.TempDir(), "snap")
+	if _, err := copyInto(context.Background(), verbatim, src, dst); err != nil {
+		t.Fatal(err)
+	}
+	st := lstat(t, filepath.Join(dst, "sparse"))
+	if st.Size != 1<<30 {
+		t.Fatalf("size %d", st.Size)
+	}
+	if st.Blocks*512 > 16<<20 {
+		t.Fatalf("the copy allocates %d bytes for 6 bytes of data", st.Blocks*512)
+	}
+	got := make([]byte, 6)
+	g, _ := os.Open(filepath.Join(dst, "sparse"))
+	g.ReadAt(got, 512<<20)
+	g.Close()
+	if string(got) != "middle" {
+		t.Fatalf("data %q", got)
+	}
+}
+
+// A snapshot past its deadline stops instead of holding the source frozen.
+func TestTakeStopsWhenCancelled(t *testing.T) {
+	src := t.TempDir()
+	write(t, filepath.Join(src, "a"), "x", 0o644)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := Take(ctx, Source{Kind: KindDir, Root: src}, filepath.Join(t.TempDir(), "snap")); err == nil {
+		t.Fatal("a cancelled snapshot completed")
+	}
 }

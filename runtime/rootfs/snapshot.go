@@ -12,6 +12,7 @@
 package rootfs
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -100,26 +101,27 @@ func SnapshotDir(src Source, base, name string) string {
 }
 
 // Take captures src into dst, which must not exist. It runs while the
-// container is frozen, so it does only what the capture needs.
-func Take(src Source, dst string) (*Snapshot, error) {
+// container is frozen, so it does only what the capture needs, and stops
+// when ctx ends.
+func Take(ctx context.Context, src Source, dst string) (*Snapshot, error) {
 	if err := os.MkdirAll(filepath.Dir(dst), 0o700); err != nil {
 		return nil, fmt.Errorf("creating snapshot parent: %w", err)
 	}
 	snap := &Snapshot{Kind: src.Kind, Path: dst}
 	switch src.Kind {
 	case KindBtrfs:
-		out, err := exec.Command("btrfs", "subvolume", "snapshot", "-r", src.Root, dst).CombinedOutput()
+		out, err := exec.CommandContext(ctx, "btrfs", "subvolume", "snapshot", "-r", src.Root, dst).CombinedOutput()
 		if err != nil {
 			return nil, fmt.Errorf("btrfs subvolume snapshot of %s: %v: %s", src.Root, err, strings.TrimSpace(string(out)))
 		}
 		return snap, nil
 	case KindOverlay:
 		snap.LowerDirs = slices.Clone(src.LowerDirs)
-		stats, err := copyInto(verbatim, src.UpperDir, dst)
+		stats, err := copyInto(ctx, verbatim, src.UpperDir, dst)
 		snap.Stats = stats
 		return snap, err
 	case KindDir:
-		stats, err := copyInto(verbatim, src.Root, dst)
+		stats, err := copyInto(ctx, verbatim, src.Root, dst)
 		snap.Stats = stats
 		return snap, err
 	}
@@ -127,7 +129,7 @@ func Take(src Source, dst string) (*Snapshot, error) {
 }
 
 // copyInto creates dst with src's metadata and copies src's contents into it.
-func copyInto(mode copyMode, src, dst string) (Stats, error) {
+func copyInto(ctx context.Context, mode copyMode, src, dst string) (Stats, error) {
 	var st unix.Stat_t
 	if err := unix.Lstat(src, &st); err != nil {
 		return Stats{}, fmt.Errorf("stat %s: %w", src, err)
@@ -136,6 +138,7 @@ func copyInto(mode copyMode, src, dst string) (Stats, error) {
 		return Stats{}, fmt.Errorf("mkdir %s: %w", dst, err)
 	}
 	c := newCopier(mode)
+	c.ctx = ctx
 	if err := c.copyTree(src, dst); err != nil {
 		return c.stats, err
 	}
