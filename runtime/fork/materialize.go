@@ -120,7 +120,7 @@ func (e *Engine) Materialize(ctx context.Context, req MaterializeRequest) (*Mate
 	}
 	siblingDir := e.Store.SiblingDir(req.ID)
 	entry, err := e.Journal.Begin(journal.Record{
-		Kind: journal.Materialize, Phase: "prepare", PlanDir: dir, SiblingID: req.ID, LeaseHeld: true,
+		Kind: journal.Materialize, Phase: "prepare", PlanDir: dir, SiblingID: req.ID,
 		RootTarget: root, CrunRoot: e.Crun.Global.Root, ImagesOverlay: siblingDir,
 		SiblingCgroup: spec.Linux.CgroupsPath, OwnsPlan: req.ownsPlan,
 	})

@@ -13,7 +13,6 @@ import (
 	"github.com/tclone/tclone/runtime/cgroups"
 	"github.com/tclone/tclone/runtime/crun"
 	"github.com/tclone/tclone/runtime/journal"
-	"github.com/tclone/tclone/runtime/plan"
 	"github.com/tclone/tclone/runtime/rootfs"
 )
 
@@ -57,10 +56,9 @@ func (e *Engine) Recover(ctx context.Context) (*Recovered, error) {
 			}
 			r.Captures++
 		case journal.Materialize:
+			// Its use of the plan, if it took one, is given back when the
+			// plans are swept below: the plan records who holds each use.
 			errs = append(errs, e.undoMaterialize(ctx, o.Rec))
-			if o.Rec.LeaseHeld && o.Rec.PlanDir != "" {
-				errs = append(errs, plan.ReleaseUse(e.Store, o.Rec.PlanDir, false))
-			}
 			if o.Rec.OwnsPlan && o.Rec.PlanDir != "" {
 				errs = append(errs, e.Store.Remove(o.Rec.PlanDir))
 			}
@@ -68,7 +66,7 @@ func (e *Engine) Recover(ctx context.Context) (*Recovered, error) {
 		}
 		errs = append(errs, o.End())
 	}
-	n, err := e.removeExpiredPlans(time.Now())
+	n, err := e.sweepPlans(time.Now())
 	r.ExpiredPlans = n
 	errs = append(errs, err)
 	n, err = e.removeStraySnapshots()
@@ -89,7 +87,9 @@ func (e *Engine) RecoverQuietly(ctx context.Context) {
 	}
 }
 
-func (e *Engine) removeExpiredPlans(now time.Time) (int, error) {
+// sweepPlans gives back uses whose holder died, and removes plans that are
+// used up or expired.
+func (e *Engine) sweepPlans(now time.Time) (int, error) {
 	ids, err := e.Store.List()
 	if err != nil {
 		return 0, err
@@ -97,15 +97,12 @@ func (e *Engine) removeExpiredPlans(now time.Time) (int, error) {
 	n := 0
 	var errs []error
 	for _, id := range ids {
-		dir := e.Store.Dir(id)
-		if _, err := plan.Read(dir); err != nil {
-			// No plan.json: a capture in progress (its journal entry is
-			// alive) or one a crash cut short (its orphan was handled
-			// above). Leave it to its journal entry.
-			continue
-		}
-		if plan.Expired(dir, now) {
-			errs = append(errs, e.Store.Remove(dir))
+		// A plan without plan.json is a capture in progress (its journal
+		// entry is alive) or one a crash cut short (its orphan entry was
+		// handled above); Sweep leaves it alone.
+		removed, err := e.Store.Sweep(e.Store.Dir(id), now)
+		errs = append(errs, err)
+		if removed {
 			n++
 		}
 	}

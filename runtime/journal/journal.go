@@ -83,8 +83,6 @@ type Record struct {
 	// once it may hold files.
 	RootTarget string `json:"root_target,omitempty"`
 	RootFilled bool   `json:"root_filled,omitempty"`
-	// LeaseHeld is set while the operation holds a use of PlanDir.
-	LeaseHeld bool `json:"lease_held,omitempty"`
 	// OwnsPlan marks a plan made only for this operation, to be removed
 	// with it (tclone fork SRC NEW).
 	OwnsPlan bool `json:"owns_plan,omitempty"`
@@ -163,7 +161,10 @@ func (e *Entry) End() error {
 	return err
 }
 
-// Orphans returns the entries whose owner is no longer running.
+// Orphans claims and returns the entries whose owner is no longer running.
+// Claiming renames an entry to name its new owner, so when two processes
+// recover at once, each orphan goes to exactly one of them; a claim whose
+// claimer died in turn is claimed again.
 func (j Journal) Orphans() ([]*Entry, error) {
 	entries, err := os.ReadDir(j.Dir)
 	if errors.Is(err, os.ErrNotExist) {
@@ -172,23 +173,42 @@ func (j Journal) Orphans() ([]*Entry, error) {
 	if err != nil {
 		return nil, err
 	}
+	self := Self()
 	var out []*Entry
 	for _, de := range entries {
-		if !strings.HasSuffix(de.Name(), ".json") {
+		name := de.Name()
+		base, claimer, claimed := strings.Cut(name, claimSep)
+		if !strings.HasSuffix(base, ".json") {
 			continue
 		}
-		path := filepath.Join(j.Dir, de.Name())
+		if claimed && parseOwner(claimer).Alive() {
+			continue
+		}
+		path := filepath.Join(j.Dir, name)
 		data, err := os.ReadFile(path)
 		if err != nil {
 			continue
 		}
 		var rec Record
-		if err := json.Unmarshal(data, &rec); err != nil {
+		if err := json.Unmarshal(data, &rec); err != nil || rec.Owner.Alive() {
 			continue
 		}
-		if !rec.Owner.Alive() {
-			out = append(out, &Entry{path: path, Rec: rec})
+		claim := filepath.Join(j.Dir, base+claimSep+formatOwner(self))
+		if err := os.Rename(path, claim); err != nil {
+			continue // another recovery claimed it first
 		}
+		out = append(out, &Entry{path: claim, Rec: rec})
 	}
 	return out, nil
+}
+
+// claimSep separates an entry's name from the owner that claimed it.
+const claimSep = ".claimed-by-"
+
+func formatOwner(o Owner) string { return fmt.Sprintf("%d-%d", o.Pid, o.StartTime) }
+
+func parseOwner(s string) Owner {
+	var o Owner
+	fmt.Sscanf(s, "%d-%d", &o.Pid, &o.StartTime)
+	return o
 }

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/tclone/tclone/runtime/journal"
 )
 
 // Store is where plans are kept.
@@ -175,8 +177,10 @@ func (s Store) RemoveCapturedSince(source string, since time.Time) error {
 type Uses struct {
 	// Remaining materialisations; -1 means unlimited until expiry.
 	Remaining int `json:"remaining"`
-	// InFlight materialisations hold a use that is not yet final.
-	InFlight int `json:"in_flight"`
+	// InFlight are the processes materialising a sibling right now, each
+	// holding one use. A use whose holder died is given back (Reap), so a
+	// crash at any point neither leaks a use nor returns one twice.
+	InFlight []journal.Owner `json:"in_flight"`
 }
 
 // Unlimited marks a plan that serves any number of siblings until it expires.
@@ -202,38 +206,51 @@ func ReadUses(dir string) (Uses, error) {
 }
 
 // ErrUsedUp reports a plan whose every use has been taken.
-var ErrUsedUp = errors.New("fork plan has no uses left")
+var ErrUsedUp = errors.New("fork plan has no uses left; capture a new one")
+
+// ErrExpired reports a plan past its expiry.
+var ErrExpired = errors.New("fork plan expired; capture a new one")
 
 // Lease is one in-flight use of a plan.
 type Lease struct {
 	store Store
 	dir   string
+	owner journal.Owner
 	done  bool
 }
 
-// Acquire takes one use of the plan in dir.
+// Acquire takes one use of the plan in dir for the calling process.
 func (s Store) Acquire(dir string) (*Lease, error) {
-	if _, err := Read(dir); err != nil {
-		return nil, err
-	}
+	owner := journal.Self()
 	err := withLock(dir, func() error {
+		p, err := Read(dir)
+		if err != nil {
+			return err
+		}
+		if time.Now().After(p.ExpiresAt) {
+			return fmt.Errorf("%w (%s, at %s)", ErrExpired, dir, p.ExpiresAt.Format(time.RFC3339))
+		}
 		u, err := ReadUses(dir)
 		if err != nil {
 			return fmt.Errorf("reading uses of plan %s: %w", dir, err)
 		}
+		u = reap(u)
 		if u.Remaining == 0 {
 			return fmt.Errorf("%w (%s)", ErrUsedUp, dir)
 		}
 		if u.Remaining > 0 {
 			u.Remaining--
 		}
-		u.InFlight++
+		u.InFlight = append(u.InFlight, owner)
 		return writeJSONAtomic(usesPath(dir), u)
 	})
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("%w at %s (it was used up, expired or never completed; capture a new one)", ErrNotFound, dir)
+	}
 	if err != nil {
 		return nil, err
 	}
-	return &Lease{store: s, dir: dir}, nil
+	return &Lease{store: s, dir: dir, owner: owner}, nil
 }
 
 // Release ends the lease. A failed use is given back. When no use remains
@@ -243,50 +260,71 @@ func (l *Lease) Release(succeeded bool) error {
 		return nil
 	}
 	l.done = true
-	return ReleaseUse(l.store, l.dir, succeeded)
+	return l.store.settle(l.dir, func(u *Uses) {
+		for i, o := range u.InFlight {
+			if o == l.owner {
+				u.InFlight = append(u.InFlight[:i], u.InFlight[i+1:]...)
+				if !succeeded && u.Remaining >= 0 {
+					u.Remaining++
+				}
+				return
+			}
+		}
+	})
 }
 
-// ReleaseUse ends one in-flight use of plan dir; recovery uses it for leases
-// whose owner died.
-func ReleaseUse(s Store, dir string, succeeded bool) error {
-	remove := false
+// reap gives back the uses of holders that died.
+func reap(u Uses) Uses {
+	live := u.InFlight[:0]
+	for _, o := range u.InFlight {
+		if o.Alive() {
+			live = append(live, o)
+		} else if u.Remaining >= 0 {
+			u.Remaining++
+		}
+	}
+	u.InFlight = live
+	return u
+}
+
+// Sweep gives back the uses of dead holders of plan dir, and removes the
+// plan when it is used up or expired with nothing in flight. It reports
+// whether the plan was removed.
+func (s Store) Sweep(dir string, now time.Time) (bool, error) {
+	p, err := Read(dir)
+	if err != nil {
+		return false, nil
+	}
+	removed := false
+	err = s.settle(dir, func(u *Uses) {
+		*u = reap(*u)
+		if len(u.InFlight) == 0 && now.After(p.ExpiresAt) {
+			u.Remaining = 0
+			removed = true
+		}
+	})
+	return removed, err
+}
+
+// settle changes a plan's uses under its lock and removes the plan, still
+// under the lock, when no use remains and none is in flight: an Acquire
+// waiting on the lock then finds no plan rather than a half-removed one.
+func (s Store) settle(dir string, change func(*Uses)) error {
 	err := withLock(dir, func() error {
 		u, err := ReadUses(dir)
 		if err != nil {
 			return err
 		}
-		if u.InFlight > 0 {
-			u.InFlight--
+		change(&u)
+		if u.Remaining == 0 && len(u.InFlight) == 0 {
+			return s.Remove(dir)
 		}
-		if !succeeded && u.Remaining >= 0 {
-			u.Remaining++
-		}
-		remove = u.Remaining == 0 && u.InFlight == 0
 		return writeJSONAtomic(usesPath(dir), u)
 	})
 	if errors.Is(err, os.ErrNotExist) {
 		return nil
 	}
-	if err != nil {
-		return err
-	}
-	if remove {
-		return s.Remove(dir)
-	}
-	return nil
-}
-
-// Expired reports whether plan dir outlived its expiry with nothing in flight.
-func Expired(dir string, now time.Time) bool {
-	p, err := Read(dir)
-	if err != nil {
-		return false
-	}
-	u, err := ReadUses(dir)
-	if err != nil {
-		return now.After(p.ExpiresAt)
-	}
-	return u.InFlight == 0 && now.After(p.ExpiresAt)
+	return err
 }
 
 func withLock(dir string, fn func() error) error {

@@ -75,7 +75,7 @@ func TestFailedUseIsGivenBack(t *testing.T) {
 		t.Fatal(err)
 	}
 	l.Release(false)
-	if u, _ := ReadUses(dir); u.Remaining != 1 || u.InFlight != 0 {
+	if u, _ := ReadUses(dir); u.Remaining != 1 || len(u.InFlight) != 0 {
 		t.Fatalf("uses after a failed use: %+v", u)
 	}
 	if _, err := s.Acquire(dir); err != nil {
@@ -93,17 +93,51 @@ func TestUnlimitedPlanExpires(t *testing.T) {
 		}
 		l.Release(true)
 	}
-	if Expired(dir, time.Now()) {
-		t.Fatal("expired early")
-	}
-	if !Expired(dir, time.Now().Add(2*time.Hour)) {
-		t.Fatal("not expired after its expiry")
+	if removed, err := s.Sweep(dir, time.Now()); removed || err != nil {
+		t.Fatalf("swept early: %v %v", removed, err)
 	}
 	l, _ := s.Acquire(dir)
-	if Expired(dir, time.Now().Add(2*time.Hour)) {
-		t.Fatal("a plan with a use in flight counted as expired")
+	if removed, _ := s.Sweep(dir, time.Now().Add(2*time.Hour)); removed {
+		t.Fatal("a plan with a use in flight was swept")
 	}
 	l.Release(true)
+	if removed, _ := s.Sweep(dir, time.Now().Add(2*time.Hour)); !removed {
+		t.Fatal("an expired plan was kept")
+	}
+	if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
+		t.Fatal("swept plan still on disk")
+	}
+}
+
+// A use held by a process that died is given back, once.
+func TestDeadHoldersUseIsGivenBack(t *testing.T) {
+	s := testStore(t)
+	dir := newPlan(t, s, 1)
+	if _, err := s.Acquire(dir); err != nil {
+		t.Fatal(err)
+	}
+	u, _ := ReadUses(dir)
+	u.InFlight[0].StartTime++ // the holder is now a process that no longer runs
+	writeJSONAtomic(usesPath(dir), u)
+	for i := 0; i < 2; i++ {
+		if _, err := s.Sweep(dir, time.Now()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if u, _ := ReadUses(dir); u.Remaining != 1 || len(u.InFlight) != 0 {
+		t.Fatalf("uses after reaping: %+v", u)
+	}
+}
+
+func TestAcquireRefusesExpiredPlan(t *testing.T) {
+	s := testStore(t)
+	dir := newPlan(t, s, 1)
+	p, _ := Read(dir)
+	p.ExpiresAt = time.Now().Add(-time.Minute)
+	p.Write(dir)
+	if _, err := s.Acquire(dir); !errors.Is(err, ErrExpired) {
+		t.Fatalf("acquire of an expired plan: %v", err)
+	}
 }
 
 func TestReadRejectsOtherVersions(t *testing.T) {

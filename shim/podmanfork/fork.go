@@ -141,7 +141,7 @@ func (f *forker) checkpoint(ctx context.Context, archive string) (*plan.Plan, er
 		ContainerID: f.src.ID,
 		Nonce:       fmt.Sprintf("%d-%d", os.Getpid(), time.Now().UnixNano()),
 		Uses:        f.opts.Count,
-		TTL:         f.opts.PlanTTL,
+		TTL:         f.planTTL(),
 		Identity:    f.opts.Identity,
 		Options: plan.CaptureOptions{
 			TCPEstablished: f.opts.TCPEstablished || f.opts.TCPClose,
@@ -178,6 +178,15 @@ func (f *forker) checkpoint(ctx context.Context, archive string) (*plan.Plan, er
 		return nil, fmt.Errorf("capturing %s: %w", f.src.Name, err)
 	}
 	return p, nil
+}
+
+// planTTL keeps the capture at least as long as this call may take to make
+// every sibling (each may spend ReadyTimeout on hooks and readiness).
+func (f *forker) planTTL() time.Duration {
+	if f.opts.PlanTTL > 0 {
+		return f.opts.PlanTTL
+	}
+	return 10*time.Minute + time.Duration(f.opts.Count)*(f.opts.ReadyTimeout+time.Minute)
 }
 
 // restore makes sibling number i from the archive.
