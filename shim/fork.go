@@ -29,7 +29,9 @@ With --plan-only, only the capture is made; its directory is printed and
 		&cli.IntFlag{Name: "uses", Value: plan.Unlimited, Usage: "with --plan-only: how many siblings the plan serves (-1: any number until it expires)"},
 		&cli.DurationFlag{Name: "ttl", Value: fork.DefaultPlanTTL, Usage: "with --plan-only: how long an unused plan is kept"},
 		&cli.StringFlag{Name: "identity", Value: string(plan.IdentityUnique), Usage: "unique (own hostname and machine-id), best-effort or preserve"},
-		&cli.BoolFlag{Name: "detach", Aliases: []string{"d"}, Value: true, Usage: "leave the sibling running in the background"},
+		// The sibling always runs in the background; the flag is accepted
+		// because crun's restore spells it so.
+		&cli.BoolFlag{Name: "detach", Aliases: []string{"d"}, Value: true, Hidden: true},
 		&cli.StringFlag{Name: "pid-file", Usage: "where to write the sibling's PID"},
 		&cli.StringFlag{Name: "console-socket", Usage: "unix socket that receives the sibling's terminal master"},
 		&cli.BoolFlag{Name: "tcp-established", Usage: "capture open TCP connections and give the sibling copies of them"},
@@ -77,7 +79,7 @@ With --plan-only, only the capture is made; its directory is printed and
 		report, err := eng.Fork(c.Context, fork.ForkRequest{
 			Source: c.Args().Get(0), Capture: capture, Identity: identity,
 			Sibling: fork.MaterializeRequest{
-				ID: c.Args().Get(1), Bundle: c.String("bundle"), Detach: c.Bool("detach"),
+				ID: c.Args().Get(1), Bundle: c.String("bundle"), Detach: true,
 				PidFile: c.String("pid-file"), ConsoleSocket: c.String("console-socket"),
 				TCPClose: c.Bool("tcp-close"),
 				Stdin:    os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr,

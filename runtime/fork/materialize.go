@@ -73,10 +73,15 @@ type Materialized struct {
 // left behind and the plan's use is given back.
 func (e *Engine) Materialize(ctx context.Context, req MaterializeRequest) (*Materialized, error) {
 	start := time.Now()
-	e.RecoverQuietly(ctx)
 	if req.ID == "" {
 		return nil, errors.New("no ID given for the new container")
 	}
+	// A foreground restore would tie the sibling's whole life to this call
+	// (and to the restore timeout); conmon always detaches.
+	if !req.Detach {
+		return nil, errors.New("a sibling is restored from a fork plan in the background: pass --detach, then use tclone state, kill and delete on it")
+	}
+	e.RecoverQuietly(ctx)
 	dir, err := e.Store.Resolve(req.Plan)
 	if err != nil {
 		return nil, err

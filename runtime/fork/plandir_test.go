@@ -1,9 +1,11 @@
 package fork
 
 import (
+	"context"
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/tclone/tclone/runtime/plan"
@@ -36,5 +38,13 @@ func TestPlanDirForTrustsOnlyTheStore(t *testing.T) {
 	}
 	if dir, err := e.PlanDirFor(filepath.Join(e.Store.Dir(id), "images")); err != nil || dir != e.Store.Dir(id) {
 		t.Fatalf("images path resolved to %q (%v)", dir, err)
+	}
+}
+
+func TestMaterializeNeedsDetach(t *testing.T) {
+	e := &Engine{}
+	_, err := e.Materialize(context.Background(), MaterializeRequest{Plan: plan.NewID(), ID: "x", Bundle: t.TempDir()})
+	if err == nil || !strings.Contains(err.Error(), "--detach") {
+		t.Fatalf("foreground restore from a plan: %v", err)
 	}
 }

@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
+	"syscall"
 
 	"github.com/tclone/tclone/runtime/cgroups"
 )
@@ -20,7 +22,21 @@ func (e *Engine) RestoreCheckpoint(ctx context.Context, id, bundle string, args 
 	cmd := e.Crun.Command(ctx, "restore", append(args, id)...)
 	cmd.Env = append(os.Environ(), env...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
-	err := cmd.Run()
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	// tclone stands between the caller and crun here; what the caller
+	// signals (a foreground restore is a running container) goes to crun.
+	sigs := make(chan os.Signal, 8)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGUSR1, syscall.SIGUSR2, syscall.SIGWINCH)
+	go func() {
+		for sig := range sigs {
+			cmd.Process.Signal(sig)
+		}
+	}()
+	err := cmd.Wait()
+	signal.Stop(sigs)
+	close(sigs)
 	if err == nil {
 		return nil
 	}
@@ -33,8 +49,13 @@ func (e *Engine) RestoreCheckpoint(ctx context.Context, id, bundle string, args 
 	}
 	var ee *exec.ExitError
 	if errors.As(err, &ee) {
-		// crun said why on stderr; pass its status through.
-		return &ExitStatus{Code: ee.ExitCode(), Err: fmt.Errorf("crun restore of %s failed", id)}
+		// crun said why on stderr; pass its status through, as a shell
+		// would for a signal.
+		code := ee.ExitCode()
+		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			code = 128 + int(ws.Signal())
+		}
+		return &ExitStatus{Code: code, Err: fmt.Errorf("crun restore of %s failed", id)}
 	}
 	return err
 }
