@@ -5,10 +5,13 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
+	"os/signal"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/sirupsen/logrus"
@@ -53,7 +56,12 @@ Prints the new container IDs, one per line, like podman create.`,
 		},
 		Action: run,
 	}
-	if err := app.Run(os.Args); err != nil {
+	// ^C or a TERM cancels the fork: it rolls back whatever it made, and
+	// a Podman service started for it is stopped, before the command exits.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
+	err := app.RunContext(ctx, os.Args)
+	stop()
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "Error:", err)
 		os.Exit(125)
 	}

@@ -62,7 +62,14 @@ func privateService(ctx context.Context) (context.Context, func(), error) {
 	// default is.
 	cmd := exec.Command(podman, "--runtime", "tclone", "system", "service", "--time=0", "unix://"+socket)
 	cmd.Env = append(os.Environ(), "PODMAN_IGNORE_CGROUPSV1_WARNING=1")
-	cmd.Stderr = nil
+	logPath := filepath.Join(dir, "service.log")
+	logFile, err := os.Create(logPath)
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, nil, err
+	}
+	defer logFile.Close()
+	cmd.Stdout, cmd.Stderr = logFile, logFile
 	// Its own process group, so a ^C aimed at us reaches it only through
 	// our cleanup, after the fork has been rolled back.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
@@ -84,9 +91,10 @@ func privateService(ctx context.Context) (context.Context, func(), error) {
 	}
 	deadline := time.Now().Add(15 * time.Second)
 	for !answers(socket) {
-		if time.Now().After(deadline) {
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			log, _ := os.ReadFile(logPath)
 			stop()
-			return nil, nil, fmt.Errorf("the Podman service did not come up at %s within 15s", socket)
+			return nil, nil, fmt.Errorf("the Podman service started for this fork did not answer at %s within 15s: %s", socket, strings.TrimSpace(string(log)))
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -101,14 +109,8 @@ func privateService(ctx context.Context) (context.Context, func(), error) {
 // realPodman finds the podman binary itself, not the tclone wrapper that
 // forwards `podman container fork` here.
 func realPodman() (string, error) {
-	for _, p := range []string{"/usr/bin/podman", "/usr/local/bin/podman.real"} {
-		if st, err := os.Stat(p); err == nil && !st.IsDir() {
-			return p, nil
-		}
+	if st, err := os.Stat("/usr/bin/podman"); err == nil && !st.IsDir() {
+		return "/usr/bin/podman", nil
 	}
-	p, err := exec.LookPath("podman")
-	if err != nil || strings.Contains(p, "tclone") {
-		return "", fmt.Errorf("podman not found; install Podman 5 (hack/setup-host.sh does)")
-	}
-	return p, nil
+	return "", fmt.Errorf("podman not found at /usr/bin/podman; install Podman 5 (hack/setup-host.sh does)")
 }

@@ -75,6 +75,9 @@ func ForkWithStats(ctx context.Context, source string, opts Options) (*Stats, er
 	defer f.cleanupFiles()
 	stats, err := f.run(ctx, names)
 	if err != nil {
+		if ctx.Err() != nil {
+			err = fmt.Errorf("fork of %s cancelled (%v); everything it made was removed", src.Name, context.Cause(ctx))
+		}
 		return nil, errors.Join(err, f.rollback(ctx))
 	}
 	stats.TotalMs = ms(time.Since(start))
@@ -263,7 +266,8 @@ func (f *forker) rollback(ctx context.Context) error {
 	ctx = context.WithoutCancel(ctx)
 	var errs []error
 	for _, id := range f.made {
-		if _, err := containers.Remove(ctx, id, new(containers.RemoveOptions).WithForce(true).WithIgnore(true)); err != nil {
+		// A sibling being rolled back has nothing to shut down cleanly.
+		if _, err := containers.Remove(ctx, id, new(containers.RemoveOptions).WithForce(true).WithIgnore(true).WithTimeout(0)); err != nil {
 			errs = append(errs, fmt.Errorf("removing sibling %s: %w", id, err))
 		}
 	}
