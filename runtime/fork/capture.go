@@ -86,7 +86,7 @@ func (e *Engine) Capture(ctx context.Context, req CaptureRequest) (*Captured, er
 		return nil, err
 	}
 	crashPoint(CrashCaptureStarted)
-	p, err := e.capture(ctx, src, rfs, id, dir, snapDir, freezer, check, req)
+	p, err := e.capture(ctx, src, rfs, id, dir, snapDir, freezer, check, req, entry)
 	if err != nil {
 		return fail(err)
 	}
@@ -104,12 +104,12 @@ func (e *Engine) Capture(ctx context.Context, req CaptureRequest) (*Captured, er
 	return &Captured{Plan: p, Dir: dir}, entry.End()
 }
 
-func (e *Engine) capture(ctx context.Context, src *source, rfs rootfs.Source, id, dir, snapDir string, freezer *cgroups.Freezer, check *criucheck.Result, req CaptureRequest) (*plan.Plan, error) {
+func (e *Engine) capture(ctx context.Context, src *source, rfs rootfs.Source, id, dir, snapDir string, freezer *cgroups.Freezer, check *criucheck.Result, req CaptureRequest, entry *journal.Entry) (*plan.Plan, error) {
 	images := plan.ImagesDir(dir)
 	if err := os.WriteFile(filepath.Join(images, descriptorsFile), []byte(src.status.ExternalDescriptors), 0o600); err != nil {
 		return nil, fmt.Errorf("saving the source's stdio descriptors: %w", err)
 	}
-	d, err := e.dump(ctx, src, dir, freezer, check, req.Options, func(ctx context.Context) (*rootfs.Snapshot, error) {
+	d, err := e.dump(ctx, src, dir, freezer, check, req.Options, entry, func(ctx context.Context) (*rootfs.Snapshot, error) {
 		return rootfs.Take(ctx, rfs, snapDir)
 	})
 	if err != nil {
@@ -154,6 +154,12 @@ func ttlOrDefault(ttl time.Duration) time.Duration {
 	return DefaultPlanTTL
 }
 
+// Capture phases in the journal.
+const (
+	phaseFrozen = "frozen" // the source may be frozen by this capture
+	phaseDumped = "dumped" // the source runs again
+)
+
 // freezeTimeout bounds the wait for every task of the source to freeze.
 const freezeTimeout = 10 * time.Second
 
@@ -167,7 +173,7 @@ type dumped struct {
 // CRIU freezes and seizes, calls post-dump (the snapshot), then lets the tree
 // go. A guard process thaws the cgroup should both tclone and CRIU die in
 // between, and a timeout kills a CRIU that hangs.
-func (e *Engine) dump(ctx context.Context, src *source, dir string, freezer *cgroups.Freezer, check *criucheck.Result, opts CaptureOptions, snapshot func(context.Context) (*rootfs.Snapshot, error)) (*dumped, error) {
+func (e *Engine) dump(ctx context.Context, src *source, dir string, freezer *cgroups.Freezer, check *criucheck.Result, opts CaptureOptions, entry *journal.Entry, snapshot func(context.Context) (*rootfs.Snapshot, error)) (*dumped, error) {
 	// One deadline for CRIU and for the snapshot it waits on.
 	ctx, cancel := context.WithTimeout(ctx, e.criuTimeout())
 	defer cancel()
@@ -206,6 +212,11 @@ func (e *Engine) dump(ctx context.Context, src *source, dir string, freezer *cgr
 	hooks := &criuhooks.CaptureHooks{
 		OnPreDump: func(criuPid int) error {
 			guard.Watch(criuPid)
+			// On record before the freeze, so recovery knows this capture
+			// may have left the source frozen.
+			if err := entry.Update(func(r *journal.Record) { r.Phase = phaseFrozen }); err != nil {
+				return err
+			}
 			// Freeze here, just before CRIU would: CRIU then finds the
 			// cgroup frozen and seizes at once instead of polling the
 			// freezer in 100 ms steps.
@@ -238,6 +249,9 @@ func (e *Engine) dump(ctx context.Context, src *source, dir string, freezer *cgr
 	}
 	thawed := time.Now()
 	crashPoint(CrashDumpDone)
+	if terr := entry.Update(func(r *journal.Record) { r.Phase = phaseDumped }); terr != nil {
+		err = errors.Join(err, terr)
+	}
 	if err != nil {
 		if snap != nil {
 			snap.Remove()

@@ -276,7 +276,7 @@ func (e *Engine) crunRestore(ctx context.Context, req MaterializeRequest, p *pla
 func (e *Engine) undoMaterialize(ctx context.Context, rec journal.Record) error {
 	var errs []error
 	if rec.SiblingCreated && rec.SiblingID != "" {
-		errs = append(errs, e.removeSibling(ctx, rec.SiblingID))
+		errs = append(errs, e.removeSibling(ctx, rec.CrunRoot, rec.SiblingID))
 		errs = append(errs, cgroups.RemoveLeftovers(rec.SiblingCgroup))
 	}
 	if rec.RootFilled && rec.RootTarget != "" {

@@ -11,7 +11,6 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/tclone/tclone/runtime/cgroups"
-	"github.com/tclone/tclone/runtime/crun"
 	"github.com/tclone/tclone/runtime/journal"
 	"github.com/tclone/tclone/runtime/rootfs"
 )
@@ -39,7 +38,9 @@ func (e *Engine) Recover(ctx context.Context) (*Recovered, error) {
 	for _, o := range orphans {
 		switch o.Rec.Kind {
 		case journal.Capture:
-			if o.Rec.FreezerDir != "" {
+			// Thaw only a source this capture froze and never thawed: a
+			// container the user paused since must stay paused.
+			if o.Rec.FreezerDir != "" && o.Rec.Phase == phaseFrozen {
 				f := &cgroups.Freezer{Dir: o.Rec.FreezerDir, V2: cgroups.Unified()}
 				if was, err := f.ThawIfFrozen(); err != nil {
 					errs = append(errs, err)
@@ -130,19 +131,18 @@ func (e *Engine) removeStraySnapshots() (int, error) {
 	return n, errors.Join(errs...)
 }
 
-// removeSibling deletes a sibling crun may know, and the cgroup a failed
-// restore may have left.
-func (e *Engine) removeSibling(ctx context.Context, id string) error {
-	var errs []error
-	if _, err := os.Stat(filepath.Join(e.Crun.Global.StateRoot(), id)); err == nil {
-		if _, err := e.Crun.Output(ctx, "delete", "--force", id); err != nil {
-			var ee *crun.ExitError
-			if !errors.As(err, &ee) {
-				errs = append(errs, fmt.Errorf("deleting sibling %s: %w", id, err))
-			} else if _, serr := os.Stat(filepath.Join(e.Crun.Global.StateRoot(), id)); serr == nil {
-				errs = append(errs, fmt.Errorf("deleting sibling %s: %w", id, err))
-			}
+// removeSibling deletes a sibling crun may know, under the crun state root
+// the operation that made it used.
+func (e *Engine) removeSibling(ctx context.Context, crunRoot, id string) error {
+	rt := *e.Crun
+	rt.Global.Root = crunRoot
+	if _, err := os.Stat(filepath.Join(rt.Global.StateRoot(), id)); err != nil {
+		return nil
+	}
+	if _, err := rt.Output(ctx, "delete", "--force", id); err != nil {
+		if _, serr := os.Stat(filepath.Join(rt.Global.StateRoot(), id)); serr == nil {
+			return fmt.Errorf("deleting sibling %s: %w", id, err)
 		}
 	}
-	return errors.Join(errs...)
+	return nil
 }
