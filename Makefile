@@ -44,7 +44,7 @@ unit-test:
 
 # The REST tests need the Podman API service; a service this target starts,
 # it also stops.
-integration-test:
+integration-test: setup
 	@if hack/podman-service.sh status >/dev/null 2>&1; then started=0; else started=1; hack/podman-service.sh start; fi; \
 	TCLONE_REQUIRE_INTEGRATION=1 TCLONE_BINDIR=$(CURDIR)/$(BIN) \
 		$(GOTEST) -count=1 -timeout 25m -v ./test/integration/...; status=$$?; \
@@ -59,7 +59,7 @@ bench: setup
 
 # The harness on tiny workloads, one repetition: checks it still produces
 # well-formed results (never a timing).
-bench-quick:
+bench-quick: setup
 	$(GO) run ./test/bench --quick --out $${TMPDIR:-/tmp}/tclone-bench-quick
 
 lint:

@@ -9,30 +9,30 @@ import (
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/stats"
 )
 
-// The statistics CRIU writes into its images directory. They are read
-// through crit, whose image registry go-criu's separate stats package would
-// collide with.
+// The statistics CRIU writes into its working directory (its cwd). They are
+// read through crit, whose image registry go-criu's separate stats package
+// would collide with.
 
-// DumpStats reads stats-dump from an images directory.
-func DumpStats(imagesDir string) (*stats.DumpStatsEntry, error) {
-	st, err := readStats(filepath.Join(imagesDir, "stats-dump"))
+// DumpStats reads stats-dump from a CRIU work directory.
+func DumpStats(workDir string) (*stats.DumpStatsEntry, error) {
+	st, err := readStats(filepath.Join(workDir, "stats-dump"))
 	if err != nil {
 		return nil, err
 	}
 	if st.GetDump() == nil {
-		return nil, fmt.Errorf("%s/stats-dump holds no dump statistics", imagesDir)
+		return nil, fmt.Errorf("%s/stats-dump holds no dump statistics", workDir)
 	}
 	return st.GetDump(), nil
 }
 
-// RestoreStats reads stats-restore from an images directory.
-func RestoreStats(imagesDir string) (*stats.RestoreStatsEntry, error) {
-	st, err := readStats(filepath.Join(imagesDir, "stats-restore"))
+// RestoreStats reads stats-restore from a CRIU work directory.
+func RestoreStats(workDir string) (*stats.RestoreStatsEntry, error) {
+	st, err := readStats(filepath.Join(workDir, "stats-restore"))
 	if err != nil {
 		return nil, err
 	}
 	if st.GetRestore() == nil {
-		return nil, fmt.Errorf("%s/stats-restore holds no restore statistics", imagesDir)
+		return nil, fmt.Errorf("%s/stats-restore holds no restore statistics", workDir)
 	}
 	return st.GetRestore(), nil
 }

@@ -75,11 +75,6 @@ func Dump(ctx context.Context, req Request, hooks criu.Notify) error {
 	return run(ctx, "dump", req, func(c *criu.Criu) error { return c.Dump(req.Opts, hooks) })
 }
 
-// Restore runs a CRIU restore with the given hooks.
-func Restore(ctx context.Context, req Request, hooks criu.Notify) error {
-	return run(ctx, "restore", req, func(c *criu.Criu) error { return c.Restore(req.Opts, hooks) })
-}
-
 func run(ctx context.Context, op string, req Request, call func(*criu.Criu) error) error {
 	c := criu.MakeCriu()
 	if req.CriuPath != "" {

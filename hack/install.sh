@@ -28,9 +28,16 @@ install -d "$prefix/bin"
 put "$bindir/tclone" "$prefix/bin/tclone"
 put "$bindir/podman-fork" "$prefix/bin/podman-fork"
 # `podman container fork` goes to podman-fork through this wrapper; it
-# shadows /usr/bin/podman only by coming first in PATH.
-if [ -x /usr/bin/podman ]; then
-	put "$here/podman-wrapper.sh" "$prefix/bin/podman"
+# shadows /usr/bin/podman only by coming first in PATH, so it is never
+# installed over Podman itself.
+if [ -x /usr/bin/podman ] && [ "$(realpath -m "$prefix/bin/podman")" != "$(realpath /usr/bin/podman)" ]; then
+	wrapper=$(mktemp)
+	sed "s#@PODMAN_FORK@#$prefix/bin/podman-fork#" "$here/podman-wrapper.sh" >"$wrapper"
+	chmod 0755 "$wrapper"
+	put "$wrapper" "$prefix/bin/podman"
+	rm -f "$wrapper"
+elif [ -x /usr/bin/podman ]; then
+	log "not installing the podman wrapper over Podman itself; run $prefix/bin/podman-fork for podman container fork"
 fi
 
 # Podman reads drop-ins from containers.conf.d; a drop-in leaves the

@@ -107,8 +107,12 @@ if [ -f "$unified/cgroup.controllers" ] && [ -n "$(cat "$unified/cgroup.controll
 fi
 
 # --- 3. sysctls --------------------------------------------------------------
-# CRIU moves page data through pipes; without CAP_SYS_RESOURCE the per-user
-# pipe quota makes large transfers fail with "page-pipe: tee: EPERM".
+# CRIU moves page data through pipes; without CAP_SYS_RESOURCE (not in this
+# machine's bounding set) the per-user pipe quota makes large transfers fail
+# with "page-pipe: tee: EPERM". Lifting the soft quota lets any user's pipes
+# grow to pipe-max-size, which is the price of running CRIU here; hosts where
+# CRIU keeps CAP_SYS_RESOURCE do not need it. Written to sysctl.d as well, so
+# it survives a reboot.
 set_sysctl() {
 	local key=$1 want=$2
 	if [ "$(sysctl -n "$key")" != "$want" ]; then
@@ -118,6 +122,11 @@ set_sysctl() {
 }
 set_sysctl fs.pipe-user-pages-soft 0
 set_sysctl fs.pipe-max-size 67108864
+sysctl_conf=/etc/sysctl.d/60-tclone-criu.conf
+want_conf=$'# Written by tclone\'s hack/setup-host.sh: CRIU page transfers (see there).\nfs.pipe-user-pages-soft = 0\nfs.pipe-max-size = 67108864'
+if [ "$(cat "$sysctl_conf" 2>/dev/null)" != "$want_conf" ]; then
+	printf '%s\n' "$want_conf" >"$sysctl_conf"
+fi
 
 # --- 4. Images ---------------------------------------------------------------
 # No registry is reachable, so the test images are built locally.

@@ -56,6 +56,15 @@ With --plan-only, only the capture is made; its directory is printed and
 			ExtUnixSk:      c.Bool("ext-unix-sk"),
 			ShellJob:       c.Bool("shell-job"),
 		}
+		if !c.Bool("plan-only") && (c.IsSet("uses") || c.IsSet("ttl")) {
+			return fmt.Errorf("--uses and --ttl apply to --plan-only: a plain fork's plan serves its one sibling")
+		}
+		if uses := c.Int("uses"); uses == 0 || uses < plan.Unlimited {
+			return fmt.Errorf("--uses %d: give a number of siblings (1 or more), or -1 for any number until the plan expires", uses)
+		}
+		if c.Bool("tcp-established") && c.Bool("tcp-close") {
+			return fmt.Errorf("--tcp-established and --tcp-close exclude each other")
+		}
 		eng := fork.NewEngine(rt)
 		if c.Bool("plan-only") {
 			if c.NArg() != 1 {
@@ -68,7 +77,10 @@ With --plan-only, only the capture is made; its directory is printed and
 				return err
 			}
 			if c.Bool("print-stats") {
-				return printJSON(captured.Plan)
+				return printJSON(struct {
+					Dir  string     `json:"plan_dir"`
+					Plan *plan.Plan `json:"plan"`
+				}{captured.Dir, captured.Plan})
 			}
 			fmt.Println(captured.Dir)
 			return nil

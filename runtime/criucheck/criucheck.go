@@ -282,9 +282,3 @@ func writeCache(path string, e cacheEntry) {
 		os.Remove(tmp)
 	}
 }
-
-// IsCheckError reports whether err is a preflight refusal.
-func IsCheckError(err error) bool {
-	var ce *Error
-	return errors.As(err, &ce)
-}

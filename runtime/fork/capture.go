@@ -69,6 +69,12 @@ func (e *Engine) Capture(ctx context.Context, req CaptureRequest) (*Captured, er
 		return nil, err
 	}
 	snapDir := rootfs.SnapshotDir(rfs, e.Store.SnapshotRoot, id)
+	if rfs.Kind == rootfs.KindBtrfs {
+		if err := e.Store.RecordExternalSnapshot(id, snapDir); err != nil {
+			e.Store.Remove(dir)
+			return nil, fmt.Errorf("recording where the snapshot goes: %w", err)
+		}
+	}
 	freezer := cgroups.FreezerFor(src.status.CgroupPath)
 	entry, err := e.Journal.Begin(journal.Record{
 		Kind: journal.Capture, Phase: "dump", PlanDir: dir, SourceID: src.id,

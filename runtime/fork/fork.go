@@ -34,6 +34,12 @@ type Report struct {
 // plan exists only for this call and is gone when it returns.
 func (e *Engine) Fork(ctx context.Context, req ForkRequest) (*Report, error) {
 	start := time.Now()
+	// Everything that can be checked about the sibling is checked before
+	// the source is frozen for it.
+	req.Sibling.Detach = true
+	if _, err := e.checkSibling(req.Sibling); err != nil {
+		return nil, err
+	}
 	c, err := e.Capture(ctx, CaptureRequest{Source: req.Source, Options: req.Capture, Uses: 1, Identity: req.Identity})
 	if err != nil {
 		return nil, err

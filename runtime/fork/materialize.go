@@ -73,13 +73,9 @@ type Materialized struct {
 // left behind and the plan's use is given back.
 func (e *Engine) Materialize(ctx context.Context, req MaterializeRequest) (*Materialized, error) {
 	start := time.Now()
-	if req.ID == "" {
-		return nil, errors.New("no ID given for the new container")
-	}
-	// A foreground restore would tie the sibling's whole life to this call
-	// (and to the restore timeout); conmon always detaches.
-	if !req.Detach {
-		return nil, errors.New("a sibling is restored from a fork plan in the background: pass --detach, then use tclone state, kill and delete on it")
+	sib, err := e.checkSibling(req)
+	if err != nil {
+		return nil, err
 	}
 	e.RecoverQuietly(ctx)
 	dir, err := e.Store.Resolve(req.Plan)
@@ -90,20 +86,7 @@ func (e *Engine) Materialize(ctx context.Context, req MaterializeRequest) (*Mate
 	if err != nil {
 		return nil, err
 	}
-	if req.Bundle == "" {
-		req.Bundle = "."
-	}
-	bundle, err := filepath.Abs(req.Bundle)
-	if err != nil {
-		return nil, err
-	}
-	spec, err := loadSpec(bundle)
-	if err != nil {
-		return nil, err
-	}
-	if _, err := os.Stat(filepath.Join(e.Crun.Global.StateRoot(), req.ID)); err == nil {
-		return nil, fmt.Errorf("a container named %s already exists; choose another ID or delete it first", req.ID)
-	}
+	bundle, spec := sib.bundle, sib.spec
 	if p.Source.NetNSPath != "" {
 		if path, _ := namespacePath(spec, "network"); path == "" {
 			return nil, fmt.Errorf("the source joined network namespace %s by path, so the sibling's config.json must name a network namespace path too (Podman does this); create one (ip netns add NAME) and set linux.namespaces[network].path", p.Source.NetNSPath)
@@ -145,6 +128,45 @@ func (e *Engine) Materialize(ctx context.Context, req MaterializeRequest) (*Mate
 	entry.End()
 	m.Timings.TotalMs = ms(time.Since(start))
 	return m, err
+}
+
+// sibling is a checked sibling request.
+type sibling struct {
+	bundle string
+	spec   *specs.Spec
+}
+
+// checkSibling refuses a sibling that cannot be made, before anything is
+// made for it (and, for a fork, before the source is frozen).
+func (e *Engine) checkSibling(req MaterializeRequest) (*sibling, error) {
+	if req.ID == "" {
+		return nil, errors.New("no ID given for the new container")
+	}
+	// A foreground restore would tie the sibling's whole life to this call
+	// (and to the restore timeout); conmon always detaches.
+	if !req.Detach {
+		return nil, errors.New("a sibling is restored from a fork plan in the background: pass --detach, then use tclone state, kill and delete on it")
+	}
+	if req.Bundle == "" {
+		req.Bundle = "."
+	}
+	bundle, err := filepath.Abs(req.Bundle)
+	if err != nil {
+		return nil, err
+	}
+	spec, err := loadSpec(bundle)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := os.Stat(filepath.Join(e.Crun.Global.StateRoot(), req.ID)); err == nil {
+		return nil, fmt.Errorf("a container named %s already exists; choose another ID or delete it first", req.ID)
+	}
+	// Undoing a failed sibling empties its root: only a root that is ours
+	// to fill is accepted.
+	if err := rootfs.Fillable(rootPath(bundle, spec)); err != nil {
+		return nil, err
+	}
+	return &sibling{bundle: bundle, spec: spec}, nil
 }
 
 func (e *Engine) materialize(ctx context.Context, req MaterializeRequest, p *plan.Plan, dir string, spec *specs.Spec, bundle, root, siblingDir string, check *criucheck.Result, entry *journal.Entry) (*Materialized, error) {

@@ -6,12 +6,14 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/sirupsen/logrus"
 
 	"github.com/tclone/tclone/runtime/cgroups"
 	"github.com/tclone/tclone/runtime/journal"
+	"github.com/tclone/tclone/runtime/plan"
 	"github.com/tclone/tclone/runtime/rootfs"
 )
 
@@ -26,9 +28,18 @@ type Recovered struct {
 
 // Recover undoes every fork operation whose tclone process died, removes
 // plans past their expiry, and removes root filesystem snapshots no plan
-// refers to. It is what `tclone gc` runs, and every capture and
-// materialisation runs it first.
+// refers to (those a crash followed by a reboot left). It is what `tclone gc`
+// runs.
 func (e *Engine) Recover(ctx context.Context) (*Recovered, error) {
+	r, err := e.recoverOperations(ctx)
+	n, serr := e.removeStraySnapshots()
+	r.StraySnaps = n
+	return r, errors.Join(err, serr)
+}
+
+// recoverOperations undoes operations whose process died and sweeps plans:
+// what every capture and materialisation does first, cheaply.
+func (e *Engine) recoverOperations(ctx context.Context) (*Recovered, error) {
 	var r Recovered
 	var errs []error
 	orphans, err := e.Journal.Orphans()
@@ -70,16 +81,13 @@ func (e *Engine) Recover(ctx context.Context) (*Recovered, error) {
 	n, err := e.sweepPlans(time.Now())
 	r.ExpiredPlans = n
 	errs = append(errs, err)
-	n, err = e.removeStraySnapshots()
-	r.StraySnaps = n
-	errs = append(errs, err)
 	return &r, errors.Join(errs...)
 }
 
-// RecoverQuietly runs Recover and only logs what went wrong: a stale entry
-// must not stop a new fork.
+// RecoverQuietly recovers interrupted operations and only logs what went
+// wrong: a stale entry must not stop a new fork.
 func (e *Engine) RecoverQuietly(ctx context.Context) {
-	r, err := e.Recover(ctx)
+	r, err := e.recoverOperations(ctx)
 	if err != nil {
 		logrus.Warnf("cleaning up after an earlier interrupted fork: %v", err)
 	}
@@ -110,7 +118,9 @@ func (e *Engine) sweepPlans(now time.Time) (int, error) {
 	return n, errors.Join(errs...)
 }
 
-// removeStraySnapshots deletes root filesystem snapshots whose plan is gone.
+// removeStraySnapshots deletes root filesystem snapshots whose plan is gone,
+// including btrfs snapshots kept beside their subvolume, which the store
+// records by a marker.
 func (e *Engine) removeStraySnapshots() (int, error) {
 	entries, err := os.ReadDir(e.Store.SnapshotRoot)
 	if errors.Is(err, os.ErrNotExist) {
@@ -122,10 +132,11 @@ func (e *Engine) removeStraySnapshots() (int, error) {
 	n := 0
 	var errs []error
 	for _, ent := range entries {
-		if _, err := os.Stat(e.Store.Dir(ent.Name())); err == nil {
+		id := strings.TrimSuffix(ent.Name(), plan.ExternalSnapshotSuffix)
+		if _, err := os.Stat(e.Store.Dir(id)); err == nil {
 			continue
 		}
-		errs = append(errs, os.RemoveAll(filepath.Join(e.Store.SnapshotRoot, ent.Name())))
+		errs = append(errs, e.Store.RemoveSnapshots(id))
 		n++
 	}
 	return n, errors.Join(errs...)

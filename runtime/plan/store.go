@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/tclone/tclone/runtime/journal"
+	"github.com/tclone/tclone/runtime/rootfs"
 )
 
 // Store is where plans are kept.
@@ -146,11 +147,43 @@ func (s Store) Remove(dir string) error {
 		errs = append(errs, p.Rootfs.Remove())
 	}
 	// A capture that died before plan.json was written may have left its
-	// snapshot under the conventional name.
-	if snap := filepath.Join(s.SnapshotRoot, filepath.Base(dir)); s.SnapshotRoot != "" {
-		errs = append(errs, os.RemoveAll(snap))
+	// snapshot under the conventional name, or beside a btrfs subvolume.
+	errs = append(errs, s.RemoveSnapshots(filepath.Base(dir)), os.RemoveAll(dir))
+	return errors.Join(errs...)
+}
+
+// ExternalSnapshotSuffix marks, in SnapshotRoot, a snapshot kept elsewhere
+// (a btrfs snapshot lives beside its subvolume). The marker holds its path,
+// so a snapshot whose plan was lost (the store is tmpfs: a reboot loses it)
+// is still found and removed.
+const ExternalSnapshotSuffix = ".external"
+
+// RecordExternalSnapshot notes, before it is taken, a snapshot of plan id
+// that lives outside SnapshotRoot.
+func (s Store) RecordExternalSnapshot(id, path string) error {
+	if err := os.MkdirAll(s.SnapshotRoot, 0o700); err != nil {
+		return err
 	}
-	errs = append(errs, os.RemoveAll(dir))
+	return os.WriteFile(filepath.Join(s.SnapshotRoot, id+ExternalSnapshotSuffix), []byte(path), 0o600)
+}
+
+// RemoveSnapshots removes the snapshots of plan id: the one in
+// SnapshotRoot, and an external one its marker names.
+func (s Store) RemoveSnapshots(id string) error {
+	if s.SnapshotRoot == "" || !ValidID(id) {
+		return nil
+	}
+	var errs []error
+	marker := filepath.Join(s.SnapshotRoot, id+ExternalSnapshotSuffix)
+	if path, err := os.ReadFile(marker); err == nil {
+		snap := rootfs.Snapshot{Kind: rootfs.KindBtrfs, Path: string(path)}
+		if err := snap.Remove(); err != nil {
+			errs = append(errs, err)
+		} else {
+			errs = append(errs, os.Remove(marker))
+		}
+	}
+	errs = append(errs, os.RemoveAll(filepath.Join(s.SnapshotRoot, id)))
 	return errors.Join(errs...)
 }
 

@@ -85,7 +85,6 @@ func mountAt(path string) (mountEntry, bool, error) {
 type overlayLayers struct {
 	Lower []string // top first, as the kernel orders them
 	Upper string
-	Work  string
 }
 
 // splitOverlayOpts splits overlay super options on commas that the kernel did
@@ -116,18 +115,21 @@ func parseOverlayOpts(opts string) (overlayLayers, error) {
 		k, v, _ := strings.Cut(o, "=")
 		switch k {
 		case "lowerdir":
-			for _, d := range strings.Split(v, ":") {
-				// "::" separates data-only layers, which hold no names.
+			// Layers after "::" are data-only: they hold file contents
+			// for metacopy entries, not names, and are not part of the
+			// tree.
+			names, _, _ := strings.Cut(v, "::")
+			for _, d := range strings.Split(names, ":") {
 				if d != "" {
 					l.Lower = append(l.Lower, d)
 				}
 			}
 		case "lowerdir+":
 			l.Lower = append(l.Lower, v)
+		case "datadir+":
+			// Data-only, as above.
 		case "upperdir":
 			l.Upper = v
-		case "workdir":
-			l.Work = v
 		}
 	}
 	if l.Upper == "" {

@@ -18,7 +18,7 @@ func TestParseMountinfoLine(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := overlayLayers{Lower: []string{"/l/A", "/l/B"}, Upper: "/o/8a85/diff", Work: "/o/8a85/work"}
+	want := overlayLayers{Lower: []string{"/l/A", "/l/B"}, Upper: "/o/8a85/diff"}
 	if !reflect.DeepEqual(l, want) {
 		t.Fatalf("got %+v want %+v", l, want)
 	}
@@ -54,5 +54,15 @@ func TestOverlayOptsEscapedComma(t *testing.T) {
 func TestReadOnlyOverlayRefused(t *testing.T) {
 	if _, err := parseOverlayOpts(`lowerdir=/l/a:/l/b`); err == nil {
 		t.Fatal("an overlay with no upper layer has nothing to capture and must be refused")
+	}
+}
+
+func TestOverlayDataOnlyLayersAreNotTree(t *testing.T) {
+	l, err := parseOverlayOpts(`lowerdir=/l/A:/l/B::/d/1:/d/2,upperdir=/u,workdir=/w`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(l.Lower, []string{"/l/A", "/l/B"}) {
+		t.Fatalf("%+v", l)
 	}
 }

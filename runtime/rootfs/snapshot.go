@@ -149,6 +149,24 @@ func copyInto(ctx context.Context, mode copyMode, src, dst string) (Stats, error
 // not the same image as the source's.
 var ErrTargetNotEmpty = errors.New("sibling root is neither empty nor an overlay of the source's image")
 
+// Fillable tells whether target may receive a snapshot at all: an empty
+// directory, or an overlay mount (whose layers CheckTarget compares).
+func Fillable(target string) error {
+	if m, isMount, err := mountAt(target); err != nil {
+		return fmt.Errorf("inspecting sibling root %s: %w", target, err)
+	} else if isMount && m.FSType == "overlay" {
+		return nil
+	}
+	empty, err := isEmptyDir(target)
+	if err != nil {
+		return fmt.Errorf("sibling root %s: %w", target, err)
+	}
+	if !empty {
+		return fmt.Errorf("%w: %s has files in it; give the sibling an empty root directory", ErrTargetNotEmpty, target)
+	}
+	return nil
+}
+
 // CheckTarget tells whether target can receive the snapshot: an empty
 // directory (a bare bundle), or an overlay mount of the same image layers as
 // the source (a Podman sibling). It changes nothing, so a caller can refuse a
@@ -260,7 +278,8 @@ func Clear(target string) error {
 		}
 		return err
 	}
-	if st.Ino == btrfsSubvolRootIno {
+	var fs unix.Statfs_t
+	if st.Ino == btrfsSubvolRootIno && unix.Statfs(target, &fs) == nil && uint32(fs.Type) == btrfsSuperMagic {
 		out, err := exec.Command("btrfs", "subvolume", "delete", target).CombinedOutput()
 		if err != nil {
 			return fmt.Errorf("deleting subvolume %s: %v: %s", target, err, strings.TrimSpace(string(out)))
