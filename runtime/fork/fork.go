@@ -34,8 +34,11 @@ type Report struct {
 // plan exists only for this call and is gone when it returns.
 func (e *Engine) Fork(ctx context.Context, req ForkRequest) (*Report, error) {
 	start := time.Now()
-	// Everything that can be checked about the sibling is checked before
-	// the source is frozen for it.
+	// Everything that can be checked about the source and the sibling is
+	// checked before the source is frozen for it.
+	if _, err := loadSource(ctx, e.Crun, req.Source); err != nil {
+		return nil, err
+	}
 	req.Sibling.Detach = true
 	if _, err := e.checkSibling(req.Sibling); err != nil {
 		return nil, err

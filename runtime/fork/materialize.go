@@ -155,6 +155,9 @@ func (e *Engine) checkSibling(req MaterializeRequest) (*sibling, error) {
 		return nil, err
 	}
 	spec, err := loadSpec(bundle)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("the sibling's bundle %s has no config.json: give --bundle the directory of the new container's bundle", bundle)
+	}
 	if err != nil {
 		return nil, err
 	}
