@@ -230,3 +230,32 @@ func TestResolveOnlyInsideTheStore(t *testing.T) {
 		}
 	}
 }
+
+// A fork client withdraws only its own intent, never a later one.
+func TestRemoveIntentOnlyOwn(t *testing.T) {
+	s := testStore(t)
+	s.WriteIntent(Intent{ContainerID: "c", Nonce: "second"})
+	if err := s.RemoveIntent("c", "first"); err != nil {
+		t.Fatal(err)
+	}
+	if in, _ := s.TakeIntent("c"); in == nil || in.Nonce != "second" {
+		t.Fatalf("another request's intent was removed: %+v", in)
+	}
+}
+
+// A snapshot kept outside the snapshot store is found through its marker.
+func TestExternalSnapshotMarker(t *testing.T) {
+	s := testStore(t)
+	id := NewID()
+	if err := s.RecordExternalSnapshot(id, filepath.Join(t.TempDir(), "gone")); err != nil {
+		t.Fatal(err)
+	}
+	// The snapshot itself was never taken: removing is a no-op that drops
+	// the marker.
+	if err := s.RemoveSnapshots(id); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(s.SnapshotRoot, id+ExternalSnapshotSuffix)); !errors.Is(err, os.ErrNotExist) {
+		t.Fatal("marker kept")
+	}
+}

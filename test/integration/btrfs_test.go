@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 )
@@ -104,4 +105,25 @@ func TestForkBtrfsRoot(t *testing.T) {
 	if snaps, _ := filepath.Glob(filepath.Join(fs, ".tclone-*")); len(snaps) != 0 {
 		t.Fatalf("btrfs snapshots left: %v", snaps)
 	}
+
+	// A plan lost with the tmpfs store (a reboot) leaves its btrfs snapshot
+	// beside the subvolume; tclone gc still finds and removes it.
+	r = run(t, time.Minute, tcloneBin(), "fork", "--plan-only", src.id)
+	if r.code != 0 {
+		t.Fatalf("plan-only: %s", r.stderr)
+	}
+	planDir := strings.TrimSpace(r.stdout)
+	if snaps, _ := filepath.Glob(filepath.Join(fs, ".tclone-*")); len(snaps) != 1 {
+		t.Fatalf("btrfs snapshots after a capture: %v", snaps)
+	}
+	if err := os.RemoveAll(planDir); err != nil {
+		t.Fatal(err)
+	}
+	if g := run(t, time.Minute, tcloneBin(), "gc"); g.code != 0 {
+		t.Fatalf("gc: %s", g.stderr)
+	}
+	if snaps, _ := filepath.Glob(filepath.Join(fs, ".tclone-*")); len(snaps) != 0 {
+		t.Fatalf("gc left the snapshot of a lost plan: %v", snaps)
+	}
+	requireNoLeftovers(t)
 }

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -373,4 +375,44 @@ func TestPodmanForkTTYContainer(t *testing.T) {
 	if b := readCounter(t, sib); b <= a {
 		t.Fatalf("sibling counter stuck at %d", a)
 	}
+}
+
+// ^C during a fork rolls it back: no sibling, no plan.
+func TestPodmanForkInterrupted(t *testing.T) {
+	requireStack(t)
+	src := demoWorkspace(t)
+	cmd := exec.Command(podmanForkBin(), "--count", "3", "--hook", "sleep 2", src)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 60*time.Second, "first sibling made", func() error {
+		if len(siblingsOf(t, src)) == 0 {
+			return fmt.Errorf("not yet")
+		}
+		return nil
+	})
+	cmd.Process.Signal(os.Interrupt)
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Fatal("an interrupted fork exited 0")
+		}
+	case <-time.After(2 * time.Minute):
+		cmd.Process.Kill()
+		t.Fatal("podman-fork did not stop after ^C")
+	}
+	if !strings.Contains(stderr.String(), "cancelled") {
+		t.Errorf("error does not say the fork was cancelled: %q", stderr.String())
+	}
+	if left := siblingsOf(t, src); len(left) != 0 {
+		t.Fatalf("siblings left after ^C: %v", left)
+	}
+	if got := state(t, src); got != "running" {
+		t.Fatalf("source after ^C: %q", got)
+	}
+	requireNoLeftovers(t)
 }
