@@ -44,12 +44,17 @@ type Captured struct {
 // images go to the tmpfs plan store. On any failure nothing is left: no plan,
 // no snapshot, and the source running.
 func (e *Engine) Capture(ctx context.Context, req CaptureRequest) (*Captured, error) {
-	start := time.Now()
-	e.RecoverQuietly(ctx)
 	src, err := loadSource(ctx, e.Crun, req.Source)
 	if err != nil {
 		return nil, err
 	}
+	return e.captureSource(ctx, src, req)
+}
+
+// captureSource is Capture of a source already loaded and checked.
+func (e *Engine) captureSource(ctx context.Context, src *source, req CaptureRequest) (*Captured, error) {
+	start := time.Now()
+	e.RecoverQuietly(ctx)
 	check, err := criucheck.Check(ctx)
 	if err != nil {
 		return nil, err

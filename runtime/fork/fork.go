@@ -36,14 +36,15 @@ func (e *Engine) Fork(ctx context.Context, req ForkRequest) (*Report, error) {
 	start := time.Now()
 	// Everything that can be checked about the source and the sibling is
 	// checked before the source is frozen for it.
-	if _, err := loadSource(ctx, e.Crun, req.Source); err != nil {
+	src, err := loadSource(ctx, e.Crun, req.Source)
+	if err != nil {
 		return nil, err
 	}
 	req.Sibling.Detach = true
 	if _, err := e.checkSibling(req.Sibling); err != nil {
 		return nil, err
 	}
-	c, err := e.Capture(ctx, CaptureRequest{Source: req.Source, Options: req.Capture, Uses: 1, Identity: req.Identity})
+	c, err := e.captureSource(ctx, src, CaptureRequest{Source: req.Source, Options: req.Capture, Uses: 1, Identity: req.Identity})
 	if err != nil {
 		return nil, err
 	}

@@ -9,9 +9,9 @@ import (
 	"path/filepath"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
-	"golang.org/x/sys/unix"
 
 	"github.com/tclone/tclone/runtime/crun"
+	"github.com/tclone/tclone/runtime/journal"
 )
 
 // source is a container that is about to be captured.
@@ -77,21 +77,14 @@ func loadSource(ctx context.Context, rt *crun.Runtime, id string) (*source, erro
 	return &source{id: id, state: st, status: status, spec: spec}, nil
 }
 
+// processAlive reports whether pid runs; a zombie ('Z') or dead ('X') init
+// is a container on its way out.
 func processAlive(pid int) bool {
 	if pid <= 0 {
 		return false
 	}
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return false
-	}
-	// A zombie ('Z') or dead ('X') init is a container on its way out.
-	for i := len(data) - 1; i > 0; i-- {
-		if data[i] == ')' && i+2 < len(data) {
-			return data[i+2] != 'Z' && data[i+2] != 'X'
-		}
-	}
-	return unix.Kill(pid, 0) == nil
+	state, _, err := journal.ProcessState(pid)
+	return err == nil && state != 'Z' && state != 'X'
 }
 
 // loadSpec reads a bundle's config.json.

@@ -45,26 +45,33 @@ func (o Owner) Alive() bool {
 	return err == nil && st == o.StartTime
 }
 
-// startTime reads field 22 of /proc/<pid>/stat: the process's start time in
-// clock ticks since boot.
 func startTime(pid int) (uint64, error) {
+	_, start, err := ProcessState(pid)
+	return start, err
+}
+
+// ProcessState reads a process's state letter (field 3 of /proc/PID/stat:
+// R, S, Z, ...) and its start time in clock ticks since boot (field 22),
+// which together with the PID names the process even after PID reuse.
+func ProcessState(pid int) (state byte, start uint64, err error) {
 	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	// The command name may hold spaces and parentheses; fields start after
 	// the last ')'.
 	s := string(data)
 	i := strings.LastIndexByte(s, ')')
 	if i < 0 {
-		return 0, errors.New("malformed stat")
+		return 0, 0, errors.New("malformed stat")
 	}
 	fields := strings.Fields(s[i+1:])
 	// fields[0] is field 3 (state); start time is field 22.
 	if len(fields) < 20 {
-		return 0, errors.New("short stat")
+		return 0, 0, errors.New("short stat")
 	}
-	return strconv.ParseUint(fields[19], 10, 64)
+	start, err = strconv.ParseUint(fields[19], 10, 64)
+	return fields[0][0], start, err
 }
 
 // Record is one operation in flight.

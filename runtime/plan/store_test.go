@@ -259,3 +259,56 @@ func TestExternalSnapshotMarker(t *testing.T) {
 		t.Fatal("marker kept")
 	}
 }
+
+// Plans of the source captured since the request are removed; older plans
+// and other sources' plans are not.
+func TestRemoveCapturedSince(t *testing.T) {
+	s := testStore(t)
+	mk := func(source string, created time.Time) string {
+		dir := newPlan(t, s, 1)
+		p, _ := Read(dir)
+		p.Source.ID, p.CreatedAt = source, created
+		p.Write(dir)
+		return dir
+	}
+	since := time.Now()
+	older := mk("src", since.Add(-time.Minute))
+	other := mk("other", since.Add(time.Second))
+	mine := mk("src", since.Add(time.Second))
+	if err := s.RemoveCapturedSince("src", since); err != nil {
+		t.Fatal(err)
+	}
+	for dir, want := range map[string]bool{older: true, other: true, mine: false} {
+		if _, err := os.Stat(dir); (err == nil) != want {
+			t.Errorf("%s: exists %v, want %v", dir, err == nil, want)
+		}
+	}
+}
+
+// Fork requests for one container wait for each other.
+func TestLockIntentsIsExclusive(t *testing.T) {
+	s := testStore(t)
+	unlock, err := s.LockIntents("c")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan struct{})
+	go func() {
+		u, err := s.LockIntents("c")
+		if err == nil {
+			u()
+		}
+		close(got)
+	}()
+	select {
+	case <-got:
+		t.Fatal("a second request got the lock while the first held it")
+	case <-time.After(200 * time.Millisecond):
+	}
+	unlock()
+	select {
+	case <-got:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the second request never got the lock")
+	}
+}

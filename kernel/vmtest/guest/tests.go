@@ -136,6 +136,28 @@ func (s *suite) cherrypick(src, dst *proc, addr, size uint64) (cherrypick.Result
 	return res, time.Since(start), err
 }
 
+// timedCherrypick maps size bytes at addr in both helpers (4 KiB pages),
+// fills the source with the seeded pattern (1 page in holeMod left a hole,
+// 0 for none), times fork() of the filled source, stops it and cherrypicks.
+// It returns the call's result, its duration and fork()'s in nanoseconds.
+func (s *suite) timedCherrypick(src, dst *proc, addr, size, seed, holeMod uint64) (cherrypick.Result, time.Duration, uint64, error) {
+	if err := mapBoth(addr, size, madvNoHugepage, src, dst); err != nil {
+		return cherrypick.Result{}, 0, 0, err
+	}
+	if _, err := src.do("fill %d %d %d %d", addr, size, seed, holeMod); err != nil {
+		return cherrypick.Result{}, 0, 0, err
+	}
+	forkNs, err := src.doUint("forktime")
+	if err != nil {
+		return cherrypick.Result{}, 0, 0, err
+	}
+	if err := src.stop(); err != nil {
+		return cherrypick.Result{}, 0, 0, err
+	}
+	res, took, err := s.cherrypick(src, dst, addr, size)
+	return res, took, forkNs, err
+}
+
 func testContent256(s *suite) error {
 	const size = 256 * mib
 	const seed, holeMod = 0x256, 8
@@ -143,20 +165,7 @@ func testContent256(s *suite) error {
 	defer src.release()
 	defer dst.release()
 	addr := s.region(size)
-	if err := mapBoth(addr, size, madvNoHugepage, src, dst); err != nil {
-		return err
-	}
-	if _, err := src.do("fill %d %d %d %d", addr, size, seed, holeMod); err != nil {
-		return err
-	}
-	forkNs, err := src.doUint("forktime")
-	if err != nil {
-		return err
-	}
-	if err := src.stop(); err != nil {
-		return err
-	}
-	res, took, err := s.cherrypick(src, dst, addr, size)
+	res, took, forkNs, err := s.timedCherrypick(src, dst, addr, size, seed, holeMod)
 	if err != nil {
 		return err
 	}
@@ -496,20 +505,7 @@ func testBenchmark1G(s *suite) error {
 	defer src.release()
 	defer dst.release()
 	addr := s.region(size)
-	if err := mapBoth(addr, size, madvNoHugepage, src, dst); err != nil {
-		return err
-	}
-	if _, err := src.do("fill %d %d %d 0", addr, size, 0x1); err != nil {
-		return err
-	}
-	forkNs, err := src.doUint("forktime")
-	if err != nil {
-		return err
-	}
-	if err := src.stop(); err != nil {
-		return err
-	}
-	res, took, err := s.cherrypick(src, dst, addr, size)
+	res, took, forkNs, err := s.timedCherrypick(src, dst, addr, size, 0x1, 0)
 	if err != nil {
 		return err
 	}
