@@ -62,6 +62,20 @@ missing_tools() {
 	done
 }
 
+# apt_install_showing_removals ARGS...: installs without recommends, first
+# printing every package apt will remove to do it (a newer suite's library
+# transitions can take host packages with them), so nothing goes silently.
+apt_install_showing_removals() {
+	local plan removals
+	plan=$(apt-get -s install -y --no-install-recommends "$@") ||
+		die "apt cannot install $* (its plan failed; see above)"
+	removals=$(printf '%s\n' "$plan" | awk '$1 == "Remv" {print $2}' | tr '\n' ' ')
+	if [ -n "$removals" ]; then
+		log "installing $* removes host packages: $removals"
+	fi
+	apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+}
+
 need_tools=$(missing_tools)
 if ! have_stack || [ -n "$need_tools" ]; then
 	. /etc/os-release
@@ -73,15 +87,18 @@ if ! have_stack || [ -n "$need_tools" ]; then
 	apt-get update -qq
 	if [ -n "$need_tools" ]; then
 		# shellcheck disable=SC2086
-		apt-get install -y -qq --no-install-recommends $need_tools >/dev/null
+		apt_install_showing_removals $need_tools
 	fi
 	if ! have_stack; then
 		if [ "${VERSION_CODENAME:-}" = bookworm ]; then
-			apt-get install -y -qq -t trixie podman crun conmon containernetworking-plugins \
-				netavark aardvark-dns catatonit fuse-overlayfs >/dev/null
-			apt-get install -y -qq -t forky criu >/dev/null
+			# Without recommends, and without trixie's own criu (4.1 is
+			# replaced by forky's at once): 86 packages instead of 176, and
+			# the host keeps its python3 and everything built on it.
+			apt_install_showing_removals -t trixie podman crun conmon containernetworking-plugins \
+				netavark aardvark-dns catatonit fuse-overlayfs
+			apt_install_showing_removals criu/forky
 		else
-			apt-get install -y -qq podman crun conmon criu >/dev/null
+			apt_install_showing_removals podman crun conmon criu
 		fi
 	fi
 	# Some library triggers are deferred in minimal images (no apt-utils);
