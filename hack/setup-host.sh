@@ -46,6 +46,7 @@ have_criu_42() {
 }
 
 have_stack() {
+	command -v nft >/dev/null && command -v iptables >/dev/null &&
 	command -v podman >/dev/null && command -v crun >/dev/null &&
 		command -v conmon >/dev/null && have_criu_42 &&
 		podman --version 2>/dev/null | grep -q 'version 5\.'
@@ -69,17 +70,23 @@ apt_install_showing_removals() {
 	local plan removals
 	plan=$(apt-get -s install -y --no-install-recommends "$@") ||
 		die "apt cannot install $* (its plan failed; see above)"
-	removals=$(printf '%s\n' "$plan" | awk '$1 == "Remv" {print $2}' | tr '\n' ' ')
+	# A library that only moves to its 64-bit-time name (libfoo1 ->
+	# libfoo1t64) is replaced, not lost; everything else is said plainly.
+	removals=$(printf '%s\n' "$plan" | awk '
+		$1 == "Inst" { inst[$2] = 1 }
+		$1 == "Remv" { remv[++n] = $2 }
+		END { for (i = 1; i <= n; i++) if (!((remv[i] "t64") in inst)) printf "%s ", remv[i] }')
 	if [ -n "$removals" ]; then
-		log "installing $* removes host packages: $removals"
+		log "installing $* removes these host packages: $removals"
 	fi
-	apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+	apt-get install -y -qq -o DPkg::Lock::Timeout=300 --no-install-recommends "$@" >/dev/null ||
+		die "apt-get install $* failed (see above)"
 }
 
 need_tools=$(missing_tools)
 if ! have_stack || [ -n "$need_tools" ]; then
-	. /etc/os-release
-	if [ "${VERSION_CODENAME:-}" = bookworm ]; then
+	suite=$(tclone_host_suite)
+	if [ "$suite" = bookworm ]; then
 		tclone_have_suite trixie || tclone_add_suite trixie trixie 100 || true
 		tclone_have_suite forky || tclone_add_suite forky forky 50 || true
 	fi
@@ -90,13 +97,17 @@ if ! have_stack || [ -n "$need_tools" ]; then
 		apt_install_showing_removals $need_tools
 	fi
 	if ! have_stack; then
-		if [ "${VERSION_CODENAME:-}" = bookworm ]; then
+		if [ "$suite" = bookworm ]; then
 			# Without recommends, and without trixie's own criu (4.1 is
 			# replaced by forky's at once): 86 packages instead of 176, and
 			# the host keeps its python3 and everything built on it.
 			apt_install_showing_removals -t trixie podman crun conmon containernetworking-plugins \
-				netavark aardvark-dns catatonit fuse-overlayfs
-			apt_install_showing_removals criu/forky
+				netavark aardvark-dns catatonit fuse-overlayfs nftables iptables
+			# Forky's criu needs forky's libnl and libcompel and newer
+			# gnutls; asking for them by suite one at a time leaves apt
+			# removing bookworm's -dev packages instead, so the suite is
+			# given for the whole transaction (7 libraries, all renames).
+			apt_install_showing_removals -t forky criu
 		else
 			apt_install_showing_removals podman crun conmon criu
 		fi

@@ -35,3 +35,19 @@ PIN
 	fi
 	return $wrote
 }
+
+# tclone_host_suite: the Debian suite the host's own apt sources follow
+# (bookworm, trixie, ...). /etc/os-release is no guide: installing Podman
+# from trixie on bookworm upgrades base-files, and with it os-release.
+tclone_host_suite() {
+	local s
+	s=$(awk '/^Suites:/ {print $2; exit}' /etc/apt/sources.list.d/debian.sources 2>/dev/null)
+	if [ -z "$s" ]; then
+		s=$(awk '$1 == "deb" && $0 !~ /security/ {print $3; exit}' /etc/apt/sources.list 2>/dev/null)
+	fi
+	if [ -z "$s" ]; then
+		. /etc/os-release
+		s=${VERSION_CODENAME:-}
+	fi
+	printf '%s\n' "${s%%-*}"
+}
