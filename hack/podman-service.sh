@@ -19,7 +19,16 @@ start)
 	# "bind: no such file or directory".
 	mkdir -p /run/podman
 	rm -f "$sock"
-	setsid /usr/bin/podman system service --time=0 "unix://$sock" </dev/null >/run/podman/service.log 2>&1 &
+	# The service outlives this script: it must not keep the caller's open
+	# files (a lock the caller holds, a pipe it waits on), so every
+	# descriptor above stderr is closed for it.
+	(
+		for fd in /proc/self/fd/*; do
+			fd=${fd##*/}
+			if [ "$fd" -gt 2 ]; then eval "exec $fd>&-" 2>/dev/null || true; fi
+		done
+		exec setsid /usr/bin/podman system service --time=0 "unix://$sock" </dev/null >/run/podman/service.log 2>&1
+	) &
 	echo $! >"$pidfile"
 	for _ in $(seq 100); do
 		[ -S "$sock" ] && curl -sf --unix-socket "$sock" http://d/_ping >/dev/null 2>&1 && exit 0
