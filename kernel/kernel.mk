@@ -5,12 +5,19 @@ KERNEL_DIR := kernel
 # The kernels the module is built and tested against (see kernel/README.md).
 KERNEL_VERSIONS ?= 6.12.117+deb13-cloud-amd64 7.3.4+deb13-cloud-amd64
 
-.PHONY: kernel-test kernel-module kernel-unit-test kernel-clean
+.PHONY: kernel-test kernel-root kernel-module kernel-unit-test kernel-clean
 
-# Boots each kernel under qemu with the module and the Go suite; installs the
-# kernels, headers, qemu and busybox first when they are missing (root).
+# Boots each kernel under qemu with the module and the Go suite. The module is
+# built in a Debian trixie root under kernel/_build (made once by mmdebstrap,
+# kept until its package list changes), which also holds the kernels; the host
+# only gets qemu, busybox-static, cpio and mmdebstrap from its own suite (root).
 kernel-test: kernel-unit-test
 	KVERS="$(KERNEL_VERSIONS)" GO="$(GO)" $(KERNEL_DIR)/vmtest/run.sh
+
+# Only the trixie build root (kernel/_build/trixie-root).
+kernel-root:
+	$(KERNEL_DIR)/vmtest/install-deps.sh
+	KVERS="$(KERNEL_VERSIONS)" $(KERNEL_DIR)/vmtest/build-root.sh >/dev/null
 
 # The bindings' tests that need no module.
 kernel-unit-test:

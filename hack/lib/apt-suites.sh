@@ -1,4 +1,4 @@
-# Shared by hack/setup-host.sh and kernel/vmtest/install-deps.sh (sourced,
+# Used by hack/setup-host.sh (sourced,
 # not run): adding Debian suites to apt, pinned so nothing on the host moves
 # to them unless asked by name with -t or found nowhere else.
 

@@ -2,8 +2,12 @@
 # Builds vma_cherrypick for each supported kernel, boots that kernel under
 # qemu (TCG) with a busybox initramfs holding the module and the static Go
 # suite, and checks the verdict. Exits non-zero if any kernel's run fails:
-# module not loading, a failed test, a timeout, or a kernel BUG/WARNING/Oops/
-# bad page/RCU stall in the guest's log.
+# a build with warnings, module not loading, a failed test, a timeout, or a
+# kernel BUG/WARNING/Oops/bad page/RCU stall in the guest's log.
+#
+# The module is built, and the kernels are taken, from a Debian trixie root
+# under the build directory (build-root.sh); the host gets only qemu,
+# busybox-static, cpio and mmdebstrap from its own suite (install-deps.sh).
 #
 #   kernel/vmtest/run.sh [KERNEL_VERSION...]
 #
@@ -27,7 +31,12 @@ GO=${GO:-go}
 log() { printf 'kernel-test: %s\n' "$*"; }
 die() { printf 'kernel-test: error: %s\n' "$*" >&2; exit 1; }
 
-KVERS="$KVERS" "$here/install-deps.sh"
+"$here/install-deps.sh"
+root=$(KVERS="$KVERS" VCP_BUILD="$build" "$here/build-root.sh")
+
+# The build check must catch what it is there to catch: a compiler warning
+# and a modpost warning each fail a build (a few seconds per kernel).
+KVERS="$KVERS" "$here/buildcheck-test.sh" "$root" "$build/buildcheck"
 
 mkdir -p "$build"
 log "building the static guest suite"
@@ -35,10 +44,10 @@ CGO_ENABLED=0 "$GO" build -trimpath -o "$build/vcptest" "$top/kernel/vmtest/gues
 
 vmlinuz_of() {
 	local v=$1
-	for f in "/boot/vmlinuz-$v" "/usr/lib/modules/$v/vmlinuz" "/lib/modules/$v/vmlinuz"; do
+	for f in "$root/boot/vmlinuz-$v" "$root/usr/lib/modules/$v/vmlinuz"; do
 		[ -f "$f" ] && { echo "$f"; return; }
 	done
-	die "no kernel image for $v (looked in /boot and /usr/lib/modules)"
+	die "no kernel image for $v in $root (looked in /boot and /usr/lib/modules)"
 }
 
 # The same patterns the guest checks in dmesg, applied to the whole console
@@ -47,26 +56,21 @@ bad_kernel_log='BUG:|WARNING:|Oops|[Bb]ad page|rcu: INFO|detected stall|RCU stal
 
 run_one() {
 	local v=$1 dir=$build/$1
-	local mod=$dir/module root=$dir/initramfs
-	rm -rf "$mod" "$root"
-	mkdir -p "$mod" "$root/bin" "$root/proc" "$root/sys" "$root/dev" "$root/tmp"
-	cp "$top"/kernel/vma_cherrypick/*.[chS] \
-		"$top/kernel/vma_cherrypick/Makefile" "$mod/"
-	log "$v: building the module"
-	make -s -C "$mod" KDIR="/usr/src/linux-headers-$v" >"$dir/build.log" 2>&1 ||
-		{ cat "$dir/build.log" >&2; die "$v: module build failed"; }
-	if grep -E 'warning:|error:' "$dir/build.log" | grep -v 'pahole version' >&2; then
-		die "$v: the module build has warnings"
-	fi
+	local mod=$dir/module initrd=$dir/initramfs
+	rm -rf "$mod" "$initrd"
+	mkdir -p "$initrd/bin" "$initrd/proc" "$initrd/sys" "$initrd/dev" "$initrd/tmp"
+	log "$v: building the module (trixie root's gcc-14 and headers)"
+	"$here/build-module.sh" "$root" "$v" "$top/kernel/vma_cherrypick" "$mod" ||
+		die "$v: the module did not build cleanly"
 
-	cp /bin/busybox "$root/bin/busybox"
-	cp "$here/init.sh" "$root/init"
-	cp "$build/vcptest" "$root/vcptest"
-	cp "$mod/vma_cherrypick.ko" "$root/vma_cherrypick.ko"
+	cp /bin/busybox "$initrd/bin/busybox"
+	cp "$here/init.sh" "$initrd/init"
+	cp "$build/vcptest" "$initrd/vcptest"
+	cp "$mod/vma_cherrypick.ko" "$initrd/vma_cherrypick.ko"
 	if [ -n "${VCP_TESTS:-}" ]; then
-		sed -i "s|^/vcptest\$|/vcptest $VCP_TESTS|" "$root/init"
+		sed -i "s|^/vcptest\$|/vcptest $VCP_TESTS|" "$initrd/init"
 	fi
-	(cd "$root" && find . | cpio -o -H newc --quiet | gzip -1) >"$dir/initramfs.gz"
+	(cd "$initrd" && find . | cpio -o -H newc --quiet | gzip -1) >"$dir/initramfs.gz"
 
 	local kernel console=$dir/console.log rc=0 start=$SECONDS
 	kernel=$(vmlinuz_of "$v")
