@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
 # Builds the local test images. No registry is reachable from these machines,
-# so both images are made from Debian packages and imported into Podman.
+# so the images are made from Debian packages and imported into Podman.
 #
 #   localhost/tclone-busybox:latest    busybox-static only (a few MB)
+#   localhost/tclone-shell:latest      a shell and nothing else: busybox as
+#                                      /bin/sh without its applet links, so no
+#                                      `true`, `ls`, ... exist as programs
 #   localhost/tclone-workspace:latest  Debian trixie with bash, tmux, python3,
 #                                      coreutils, procps, git, iproute2, curl
 #
 # An image that already exists is left alone; set TCLONE_REBUILD_IMAGES=1 to
-# rebuild both.
+# rebuild them all.
 set -euo pipefail
 export PODMAN_IGNORE_CGROUPSV1_WARNING=1
+. "$(cd "$(dirname "$0")" && pwd)/lib/mmdebstrap.sh"
 
 log() { printf 'build-images: %s\n' "$*"; }
 die() { printf 'build-images: error: %s\n' "$*" >&2; exit 1; }
@@ -22,8 +26,14 @@ need_image() {
 	[ "$rebuild" = 1 ] || ! podman image exists "$1"
 }
 
-# busybox: a static busybox with its applet links, plus the few files that
-# programs expect to find (passwd/group for user lookup, /tmp).
+# users_and_groups ROOT: the few files programs expect to find (passwd and
+# group for user lookup).
+users_and_groups() {
+	printf 'root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n' >"$1/etc/passwd"
+	printf 'root:x:0:\nnogroup:x:65534:\n' >"$1/etc/group"
+}
+
+# busybox: a static busybox with its applet links, plus /etc/passwd, group, /tmp.
 if need_image localhost/tclone-busybox:latest; then
 	[ -x /bin/busybox ] || die "/bin/busybox is missing; install busybox-static"
 	log "building localhost/tclone-busybox"
@@ -34,9 +44,23 @@ if need_image localhost/tclone-busybox:latest; then
 	for applet in $(/bin/busybox --list-full); do
 		[ -e "$root/$applet" ] || ln -s /bin/busybox "$root/$applet"
 	done
-	printf 'root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n' >"$root/etc/passwd"
-	printf 'root:x:0:\nnogroup:x:65534:\n' >"$root/etc/group"
+	users_and_groups "$root"
 	tar -C "$root" -c . | podman import --quiet - localhost/tclone-busybox:latest >/dev/null
+fi
+
+# shell: what a minimal image (busybox-minimal, distroless with one binary)
+# looks like to a runtime: the static busybox as /bin/sh, which runs as the
+# shell whatever it is called, and no other program. Commands work only as
+# shell builtins inside `sh -c`; exec'ing `true` fails with "not found".
+if need_image localhost/tclone-shell:latest; then
+	[ -x /bin/busybox ] || die "/bin/busybox is missing; install busybox-static"
+	log "building localhost/tclone-shell"
+	root=$work/shell
+	mkdir -p "$root"/{bin,etc,tmp,proc,sys,dev}
+	chmod 1777 "$root/tmp"
+	cp /bin/busybox "$root/bin/sh"
+	users_and_groups "$root"
+	tar -C "$root" -c . | podman import --quiet --change 'CMD ["/bin/sh"]' - localhost/tclone-shell:latest >/dev/null
 fi
 
 # workspace: what an agent's dev container holds. mmdebstrap takes about a
@@ -44,7 +68,7 @@ fi
 if need_image localhost/tclone-workspace:latest; then
 	command -v mmdebstrap >/dev/null || die "mmdebstrap is missing; install it"
 	log "building localhost/tclone-workspace (mmdebstrap trixie, about a minute)"
-	mmdebstrap --quiet --variant=apt \
+	tclone_mmdebstrap --quiet --variant=apt \
 		--include=bash,tmux,python3,procps,coreutils,git,iproute2,curl,ca-certificates \
 		--customize-hook='echo workspace >"$1/etc/hostname"' \
 		trixie "$work/workspace.tar" http://deb.debian.org/debian
