@@ -118,6 +118,11 @@ if ! have_stack || [ -n "$need_tools" ]; then
 	have_stack || die "podman 5, crun, conmon and criu >= 4.2 are still missing after installing; check the apt output above"
 fi
 log "podman $(podman --version | awk '{print $3}'), crun $(crun --version | awk 'NR==1{print $3}'), criu $(criu --version | awk '/^Version:/{print $2}'), conmon $(conmon --version | awk 'NR==1{print $3}')"
+# hack/check-fresh-setup.sh runs this step alone in a fresh machine's root.
+if [ "${TCLONE_SETUP_PACKAGES_ONLY:-0}" = 1 ]; then
+	log "done (packages only)"
+	exit 0
+fi
 
 # --- 2. cgroups --------------------------------------------------------------
 # On hybrid hosts (v1 controllers plus a cgroup2 mount) crun refuses to run
