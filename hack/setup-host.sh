@@ -106,7 +106,9 @@ if ! have_stack || [ -n "$need_tools" ]; then
 			# Forky's criu needs forky's libnl and libcompel and newer
 			# gnutls; asking for them by suite one at a time leaves apt
 			# removing bookworm's -dev packages instead, so the suite is
-			# given for the whole transaction (7 libraries, all renames).
+			# given for the whole transaction (it moves 7 libraries; forky's gnutls drops
+			# libgnutlsxx30 and libgnutls-openssl27, which only bookworm's
+			# libgnutls28-dev used).
 			apt_install_showing_removals -t forky criu
 		else
 			apt_install_showing_removals podman crun conmon criu
