@@ -45,6 +45,10 @@ type Options struct {
 	// OnEvent, if set, is called for every event, from the daemon's
 	// goroutines; it must not block for long.
 	OnEvent func(Event)
+	// ChunkPause, if set, is a wait between two background chunks of one
+	// task (faults are still answered at once): it leaves CPU to the
+	// siblings, and lets tests catch a sibling while it fills.
+	ChunkPause time.Duration
 }
 
 // Daemon is one lazy-pages daemon: it serves any number of siblings

@@ -63,6 +63,8 @@ type filler struct {
 	// because the task's memory map was changing.
 	faults []uint64
 	msgs   []uffdMsg
+	// pause is a wait between background chunks (Options.ChunkPause).
+	pause time.Duration
 }
 
 func newFiller(u *uffd, miss *pending, data []byte, host fillerHost) *filler {
@@ -97,10 +99,13 @@ func (f *filler) run() error {
 		if f.miss.empty() && len(f.faults) == 0 {
 			return nil
 		}
-		if err := f.background(); errors.Is(err, errRetry) {
+		switch err := f.background(); {
+		case errors.Is(err, errRetry):
 			f.u.wait(time.Millisecond)
-		} else if err != nil {
+		case err != nil:
 			return err
+		case f.pause > 0:
+			f.u.wait(f.pause)
 		}
 	}
 }

@@ -127,6 +127,7 @@ func (s *sibling) serve(u *uffd, miss *pending, data []byte) {
 	s.active++
 	s.mu.Unlock()
 	f := newFiller(u, miss, data, s)
+	f.pause = s.d.opts.ChunkPause
 	go func() { s.fillerDone(u, f.run()) }()
 }
 
