@@ -128,17 +128,13 @@ func (f *filler) handle(m uffdMsg) error {
 		return f.fork(int(m.a))
 	case uffdEventRemap:
 		f.miss.move(m.a, m.b, m.c)
-	case uffdEventRemove:
-		// MADV_DONTNEED and the like: the task reads zeros there from now
-		// on, so the range needs no daemon any more (as in CRIU's daemon).
-		if err := f.u.unregister(m.a, m.b-m.a); err != nil {
-			if errors.Is(err, unix.ENOMEM) {
-				return errExited
-			}
-			return fmt.Errorf("unregister %#x-%#x after MADV_DONTNEED: %w", m.a, m.b, err)
-		}
-		f.miss.remove(m.a, m.b)
-	case uffdEventUnmap:
+	case uffdEventRemove, uffdEventUnmap:
+		// MADV_DONTNEED (and the like) or munmap: the task reads zeros
+		// there from now on, or nothing. CRIU's daemon also unregisters
+		// a removed range; that splits the task's VMA, so an mremap of
+		// the whole area would then fail with EFAULT where the source's
+		// succeeds. The range stays registered, and faults there get
+		// the zero page.
 		f.miss.remove(m.a, m.b)
 	default:
 		return fmt.Errorf("unexpected userfaultfd event %#x", m.event)

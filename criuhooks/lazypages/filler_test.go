@@ -172,10 +172,12 @@ func TestFillerServesFaultsThenFillsTheRest(t *testing.T) {
 	}
 }
 
-// TestFillerFollowsRemapRemoveAndUnmap: the task moves its memory, throws
-// some away and unmaps some while pages are still missing; the filler moves,
-// forgets and drops them accordingly, and never fails.
-func TestFillerFollowsRemapRemoveAndUnmap(t *testing.T) {
+// TestFillerFollowsRemoveRemapAndUnmap: the task throws some memory away,
+// moves all of it and unmaps some while pages are still missing; the filler
+// forgets, moves and drops them accordingly, and never fails. The discard
+// must not change the task's VMAs: the mremap of the whole area after it
+// succeeds as it would without lazy pages.
+func TestFillerFollowsRemoveRemapAndUnmap(t *testing.T) {
 	r := newRegion(t, 32)
 	src := source(32)
 	h := &testHost{}
@@ -183,6 +185,9 @@ func TestFillerFollowsRemapRemoveAndUnmap(t *testing.T) {
 	done := runFiller(t, f)
 
 	wantPage(t, r.mem, 0, 1) // one page in place before the move
+	if err := unix.Madvise(r.mem[4*pageSize:8*pageSize], unix.MADV_DONTNEED); err != nil {
+		t.Fatal(err)
+	}
 	dst, err := unix.Mmap(-1, 0, len(r.mem), unix.PROT_NONE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
 	if err != nil {
 		t.Fatal(err)
@@ -190,12 +195,9 @@ func TestFillerFollowsRemapRemoveAndUnmap(t *testing.T) {
 	moved, err := unix.MremapPtr(unsafe.Pointer(&r.mem[0]), uintptr(len(r.mem)), unsafe.Pointer(&dst[0]), uintptr(len(dst)),
 		unix.MREMAP_MAYMOVE|unix.MREMAP_FIXED)
 	if err != nil {
-		t.Fatalf("mremap: %v", err)
+		t.Fatalf("mremap of the whole area after MADV_DONTNEED: %v", err)
 	}
 	r.mem = unsafe.Slice((*byte)(moved), len(dst))
-	if err := unix.Madvise(r.mem[4*pageSize:8*pageSize], unix.MADV_DONTNEED); err != nil {
-		t.Fatal(err)
-	}
 	if err := munmap(r.mem[28*pageSize:]); err != nil {
 		t.Fatal(err)
 	}

@@ -17,11 +17,10 @@ import (
 const (
 	uffdAPI = 0xAA
 
-	uffdioAPI        = 0xc018aa3f // _IOWR(0xAA, 0x3F, struct uffdio_api)
-	uffdioRegister   = 0xc020aa00 // _IOWR(0xAA, 0x00, struct uffdio_register)
-	uffdioUnregister = 0x8010aa01 // _IOR(0xAA, 0x01, struct uffdio_range)
-	uffdioCopy       = 0xc028aa03 // _IOWR(0xAA, 0x03, struct uffdio_copy)
-	uffdioZeropage   = 0xc020aa04 // _IOWR(0xAA, 0x04, struct uffdio_zeropage)
+	uffdioAPI      = 0xc018aa3f // _IOWR(0xAA, 0x3F, struct uffdio_api)
+	uffdioRegister = 0xc020aa00 // _IOWR(0xAA, 0x00, struct uffdio_register)
+	uffdioCopy     = 0xc028aa03 // _IOWR(0xAA, 0x03, struct uffdio_copy)
+	uffdioZeropage = 0xc020aa04 // _IOWR(0xAA, 0x04, struct uffdio_zeropage)
 
 	uffdRegisterModeMissing = 1
 	uffdUserModeOnly        = 1 // userfaultfd(2) flag: no kernel-mode faults
@@ -175,9 +174,4 @@ func (u *uffd) copy(dst uint64, src []byte) (uint64, error) {
 func (u *uffd) zero(dst, n uint64) error {
 	arg := uffdioZeropageArg{rng: uffdioRange{dst, n}}
 	return u.ioctl(uffdioZeropage, unsafe.Pointer(&arg))
-}
-
-func (u *uffd) unregister(start, n uint64) error {
-	arg := uffdioRange{start, n}
-	return u.ioctl(uffdioUnregister, unsafe.Pointer(&arg))
 }

@@ -11,8 +11,11 @@
 //	ping          "pong", without touching the filled memory
 //	hash          the hash of the filled memory
 //	forkhash      the hash as computed by a child forked for the purpose
-//	remap         move the mapping elsewhere (mremap), then its hash
-//	dontneed N    discard the first N pages (MADV_DONTNEED), then the hash
+//	remap         move the mapping elsewhere (mremap); "ok"
+//	dontneed N    discard the first N pages (MADV_DONTNEED); "ok"
+//
+// remap and dontneed touch no page of the mapping, so that a lazily restored
+// sibling can be made to move and discard memory it is still missing.
 //
 // It opens nothing it keeps open and leads its own session, so CRIU dumps it
 // with no special options.
@@ -109,7 +112,7 @@ func (f *filled) run(cmd []string) string {
 		if err := f.remap(); err != nil {
 			return "error: " + err.Error()
 		}
-		return pattern.Format(pattern.Hash(f.words()))
+		return "ok"
 	case "dontneed":
 		n, err := strconv.Atoi(cmd[len(cmd)-1])
 		if err != nil || n*4096 > len(f.mem) {
@@ -118,7 +121,7 @@ func (f *filled) run(cmd []string) string {
 		if err := unix.Madvise(f.mem[:n*4096], unix.MADV_DONTNEED); err != nil {
 			return "error: madvise: " + err.Error()
 		}
-		return pattern.Format(pattern.Hash(f.words()))
+		return "ok"
 	}
 	return "error: unknown request " + cmd[0]
 }
