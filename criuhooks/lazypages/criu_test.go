@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -380,4 +381,125 @@ func TestCRIULazyEventsWhileFilling(t *testing.T) {
 	if got, err := sib.ask("hash", 30*time.Second); err != nil || got != want {
 		t.Fatalf("hash after the fill: %q, %v; want %q", got, err, want)
 	}
+}
+
+// TestCRIULazyDaemonKilledMidFill restores three siblings of one dump at
+// once, has each of them hash its memory at once (so they fault while they
+// fill), and SIGKILLs the daemon at a random moment: during the restores,
+// while they fill, or after. Every sibling must end up either gone or
+// answering the source's hash; one that answers anything else, or lives on
+// without answering, has wrong memory. Nothing of the daemon, its guard, or a
+// failed restore may be left.
+func TestCRIULazyDaemonKilledMidFill(t *testing.T) {
+	const mib, siblings = 256, 3
+	rounds := 8
+	if testing.Short() {
+		rounds = 2
+	}
+	e := requireCRIU(t)
+	images, want := e.dump(t, mib)
+	seed := time.Now().UnixNano()
+	rng := rand.New(rand.NewSource(seed))
+	t.Logf("seed %d", seed)
+	for round := range rounds {
+		delay := time.Duration(rng.Int63n(int64(time.Second)))
+		outcomes := killRound(t, e, images, want, siblings, delay, round)
+		t.Logf("round %d: daemon killed %s after the restores began: %s", round, ms(delay), strings.Join(outcomes, ", "))
+	}
+}
+
+func killRound(t *testing.T, e *criuEnv, images, want string, siblings int, delay time.Duration, round int) []string {
+	t.Helper()
+	var socks, works []string
+	for i := range siblings {
+		w := filepath.Join(e.scratch, fmt.Sprintf("kill-%d-%d", round, i))
+		os.MkdirAll(w, 0o755)
+		works, socks = append(works, w), append(socks, filepath.Join(w, SocketName))
+	}
+	d := e.startDaemon(t, images, socks, 5*time.Millisecond)
+	guard := childrenOf(d.cmd.Process.Pid)
+	outcomes := make([]string, siblings)
+	var survivors []memProc
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for i := range siblings {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sib, err := e.restore(images, works[i], true)
+			if err != nil {
+				outcomes[i] = "restore failed"
+				return
+			}
+			got, err := sib.ask("hash", 30*time.Second)
+			switch {
+			case errors.Is(err, errGone):
+				outcomes[i] = "killed"
+			case err != nil:
+				outcomes[i] = "ALIVE WITHOUT ANSWERING: " + err.Error()
+				sib.kill()
+			case got != want:
+				outcomes[i] = fmt.Sprintf("WRONG MEMORY: hash %s, source %s", got, want)
+				sib.kill()
+			default:
+				outcomes[i] = "complete"
+				mu.Lock()
+				survivors = append(survivors, sib)
+				mu.Unlock()
+			}
+		}()
+	}
+	time.Sleep(delay)
+	d.cmd.Process.Signal(syscall.SIGKILL)
+	<-d.exited
+	wg.Wait()
+	for _, o := range outcomes {
+		if o != "complete" && o != "killed" && o != "restore failed" {
+			t.Errorf("round %d: a sibling is %s", round, o)
+		}
+	}
+	for _, g := range guard {
+		waitGone(t, g, "the daemon's guard")
+	}
+	alive := map[int]bool{}
+	for _, s := range survivors {
+		alive[s.pid] = true
+	}
+	for _, pid := range processesOf(filepath.Join(e.bin, "memfill")) {
+		if !alive[pid] {
+			t.Errorf("round %d: memfill pid %d is left over", round, pid)
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
+	for _, s := range survivors {
+		s.kill()
+	}
+	return outcomes
+}
+
+func childrenOf(pid int) []int {
+	var out []int
+	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", pid))
+	for _, f := range tasks {
+		b, _ := os.ReadFile(f)
+		for _, s := range strings.Fields(string(b)) {
+			if n, err := strconv.Atoi(s); err == nil {
+				out = append(out, n)
+			}
+		}
+	}
+	return out
+}
+
+// processesOf lists the live processes running exe.
+func processesOf(exe string) []int {
+	var out []int
+	dirs, _ := filepath.Glob("/proc/[0-9]*")
+	for _, d := range dirs {
+		pid, _ := strconv.Atoi(filepath.Base(d))
+		if target, err := os.Readlink(d + "/exe"); err == nil && target == exe && !gone(pid) {
+			out = append(out, pid)
+		}
+	}
+	return out
 }
