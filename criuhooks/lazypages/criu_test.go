@@ -2,6 +2,7 @@ package lazypages
 
 import (
 	"bufio"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -134,9 +135,16 @@ func (m memProc) kill() { syscall.Kill(m.pid, syscall.SIGKILL) }
 // directory and the source's hash.
 func (e *criuEnv) dump(t *testing.T, mib int) (string, string) {
 	t.Helper()
+	return e.dumpTree(t, mib, 0)
+}
+
+// dumpTree is dump of a memfill with children.
+func (e *criuEnv) dumpTree(t *testing.T, mib, children int) (string, string) {
+	t.Helper()
 	dir := filepath.Join(e.scratch, "ask")
 	os.MkdirAll(dir, 0o755)
-	cmd := exec.Command(filepath.Join(e.bin, "memfill"), "-mib", strconv.Itoa(mib), "-dir", dir)
+	cmd := exec.Command(filepath.Join(e.bin, "memfill"), "-mib", strconv.Itoa(mib), "-dir", dir,
+		"-children", strconv.Itoa(children))
 	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWPID}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -502,4 +510,96 @@ func processesOf(exe string) []int {
 		}
 	}
 	return out
+}
+
+// TestCRIULazyRestoreTree restores a tree of three tasks (memfill and two
+// children forked after its fill): one connection brings three
+// userfaultfds, and each child's copy of the memory ends up equal to the
+// source's.
+func TestCRIULazyRestoreTree(t *testing.T) {
+	const mib, children = 64, 2
+	e := requireCRIU(t)
+	images, want := e.dumpTree(t, mib, children)
+	work := filepath.Join(e.scratch, "tree")
+	os.MkdirAll(work, 0o755)
+	d := e.startDaemon(t, images, []string{filepath.Join(work, SocketName)}, 0)
+	root, err := e.restore(images, work, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer root.kill()
+	done := d.wait(t, EventComplete, 1, 60*time.Second)[0]
+	if tasks := d.find(EventTask); len(tasks) != 1+children || done.Stats.Tasks != 1+children {
+		t.Fatalf("daemon served %d tasks (%d in stats), want %d", len(tasks), done.Stats.Tasks, 1+children)
+	}
+	if got, err := root.ask("hash", 30*time.Second); err != nil || got != want {
+		t.Fatalf("root: hash %q, %v; want %q", got, err, want)
+	}
+	kids := childrenOf(root.pid)
+	if len(kids) != children {
+		t.Fatalf("restored root has children %v, want %d", kids, children)
+	}
+	where, err := os.ReadFile(filepath.Join(root.dir, "source.where"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var addr, size int64
+	if n, err := fmt.Sscanf(string(where), "%d %d", &addr, &size); n != 2 || size != mib<<20 {
+		t.Fatalf("source.where = %q: %v", where, err)
+	}
+	for _, pid := range kids {
+		if got := hashMem(t, pid, addr, size); got != want {
+			t.Errorf("child %d: hash of its memory %s, source %s", pid, got, want)
+		}
+	}
+}
+
+// hashMem hashes another process's memory through /proc/PID/mem.
+func hashMem(t *testing.T, pid int, addr, size int64) string {
+	t.Helper()
+	f, err := os.Open(fmt.Sprintf("/proc/%d/mem", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	h := uint64(pattern.Seed)
+	buf := make([]byte, 4<<20)
+	for off := int64(0); off < size; off += int64(len(buf)) {
+		n := min(int64(len(buf)), size-off)
+		if _, err := f.ReadAt(buf[:n], addr+off); err != nil {
+			t.Fatalf("read pid %d memory at %#x: %v", pid, addr+off, err)
+		}
+		for i := int64(0); i < n; i += 8 {
+			h = pattern.Mix(h, binary.LittleEndian.Uint64(buf[i:]))
+		}
+	}
+	return pattern.Format(h)
+}
+
+// TestCRIULazyDaemonClosedMidFill: a daemon told to stop (SIGTERM: Close)
+// while a sibling fills kills the sibling first, and says it failed.
+func TestCRIULazyDaemonClosedMidFill(t *testing.T) {
+	e := requireCRIU(t)
+	images, _ := e.dump(t, 256)
+	work := filepath.Join(e.scratch, "closed")
+	os.MkdirAll(work, 0o755)
+	d := e.startDaemon(t, images, []string{filepath.Join(work, SocketName)}, 200*time.Millisecond)
+	sib, err := e.restore(images, work, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sib.kill()
+	if got, err := sib.ask("ping", 30*time.Second); err != nil || got != "pong" {
+		t.Fatalf("ping: %q, %v", got, err)
+	}
+	d.cmd.Process.Signal(syscall.SIGTERM)
+	failed := d.wait(t, EventFailed, 1, 30*time.Second)[0]
+	<-d.exited
+	if !gone(sib.pid) {
+		t.Fatalf("sibling %d still runs after the daemon closed (failed event: %q)", sib.pid, failed.Error)
+	}
+	if code := d.cmd.ProcessState.ExitCode(); code != 1 {
+		t.Fatalf("lazypagesd exited %d after a failed sibling, want 1", code)
+	}
+	t.Logf("failed event: %s", failed.Error)
 }

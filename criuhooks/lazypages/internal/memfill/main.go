@@ -17,6 +17,10 @@
 // remap and dontneed touch no page of the mapping, so that a lazily restored
 // sibling can be made to move and discard memory it is still missing.
 //
+// With -children N it forks N children right after the fill (fork(2), not
+// exec), which only wait: a tree of N+1 tasks with a copy of the memory each.
+// It writes where the memory is to <dir>/source.where.
+//
 // It opens nothing it keeps open and leads its own session, so CRIU dumps it
 // with no special options.
 package main
@@ -48,6 +52,7 @@ func (f *filled) words() []uint64 {
 func main() {
 	mib := flag.Int("mib", 64, "MiB to fill")
 	dir := flag.String("dir", "", "directory for the hash and the requests")
+	children := flag.Int("children", 0, "fork this many idle children after the fill, each with a copy of the memory")
 	flag.Parse()
 	if *dir == "" {
 		fmt.Fprintln(os.Stderr, "memfill: -dir is required")
@@ -63,6 +68,18 @@ func main() {
 	}
 	f := &filled{mem: mem}
 	pattern.Fill(f.words())
+	for range *children {
+		if _, err := rawFork(nil); err != nil {
+			fmt.Fprintf(os.Stderr, "memfill: fork: %v\n", err)
+			os.Exit(1)
+		}
+	}
+	// Where the memory is, for reading a child's copy through /proc.
+	where := fmt.Sprintf("%d %d", uintptr(unsafe.Pointer(&mem[0])), len(mem))
+	if err := answer(*dir, "source.where", where); err != nil {
+		fmt.Fprintf(os.Stderr, "memfill: %v\n", err)
+		os.Exit(1)
+	}
 	if err := answer(*dir, "source.hash", pattern.Format(pattern.Hash(f.words()))); err != nil {
 		fmt.Fprintf(os.Stderr, "memfill: %v\n", err)
 		os.Exit(1)
