@@ -192,8 +192,11 @@ func (d *Daemon) newSibling() *sibling {
 	d.siblings[s.id] = s
 	d.live.Add(1)
 	if d.closing {
+		// Killed before it has any task: each task that arrives is killed
+		// before its userfaultfd is read (sibling.arm).
 		s.state.Store(int32(abandoned))
 		s.failure = errors.New("lazy pages: the daemon is closing")
+		s.killed = true
 	}
 	return s
 }
@@ -249,6 +252,9 @@ func (d *Daemon) readRestore(c *net.UnixConn, s *sibling) error {
 		case msgTask:
 			if err := s.addTask(cc, msg); err != nil {
 				s.fail(err)
+				if errors.Is(err, errStream) {
+					return err
+				}
 			}
 		}
 	}

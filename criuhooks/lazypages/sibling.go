@@ -68,10 +68,45 @@ type sibling struct {
 func (s *sibling) phase() phase        { return phase(s.state.Load()) }
 func (s *sibling) counters() *Counters { return &s.count }
 
-// addTask serves a task whose header arrived: it arms the guard with the
-// task before reading its userfaultfd, so that there is no instant at which
-// the daemon could die holding a userfaultfd the guard cannot account for.
+// addTask serves a task whose header arrived. It arms the guard with the
+// task before it reads the task's userfaultfd, so that there is no instant
+// at which the daemon could die holding a userfaultfd the guard cannot
+// account for. It reads the userfaultfd even when the task cannot be served,
+// to keep the stream in step and the descriptor open until the sibling's
+// tasks are dead; only an error reading it (errStream) ends the connection.
 func (s *sibling) addTask(cc *criuConn, msg criuMsg) error {
+	armErr := s.arm(msg)
+	fd, err := cc.uffd()
+	if err != nil {
+		return fmt.Errorf("%w: %w", errStream, err)
+	}
+	u, err := newUffd(fd)
+	if err != nil {
+		unix.Close(fd)
+		return err
+	}
+	if armErr != nil {
+		s.track(u)
+		return armErr
+	}
+	img, data, err := s.d.images.task(msg.pid)
+	if err != nil {
+		s.track(u)
+		return err
+	}
+	s.d.emit(Event{Kind: EventTask, Sibling: s.id, Pid: msg.sender, ImagePid: msg.pid})
+	s.mu.Lock()
+	s.stats.LazyBytes += img.bytes
+	s.mu.Unlock()
+	s.serve(u, newPending(img.lazy), data)
+	return nil
+}
+
+// errStream: the restore's messages cannot be read on.
+var errStream = errors.New("lazy pages: broken restore connection")
+
+// arm records a task and arms the guard with it.
+func (s *sibling) arm(msg criuMsg) error {
 	if msg.sender <= 0 {
 		return fmt.Errorf("lazy pages: task %d sent its userfaultfd without credentials", msg.pid)
 	}
@@ -93,24 +128,6 @@ func (s *sibling) addTask(cc *criuConn, msg criuMsg) error {
 		// dies with the others, before its userfaultfd is even read.
 		killAndWait([]task{t})
 	}
-	fd, err := cc.uffd()
-	if err != nil {
-		return err
-	}
-	u, err := newUffd(fd)
-	if err != nil {
-		return err
-	}
-	img, data, err := s.d.images.task(msg.pid)
-	if err != nil {
-		s.track(u)
-		return err
-	}
-	s.d.emit(Event{Kind: EventTask, Sibling: s.id, Pid: msg.sender, ImagePid: msg.pid})
-	s.mu.Lock()
-	s.stats.LazyBytes += img.bytes
-	s.mu.Unlock()
-	s.serve(u, newPending(img.lazy), data)
 	return nil
 }
 
