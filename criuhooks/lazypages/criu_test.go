@@ -10,7 +10,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -85,7 +84,8 @@ func buildHelpers() {
 	}
 	gotool, err := exec.LookPath("go")
 	if err != nil {
-		gotool = filepath.Join(runtime.GOROOT(), "bin", "go")
+		helpersErr = fmt.Errorf("the go tool is needed to build the test programs: %w", err)
+		return
 	}
 	for _, prog := range []string{"memfill", "lazypagesd"} {
 		cmd := exec.Command(gotool, "build", "-o", filepath.Join(helpersDir, prog), "./internal/"+prog)

@@ -41,8 +41,8 @@ func newRegion(t *testing.T, pages int) *region {
 	if errno != 0 {
 		t.Skipf("userfaultfd not available here: %v", errno)
 	}
-	api := struct{ api, features, ioctls uint64 }{api: uffdAPI,
-		features: uffdFeatureEventRemap | uffdFeatureEventRemove | uffdFeatureEventUnmap}
+	// CRIU's features but FORK, which takes CAP_SYS_PTRACE.
+	api := struct{ api, features, ioctls uint64 }{api: uffdAPI, features: criuFeatures &^ uffdFeatureEventFork}
 	if _, _, errno := unix.Syscall(unix.SYS_IOCTL, fd, uffdioAPI, uintptr(unsafe.Pointer(&api))); errno != 0 {
 		unix.Close(int(fd))
 		t.Skipf("UFFDIO_API with remap/remove/unmap events: %v", errno)
