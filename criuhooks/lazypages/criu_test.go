@@ -529,6 +529,9 @@ func TestCRIULazyRestoreTree(t *testing.T) {
 	}
 	defer root.kill()
 	done := d.wait(t, EventComplete, 1, 60*time.Second)[0]
+	if done.Socket != filepath.Join(work, SocketName) {
+		t.Errorf("complete event names socket %q, want the sibling's %q", done.Socket, filepath.Join(work, SocketName))
+	}
 	if tasks := d.find(EventTask); len(tasks) != 1+children || done.Stats.Tasks != 1+children {
 		t.Fatalf("daemon served %d tasks (%d in stats), want %d", len(tasks), done.Stats.Tasks, 1+children)
 	}

@@ -30,6 +30,10 @@ const (
 type Event struct {
 	Kind    EventKind `json:"kind"`
 	Sibling int       `json:"sibling"`
+	// Socket is where the sibling's restore connected (the Listen path),
+	// which tells siblings apart when each restore has its own work
+	// directory.
+	Socket string `json:"socket,omitempty"`
 	// Pid and ImagePid name the task of an EventTask: its host pid and its
 	// pid in the images.
 	Pid      int    `json:"pid,omitempty"`
@@ -60,6 +64,7 @@ type Daemon struct {
 
 	mu        sync.Mutex
 	listeners []*net.UnixListener
+	paths     []string // of listeners
 	siblings  map[int]*sibling
 	nextID    int
 	closing   bool
@@ -126,9 +131,10 @@ func (d *Daemon) Listen(path string) error {
 		return errors.New("lazy pages: daemon is closing")
 	}
 	d.listeners = append(d.listeners, l)
+	d.paths = append(d.paths, path)
 	d.conns.Add(1)
 	d.mu.Unlock()
-	go d.accept(l)
+	go d.accept(l, path)
 	return nil
 }
 
@@ -171,7 +177,7 @@ func socketFD(c interface {
 	return fd, nil
 }
 
-func (d *Daemon) accept(l *net.UnixListener) {
+func (d *Daemon) accept(l *net.UnixListener, path string) {
 	defer d.conns.Done()
 	for {
 		c, err := l.AcceptUnix()
@@ -179,15 +185,15 @@ func (d *Daemon) accept(l *net.UnixListener) {
 			return
 		}
 		d.conns.Add(1)
-		go d.serveConn(c)
+		go d.serveConn(c, path)
 	}
 }
 
-func (d *Daemon) newSibling() *sibling {
+func (d *Daemon) newSibling(socket string) *sibling {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.nextID++
-	s := &sibling{id: d.nextID, d: d, uffds: map[*uffd]bool{}}
+	s := &sibling{id: d.nextID, d: d, socket: socket, uffds: map[*uffd]bool{}}
 	s.stats.Connected = time.Now()
 	d.siblings[s.id] = s
 	d.live.Add(1)
@@ -211,11 +217,11 @@ func (d *Daemon) siblingDone(s *sibling, ev Event) {
 
 // serveConn reads one restore's messages. The connection is armed in the
 // guard for as long as it may hold unread messages.
-func (d *Daemon) serveConn(c *net.UnixConn) {
+func (d *Daemon) serveConn(c *net.UnixConn, socket string) {
 	defer d.conns.Done()
 	defer c.Close()
-	s := d.newSibling()
-	d.emit(Event{Kind: EventConnected, Sibling: s.id})
+	s := d.newSibling(socket)
+	d.emit(Event{Kind: EventConnected, Sibling: s.id, Socket: socket})
 	fd, err := socketFD(c)
 	if err == nil {
 		err = d.guard.arm(guardArmConn, fd)
@@ -269,10 +275,10 @@ func (d *Daemon) Wait() { d.live.Wait() }
 func (d *Daemon) Close() error {
 	d.mu.Lock()
 	d.closing = true
-	listeners := d.listeners
+	listeners, paths := d.listeners, d.paths
 	d.mu.Unlock()
-	for _, l := range listeners {
-		d.refuse(l)
+	for i, l := range listeners {
+		d.refuse(l, paths[i])
 	}
 	d.mu.Lock()
 	var open []*sibling
@@ -300,7 +306,7 @@ func (d *Daemon) Close() error {
 // connected already: closing a listener with restores in its backlog would
 // drop their userfaultfds, in flight there, and leave their tasks reading
 // zeros. They are served as siblings of a closing daemon, which kills them.
-func (d *Daemon) refuse(l *net.UnixListener) {
+func (d *Daemon) refuse(l *net.UnixListener, path string) {
 	raw, err := l.SyscallConn()
 	if err != nil {
 		return
@@ -323,7 +329,7 @@ func (d *Daemon) refuse(l *net.UnixListener) {
 		f.Close()
 		if uc, ok := c.(*net.UnixConn); err == nil && ok {
 			d.conns.Add(1)
-			go d.serveConn(uc)
+			go d.serveConn(uc, path)
 		}
 	}
 }

@@ -49,10 +49,11 @@ type task struct {
 // sibling is one restored tree: everything one `criu restore --lazy-pages`
 // sent over one connection, and the children its tasks fork while filling.
 type sibling struct {
-	id    int
-	d     *Daemon
-	state atomic.Int32
-	count Counters
+	id     int
+	socket string
+	d      *Daemon
+	state  atomic.Int32
+	count  Counters
 
 	mu       sync.Mutex
 	stats    Stats
@@ -94,7 +95,7 @@ func (s *sibling) addTask(cc *criuConn, msg criuMsg) error {
 		s.track(u)
 		return err
 	}
-	s.d.emit(Event{Kind: EventTask, Sibling: s.id, Pid: msg.sender, ImagePid: msg.pid})
+	s.d.emit(Event{Kind: EventTask, Sibling: s.id, Socket: s.socket, Pid: msg.sender, ImagePid: msg.pid})
 	s.mu.Lock()
 	s.stats.LazyBytes += img.bytes
 	s.mu.Unlock()
@@ -178,7 +179,7 @@ func (s *sibling) restored() {
 	s.mu.Unlock()
 	if s.state.CompareAndSwap(int32(restoring), int32(running)) {
 		s.interrupt()
-		s.d.emit(Event{Kind: EventRunning, Sibling: s.id})
+		s.d.emit(Event{Kind: EventRunning, Sibling: s.id, Socket: s.socket})
 	}
 	s.maybeDone()
 }
@@ -255,7 +256,7 @@ func (s *sibling) maybeDone() {
 		s.d.guard.disarm(guardDisarmTask, t.pidfd)
 		unix.Close(t.pidfd)
 	}
-	ev := Event{Kind: EventComplete, Sibling: s.id, Stats: &stats}
+	ev := Event{Kind: EventComplete, Sibling: s.id, Socket: s.socket, Stats: &stats}
 	if failure != nil {
 		ev.Kind, ev.Err = EventFailed, failure
 	}
