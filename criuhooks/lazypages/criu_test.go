@@ -370,6 +370,9 @@ func TestCRIULazyEventsWhileFilling(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer sib.kill()
+	if filling, err := Filling(sib.pid); err != nil || !filling {
+		t.Fatalf("Filling(%d) right after a paced lazy restore = %v, %v", sib.pid, filling, err)
+	}
 	const discard = 1000 // pages
 	want := pattern.Format(pattern.Expected(mib<<20/8, discard*pageSize/8))
 	for _, c := range []struct{ cmd, want string }{
@@ -386,6 +389,9 @@ func TestCRIULazyEventsWhileFilling(t *testing.T) {
 	}
 	done := d.wait(t, EventComplete, 1, 120*time.Second)[0]
 	t.Logf("sibling stats: %+v", *done.Stats)
+	if filling, err := Filling(sib.pid); err != nil || filling {
+		t.Fatalf("Filling(%d) after the daemon completed the sibling = %v, %v", sib.pid, filling, err)
+	}
 	if got, err := sib.ask("hash", 30*time.Second); err != nil || got != want {
 		t.Fatalf("hash after the fill: %q, %v; want %q", got, err, want)
 	}

@@ -93,6 +93,10 @@
 // it also asks for an oom_score_adj of -1000, out of the OOM killer's reach,
 // which takes CAP_SYS_RESOURCE.
 //
+// A sibling that is still filling must not be dumped (forked): CRIU dumps
+// only present pages, so the missing ones would be left out. Filling tells,
+// from the task's own smaps.
+//
 // # Costs
 //
 // Each task gets its own copy of its pages: memory that tasks of the source

@@ -2,6 +2,7 @@ package lazypages
 
 import (
 	"bytes"
+	"os"
 	"runtime"
 	"sync/atomic"
 	"testing"
@@ -156,7 +157,13 @@ func TestFillerServesFaultsThenFillsTheRest(t *testing.T) {
 		t.Fatalf("after 3 faults: faults %d, fault pages %d, zero pages %d", h.c.Faults.Load(), h.c.FaultPages.Load(), h.c.ZeroPages.Load())
 	}
 
+	if filling, err := Filling(os.Getpid()); err != nil || !filling {
+		t.Fatalf("Filling with a registered area = %v, %v", filling, err)
+	}
 	finish(t, h, r, done)
+	if filling, err := Filling(os.Getpid()); err != nil || filling {
+		t.Fatalf("Filling once the userfaultfd is closed = %v, %v", filling, err)
+	}
 	if got := h.c.FaultPages.Load() + h.c.BackgroundPages.Load(); got != 48 {
 		t.Fatalf("copied %d pages, want the dump's 48", got)
 	}
