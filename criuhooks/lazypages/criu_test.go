@@ -339,6 +339,11 @@ func lazyVersusPlain(t *testing.T, mib int) {
 		t.Fatalf("lazy restore: hash %q, %v; source %q", got, err, want)
 	}
 	st := done.Stats
+	// A dump made without --lazy-pages marks the filled memory lazy: the
+	// restore left all of it to the daemon.
+	if st.LazyBytes < uint64(mib)<<20 {
+		t.Fatalf("only %d bytes of the %d MiB filled were lazy in the dump", st.LazyBytes, mib)
+	}
 	if copied := (st.FaultPages + st.BackgroundPages) * pageSize; copied != st.LazyBytes {
 		t.Fatalf("daemon copied %d bytes of %d lazy bytes: %+v", copied, st.LazyBytes, st)
 	}

@@ -143,27 +143,3 @@ func TestNotADump(t *testing.T) {
 		t.Fatalf("OpenImages of an empty dir: %v", err)
 	}
 }
-
-// TestRealDumpImages reads a dump made by the installed CRIU when
-// LAZYPAGES_DUMP_DIR names one (the integration test makes such dumps): the
-// pagemap of a dump made without --lazy-pages marks its private anonymous
-// pages lazy and present.
-func TestRealDumpImages(t *testing.T) {
-	dir := os.Getenv("LAZYPAGES_DUMP_DIR")
-	if dir == "" {
-		t.Skip("LAZYPAGES_DUMP_DIR not set")
-	}
-	im, err := OpenImages(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer im.Close()
-	task, _, err := im.task(1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("task 1: %d lazy spans, %d MiB lazy", len(task.lazy), task.bytes>>20)
-	if task.bytes == 0 {
-		t.Fatal("no lazy pages in a plain dump")
-	}
-}
