@@ -404,7 +404,9 @@ func TestCRIULazyEventsWhileFilling(t *testing.T) {
 
 // TestCRIULazyDaemonKilledMidFill restores three siblings of one dump at
 // once, has each of them hash its memory at once (so they fault while they
-// fill), and SIGKILLs the daemon at a random moment: during the restores,
+// fill; the first one hashes in a forked child, whose memory the daemon
+// knows only through the fork event), and SIGKILLs the daemon at a random
+// moment: during the restores,
 // while they fill, or after. Every sibling must end up either gone or
 // answering the source's hash; one that answers anything else, or lives on
 // without answering, has wrong memory. Nothing of the daemon, its guard, or a
@@ -450,7 +452,11 @@ func killRound(t *testing.T, e *criuEnv, images, want string, siblings int, dela
 				outcomes[i] = "restore failed"
 				return
 			}
-			got, err := sib.ask("hash", 30*time.Second)
+			req := "hash"
+			if i == 0 {
+				req = "forkhash"
+			}
+			got, err := sib.ask(req, 30*time.Second)
 			switch {
 			case errors.Is(err, errGone):
 				outcomes[i] = "killed"

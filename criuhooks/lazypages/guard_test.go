@@ -30,7 +30,11 @@ func TestMain(m *testing.M) {
 	case "sender":
 		senderHelper(os.Args[len(os.Args)-1])
 	}
-	os.Exit(m.Run())
+	code := m.Run()
+	if helpersDir != "" {
+		os.RemoveAll(helpersDir) // built by the CRIU tests
+	}
+	os.Exit(code)
 }
 
 // ownerHelper runs the steps in plan, comma separated:
