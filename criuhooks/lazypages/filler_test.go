@@ -1,0 +1,261 @@
+package lazypages
+
+import (
+	"bytes"
+	"os"
+	"runtime"
+	"sync/atomic"
+	"testing"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// testHost is a sibling with nothing but a phase and counters.
+type testHost struct {
+	state atomic.Int32
+	c     Counters
+	forks atomic.Int32
+}
+
+func (h *testHost) phase() phase                         { return phase(h.state.Load()) }
+func (h *testHost) counters() *Counters                  { return &h.c }
+func (h *testHost) forked(u *uffd, _ *pending, _ []byte) { h.forks.Add(1); u.Close() }
+
+// region is memory of the test process registered with a userfaultfd of its
+// own, so that the filler under test serves the test's own faults.
+type region struct {
+	mem []byte
+	u   *uffd
+}
+
+func newRegion(t *testing.T, pages int) *region {
+	t.Helper()
+	if runtime.GOMAXPROCS(0) < 2 {
+		// A goroutine blocked in a fault holds its P; the filler needs
+		// another one.
+		old := runtime.GOMAXPROCS(2)
+		t.Cleanup(func() { runtime.GOMAXPROCS(old) })
+	}
+	fd, _, errno := unix.Syscall(unix.SYS_USERFAULTFD, unix.O_CLOEXEC|unix.O_NONBLOCK|uffdUserModeOnly, 0, 0)
+	if errno != 0 {
+		t.Skipf("userfaultfd not available here: %v", errno)
+	}
+	// CRIU's features but FORK, which takes CAP_SYS_PTRACE.
+	api := struct{ api, features, ioctls uint64 }{api: uffdAPI, features: criuFeatures &^ uffdFeatureEventFork}
+	if _, _, errno := unix.Syscall(unix.SYS_IOCTL, fd, uffdioAPI, uintptr(unsafe.Pointer(&api))); errno != 0 {
+		unix.Close(int(fd))
+		t.Skipf("UFFDIO_API with remap/remove/unmap events: %v", errno)
+	}
+	mem, err := unix.Mmap(-1, 0, pages*pageSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := struct {
+		start, len, mode, ioctls uint64
+	}{start: uint64(uintptr(unsafe.Pointer(&mem[0]))), len: uint64(len(mem)), mode: uffdRegisterModeMissing}
+	if _, _, errno := unix.Syscall(unix.SYS_IOCTL, fd, uffdioRegister, uintptr(unsafe.Pointer(&reg))); errno != 0 {
+		t.Fatalf("UFFDIO_REGISTER: %v", errno)
+	}
+	u, err := newUffd(int(fd))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &region{mem: mem, u: u}
+	t.Cleanup(func() { u.Close(); munmap(r.mem) })
+	return r
+}
+
+// munmap unmaps any part of a mapping (unix.Munmap only takes whole
+// mappings it made itself).
+func munmap(b []byte) error {
+	_, _, errno := unix.Syscall(unix.SYS_MUNMAP, uintptr(unsafe.Pointer(&b[0])), uintptr(len(b)), 0)
+	if errno != 0 {
+		return errno
+	}
+	return nil
+}
+
+func (r *region) addr(page int) uint64 {
+	return uint64(uintptr(unsafe.Pointer(&r.mem[0]))) + uint64(page*pageSize)
+}
+
+// source is a pages image: page i holds byte i+1 throughout.
+func source(pages int) []byte {
+	b := make([]byte, pages*pageSize)
+	for i := range pages {
+		for j := range pageSize {
+			b[i*pageSize+j] = byte(i + 1)
+		}
+	}
+	return b
+}
+
+func runFiller(t *testing.T, f *filler) <-chan error {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- f.run() }()
+	return done
+}
+
+func waitFiller(t *testing.T, done <-chan error) {
+	t.Helper()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("filler: %v", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("filler did not finish")
+	}
+}
+
+// finish lets the sibling run, waits for the filler to fill everything,
+// and closes the userfaultfd as the daemon does once a filler is done: from
+// then on, pages the daemon did not fill read as zeros.
+func finish(t *testing.T, h *testHost, r *region, done <-chan error) {
+	t.Helper()
+	h.state.Store(int32(running))
+	r.u.interrupt()
+	waitFiller(t, done)
+	r.u.Close()
+}
+
+func wantPage(t *testing.T, mem []byte, page int, b byte) {
+	t.Helper()
+	got := mem[page*pageSize : (page+1)*pageSize]
+	if !bytes.Equal(got, bytes.Repeat([]byte{b}, pageSize)) {
+		t.Fatalf("page %d starts %v, want all %d", page, got[:8], b)
+	}
+}
+
+// TestFillerServesFaultsThenFillsTheRest: while the sibling is restoring the
+// filler answers faults only (with the dump's data, or the zero page where
+// the dump had nothing); once it runs, it fills every missing page and
+// returns.
+func TestFillerServesFaultsThenFillsTheRest(t *testing.T) {
+	r := newRegion(t, 64)
+	src := source(48)
+	// Pages 0-31 and 40-55 are in the dump; 32-39 and 56-63 are not.
+	miss := newPending([]span{
+		{r.addr(0), r.addr(32), 0},
+		{r.addr(40), r.addr(56), 32 * pageSize},
+	})
+	h := &testHost{}
+	f := newFiller(r.u, miss, src, h)
+	done := runFiller(t, f)
+
+	wantPage(t, r.mem, 5, 6)
+	wantPage(t, r.mem, 33, 0)
+	wantPage(t, r.mem, 41, 34)
+	time.Sleep(50 * time.Millisecond) // the filler counts after it wakes the task
+	if h.c.BackgroundPages.Load() != 0 {
+		t.Fatal("filled in the background before the restore finished")
+	}
+	if h.c.Faults.Load() != 3 || h.c.FaultPages.Load() != 2 || h.c.ZeroPages.Load() != 1 {
+		t.Fatalf("after 3 faults: faults %d, fault pages %d, zero pages %d", h.c.Faults.Load(), h.c.FaultPages.Load(), h.c.ZeroPages.Load())
+	}
+
+	if filling, err := Filling(os.Getpid()); err != nil || !filling {
+		t.Fatalf("Filling with a registered area = %v, %v", filling, err)
+	}
+	finish(t, h, r, done)
+	if filling, err := Filling(os.Getpid()); err != nil || filling {
+		t.Fatalf("Filling once the userfaultfd is closed = %v, %v", filling, err)
+	}
+	if got := h.c.FaultPages.Load() + h.c.BackgroundPages.Load(); got != 48 {
+		t.Fatalf("copied %d pages, want the dump's 48", got)
+	}
+	for p := range 64 {
+		want := byte(0)
+		switch {
+		case p < 32:
+			want = byte(p + 1)
+		case p >= 40 && p < 56:
+			want = byte(p - 40 + 33)
+		}
+		wantPage(t, r.mem, p, want)
+	}
+}
+
+// TestFillerFollowsRemoveRemapAndUnmap: the task throws some memory away,
+// moves all of it and unmaps some while pages are still missing; the filler
+// forgets, moves and drops them accordingly, and never fails. The discard
+// must not change the task's VMAs: the mremap of the whole area after it
+// succeeds as it would without lazy pages.
+func TestFillerFollowsRemoveRemapAndUnmap(t *testing.T) {
+	r := newRegion(t, 32)
+	src := source(32)
+	h := &testHost{}
+	f := newFiller(r.u, newPending([]span{{r.addr(0), r.addr(32), 0}}), src, h)
+	done := runFiller(t, f)
+
+	wantPage(t, r.mem, 0, 1) // one page in place before the move
+	if err := unix.Madvise(r.mem[4*pageSize:8*pageSize], unix.MADV_DONTNEED); err != nil {
+		t.Fatal(err)
+	}
+	dst, err := unix.Mmap(-1, 0, len(r.mem), unix.PROT_NONE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	moved, err := unix.MremapPtr(unsafe.Pointer(&r.mem[0]), uintptr(len(r.mem)), unsafe.Pointer(&dst[0]), uintptr(len(dst)),
+		unix.MREMAP_MAYMOVE|unix.MREMAP_FIXED)
+	if err != nil {
+		t.Fatalf("mremap of the whole area after MADV_DONTNEED: %v", err)
+	}
+	r.mem = unsafe.Slice((*byte)(moved), len(dst))
+	if err := munmap(r.mem[28*pageSize:]); err != nil {
+		t.Fatal(err)
+	}
+	r.mem = r.mem[:28*pageSize]
+
+	finish(t, h, r, done)
+	for p := range 28 {
+		want := byte(p + 1)
+		if p >= 4 && p < 8 {
+			want = 0 // discarded by MADV_DONTNEED
+		}
+		wantPage(t, r.mem, p, want)
+	}
+}
+
+// TestFillerStopsWhenAbandoned: an abandoned sibling's filler returns at
+// once, with pages still missing.
+func TestFillerStopsWhenAbandoned(t *testing.T) {
+	r := newRegion(t, 8)
+	h := &testHost{}
+	f := newFiller(r.u, newPending([]span{{r.addr(0), r.addr(8), 0}}), source(8), h)
+	done := runFiller(t, f)
+	h.state.Store(int32(abandoned))
+	r.u.interrupt()
+	select {
+	case err := <-done:
+		if err != errAbandoned {
+			t.Fatalf("abandoned filler returned %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("abandoned filler kept running")
+	}
+}
+
+func TestDecodeMsg(t *testing.T) {
+	raw := make([]byte, uffdMsgSize)
+	raw[0] = uffdEventRemap
+	*(*uint64)(unsafe.Pointer(&raw[8])) = 0x1000
+	*(*uint64)(unsafe.Pointer(&raw[16])) = 0x9000
+	*(*uint64)(unsafe.Pointer(&raw[24])) = 0x3000
+	if m := decodeMsg(raw); m.event != uffdEventRemap || m.a != 0x1000 || m.b != 0x9000 || m.c != 0x3000 {
+		t.Fatalf("remap = %+v", m)
+	}
+	raw[0] = uffdEventPagefault
+	*(*uint64)(unsafe.Pointer(&raw[16])) = 0x7f0000001234
+	if m := decodeMsg(raw); m.address != 0x7f0000001234 {
+		t.Fatalf("pagefault = %+v", m)
+	}
+	raw[0] = uffdEventFork
+	*(*uint32)(unsafe.Pointer(&raw[8])) = 42
+	if m := decodeMsg(raw); m.a != 42 {
+		t.Fatalf("fork = %+v", m)
+	}
+}

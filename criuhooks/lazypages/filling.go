@@ -1,0 +1,39 @@
+package lazypages
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"os"
+	"strings"
+)
+
+// Filling reports whether the task pid still has memory registered with a
+// userfaultfd in missing mode ("um" in its smaps VmFlags): a lazily restored
+// task its daemon has not finished.
+//
+// Such a task must not be dumped. CRIU dumps only the pages that are
+// present, so every page still missing would be left out of the dump, and a
+// sibling restored from it would read zeros there. A fork of a sibling waits
+// until none of its tasks is filling (or refuses). The kernel, not the
+// daemon, answers: the daemon closes a task's userfaultfd when it is done,
+// which unregisters its areas.
+func Filling(pid int) (bool, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/smaps", pid))
+	if err != nil {
+		return false, fmt.Errorf("lazy pages: is task %d filling: %w", pid, err)
+	}
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	for sc.Scan() {
+		flags, ok := strings.CutPrefix(sc.Text(), "VmFlags:")
+		if !ok {
+			continue
+		}
+		for _, f := range strings.Fields(flags) {
+			if f == "um" {
+				return true, nil
+			}
+		}
+	}
+	return false, sc.Err()
+}

@@ -1,0 +1,145 @@
+package lazypages
+
+import (
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/checkpoint-restore/go-criu/v7/crit"
+	"github.com/checkpoint-restore/go-criu/v7/crit/images/mm"
+	"github.com/checkpoint-restore/go-criu/v7/crit/images/pagemap"
+	"github.com/checkpoint-restore/go-criu/v7/crit/images/pstree"
+	"github.com/checkpoint-restore/go-criu/v7/crit/images/vma"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+)
+
+func writeImage(t *testing.T, path, magic string, msgs ...proto.Message) {
+	t.Helper()
+	img := &crit.CriuImage{Magic: magic}
+	for _, m := range msgs {
+		img.Entries = append(img.Entries, &crit.CriuEntry{Message: m})
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := crit.New(nil, f, "", false, false).Encode(img); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// criu4Entry is a pagemap entry as CRIU 4.x writes it: the page count in
+// field 5, the old 32-bit field left 0.
+func criu4Entry(vaddr, pages uint64, flags uint32) *pagemap.PagemapEntry {
+	e := &pagemap.PagemapEntry{Vaddr: proto.Uint64(vaddr), NrPages: proto.Uint32(0), Flags: proto.Uint32(flags)}
+	b := protowire.AppendTag(nil, pagemapNrPagesField, protowire.VarintType)
+	e.ProtoReflect().SetUnknown(protowire.AppendVarint(b, pages))
+	return e
+}
+
+func vmaEntry(start, end uint64) *vma.VmaEntry {
+	return &vma.VmaEntry{Start: proto.Uint64(start), End: proto.Uint64(end), Pgoff: proto.Uint64(0),
+		Shmid: proto.Uint64(0), Prot: proto.Uint32(3), Flags: proto.Uint32(0x22), Status: proto.Uint32(0x201),
+		Fd: proto.Int64(-1)}
+}
+
+func mmEntry(vmas ...*vma.VmaEntry) *mm.MmEntry {
+	z := proto.Uint64(0)
+	return &mm.MmEntry{MmStartCode: z, MmEndCode: z, MmStartData: z, MmEndData: z, MmStartStack: z,
+		MmStartBrk: z, MmBrk: z, MmArgStart: z, MmArgEnd: z, MmEnvStart: z, MmEnvEnd: z,
+		ExeFileId: proto.Uint32(0), Vmas: vmas}
+}
+
+// fakeDump writes a one-task dump of pid 7 whose memory holds: an eager
+// page (the stack, not lazy), a lazy run that crosses a VMA boundary, a hole
+// from a parent dump, and a lazy page; pages-3.img holds the present pages
+// in pagemap order.
+func fakeDump(t *testing.T, pages int) string {
+	t.Helper()
+	dir := t.TempDir()
+	writeImage(t, filepath.Join(dir, "pstree.img"), "PSTREE", &pstree.PstreeEntry{Pid: proto.Uint32(7), Ppid: proto.Uint32(0), Pgid: proto.Uint32(7), Sid: proto.Uint32(7)})
+	writeImage(t, filepath.Join(dir, "pagemap-7.img"), "PAGEMAP",
+		&pagemap.PagemapHead{PagesId: proto.Uint32(3)},
+		criu4Entry(0x1000, 1, pagePresent),
+		criu4Entry(0x10000, 4, pageLazy|pagePresent),
+		criu4Entry(0x20000, 2, pageInParent),
+		criu4Entry(0x30000, 1, pageLazy|pagePresent),
+	)
+	writeImage(t, filepath.Join(dir, "mm-7.img"), "MM", mmEntry(
+		vmaEntry(0x1000, 0x2000), vmaEntry(0x10000, 0x12000), vmaEntry(0x12000, 0x20000), vmaEntry(0x20000, 0x40000)))
+	if err := os.WriteFile(filepath.Join(dir, "pages-3.img"), make([]byte, pages*pageSize), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+func TestTaskImageOffsetsSkipEagerAndParentPages(t *testing.T) {
+	im, err := OpenImages(fakeDump(t, 6))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer im.Close()
+	task, data, err := im.task(7)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []span{
+		{0x10000, 0x12000, 1 * pageSize}, // after the eager page
+		{0x12000, 0x14000, 3 * pageSize}, // same entry, next VMA
+		{0x30000, 0x31000, 5 * pageSize}, // the parent hole takes no room
+	}
+	if !reflect.DeepEqual(task.lazy, want) {
+		t.Fatalf("lazy spans = %#v, want %#v", task.lazy, want)
+	}
+	if task.bytes != 5*pageSize || len(data) != 6*pageSize {
+		t.Fatalf("bytes = %d, data = %d", task.bytes, len(data))
+	}
+	again, _, _ := im.task(7)
+	if again != task {
+		t.Fatal("a second sibling's task was read again instead of shared")
+	}
+}
+
+func TestTruncatedPagesImageIsRefused(t *testing.T) {
+	im, err := OpenImages(fakeDump(t, 5))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer im.Close()
+	if _, _, err := im.task(7); err == nil || !strings.Contains(err.Error(), "truncated") {
+		t.Fatalf("task on a short pages image: %v", err)
+	}
+}
+
+func TestLazyDumpIsRefused(t *testing.T) {
+	dir := fakeDump(t, 6)
+	writeImage(t, filepath.Join(dir, "pagemap-7.img"), "PAGEMAP",
+		&pagemap.PagemapHead{PagesId: proto.Uint32(3)}, criu4Entry(0x10000, 4, pageLazy))
+	im, _ := OpenImages(dir)
+	defer im.Close()
+	if _, _, err := im.task(7); err == nil || !strings.Contains(err.Error(), "--lazy-pages") {
+		t.Fatalf("task of a lazy dump: %v", err)
+	}
+}
+
+func TestOldPagemapEntriesAreResolvedLikeCRIU(t *testing.T) {
+	old := &pagemap.PagemapEntry{Vaddr: proto.Uint64(0x1000), NrPages: proto.Uint32(3)}
+	e, err := resolveEntry(old)
+	if err != nil || e.pages != 3 || e.flags != pagePresent {
+		t.Fatalf("entry without flags = %+v, %v; want 3 present pages", e, err)
+	}
+	old.InParent = proto.Bool(true)
+	if e, _ := resolveEntry(old); e.flags&pageInParent == 0 || e.flags&pagePresent != 0 {
+		t.Fatalf("in_parent entry = %+v", e)
+	}
+}
+
+func TestNotADump(t *testing.T) {
+	if _, err := OpenImages(t.TempDir()); err == nil || !strings.Contains(err.Error(), "pstree.img") {
+		t.Fatalf("OpenImages of an empty dir: %v", err)
+	}
+}

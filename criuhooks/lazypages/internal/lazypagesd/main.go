@@ -1,0 +1,111 @@
+// Command lazypagesd runs tclone's lazy-pages daemon on its own, for tests
+// and measurements against raw CRIU:
+//
+//	lazypagesd -images DIR [-socket PATH]... [-siblings N]
+//
+// It serves every `criu restore --lazy-pages` that connects at one of the
+// sockets (default DIR/lazy-pages.socket), writes one JSON object per event
+// on stdout (the first one, "listening", once restores may start), and
+// exits when N siblings are done, or on SIGTERM/SIGINT, killing siblings
+// whose memory is not complete. It exits 1 if a sibling failed.
+package main
+
+import (
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/tclone/tclone/criuhooks/lazypages"
+)
+
+type paths []string
+
+func (p *paths) String() string     { return strings.Join(*p, ",") }
+func (p *paths) Set(s string) error { *p = append(*p, s); return nil }
+
+// line is one line of output.
+type line struct {
+	lazypages.Event
+	At    int64  `json:"at_ns"`
+	Error string `json:"error,omitempty"`
+}
+
+func main() {
+	images := flag.String("images", "", "the dump's images directory")
+	siblings := flag.Int("siblings", 0, "exit once this many siblings are done (0: run until signalled)")
+	pause := flag.Duration("chunk-pause", 0, "wait this long between background chunks")
+	var sockets paths
+	flag.Var(&sockets, "socket", "listen here (repeatable; default IMAGES/"+lazypages.SocketName+")")
+	flag.Parse()
+	if *images == "" {
+		fail(fmt.Errorf("-images is required"))
+	}
+	if len(sockets) == 0 {
+		sockets = paths{filepath.Join(*images, lazypages.SocketName)}
+	}
+	os.Exit(run(lazypages.Options{ImagesDir: *images, ChunkPause: *pause}, sockets, *siblings))
+}
+
+func run(opts lazypages.Options, sockets []string, want int) int {
+	var mu sync.Mutex
+	enc := json.NewEncoder(os.Stdout)
+	emit := func(ev lazypages.Event) {
+		mu.Lock()
+		defer mu.Unlock()
+		l := line{Event: ev, At: time.Now().UnixNano()}
+		if ev.Err != nil {
+			l.Error = ev.Err.Error()
+		}
+		enc.Encode(l)
+	}
+	done := make(chan lazypages.Event, 1024)
+	opts.OnEvent = func(ev lazypages.Event) {
+		emit(ev)
+		if ev.Kind == lazypages.EventComplete || ev.Kind == lazypages.EventFailed {
+			done <- ev
+		}
+	}
+	d, err := lazypages.Start(opts)
+	if err != nil {
+		fail(err)
+	}
+	for _, s := range sockets {
+		if err := d.Listen(s); err != nil {
+			d.Close()
+			fail(err)
+		}
+	}
+	emit(lazypages.Event{Kind: "listening"})
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
+	status := 0
+wait:
+	for n := 0; want == 0 || n < want; n++ {
+		select {
+		case ev := <-done:
+			if ev.Kind == lazypages.EventFailed {
+				status = 1
+			}
+		case <-sig:
+			status = 1
+			break wait
+		}
+	}
+	if err := d.Close(); err != nil {
+		fmt.Fprintf(os.Stderr, "lazypagesd: %v\n", err)
+		status = 1
+	}
+	return status
+}
+
+func fail(err error) {
+	fmt.Fprintf(os.Stderr, "lazypagesd: %v\n", err)
+	os.Exit(2)
+}

@@ -1,0 +1,190 @@
+// Command memfill is the process the lazy-pages tests dump and restore. It
+// fills a private anonymous mapping with a known pattern, writes the hash of
+// it, and then answers requests left as files in its directory:
+//
+//	<dir>/<pid>.req   one command; the answer appears in <dir>/<pid>.resp
+//
+// where <pid> is its pid as /proc (the host's) sees it, so that siblings
+// restored from the same images, each in its own PID namespace, answer
+// separately. Commands:
+//
+//	ping          "pong", without touching the filled memory
+//	hash          the hash of the filled memory
+//	forkhash      the hash as computed by a child forked for the purpose
+//	remap         move the mapping elsewhere (mremap); "ok"
+//	dontneed N    discard the first N pages (MADV_DONTNEED); "ok"
+//
+// remap and dontneed touch no page of the mapping, so that a lazily restored
+// sibling can be made to move and discard memory it is still missing.
+//
+// With -children N it forks N children right after the fill (fork(2), not
+// exec), which only wait: a tree of N+1 tasks with a copy of the memory each.
+// It writes where the memory is to <dir>/source.where.
+//
+// It opens nothing it keeps open and leads its own session, so CRIU dumps it
+// with no special options.
+package main
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/tclone/tclone/criuhooks/lazypages/internal/pattern"
+)
+
+type filled struct {
+	mem []byte
+}
+
+func (f *filled) words() []uint64 {
+	return unsafe.Slice((*uint64)(unsafe.Pointer(&f.mem[0])), len(f.mem)/8)
+}
+
+func main() {
+	mib := flag.Int("mib", 64, "MiB to fill")
+	dir := flag.String("dir", "", "directory for the hash and the requests")
+	children := flag.Int("children", 0, "fork this many idle children after the fill, each with a copy of the memory")
+	flag.Parse()
+	if *dir == "" {
+		fmt.Fprintln(os.Stderr, "memfill: -dir is required")
+		os.Exit(2)
+	}
+	// Its own session: CRIU refuses a tree whose session leader is outside
+	// the tree's PID namespace.
+	unix.Setsid()
+	mem, err := unix.Mmap(-1, 0, *mib<<20, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "memfill: mmap %d MiB: %v\n", *mib, err)
+		os.Exit(1)
+	}
+	f := &filled{mem: mem}
+	pattern.Fill(f.words())
+	for range *children {
+		if _, err := rawFork(nil); err != nil {
+			fmt.Fprintf(os.Stderr, "memfill: fork: %v\n", err)
+			os.Exit(1)
+		}
+	}
+	// Where the memory is, for reading a child's copy through /proc.
+	where := fmt.Sprintf("%d %d", uintptr(unsafe.Pointer(&mem[0])), len(mem))
+	if err := answer(*dir, "source.where", where); err != nil {
+		fmt.Fprintf(os.Stderr, "memfill: %v\n", err)
+		os.Exit(1)
+	}
+	if err := answer(*dir, "source.hash", pattern.Format(pattern.Hash(f.words()))); err != nil {
+		fmt.Fprintf(os.Stderr, "memfill: %v\n", err)
+		os.Exit(1)
+	}
+	for {
+		time.Sleep(time.Millisecond)
+		f.poll(*dir)
+	}
+}
+
+func (f *filled) poll(dir string) {
+	self, err := os.Readlink("/proc/self")
+	if err != nil {
+		return
+	}
+	req := filepath.Join(dir, self+".req")
+	cmd, err := os.ReadFile(req)
+	if err != nil {
+		return
+	}
+	os.Remove(req)
+	if err := answer(dir, self+".resp", f.run(strings.Fields(string(cmd)))); err != nil {
+		fmt.Fprintf(os.Stderr, "memfill: %v\n", err)
+	}
+}
+
+func answer(dir, name, text string) error {
+	tmp := filepath.Join(dir, name+".tmp")
+	if err := os.WriteFile(tmp, []byte(text), 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, filepath.Join(dir, name))
+}
+
+func (f *filled) run(cmd []string) string {
+	if len(cmd) == 0 {
+		return "error: empty request"
+	}
+	switch cmd[0] {
+	case "ping":
+		return "pong"
+	case "hash":
+		return pattern.Format(pattern.Hash(f.words()))
+	case "forkhash":
+		return f.forkHash()
+	case "remap":
+		if err := f.remap(); err != nil {
+			return "error: " + err.Error()
+		}
+		return "ok"
+	case "dontneed":
+		n, err := strconv.Atoi(cmd[len(cmd)-1])
+		if err != nil || n*4096 > len(f.mem) {
+			return "error: dontneed wants a page count within the mapping"
+		}
+		if err := unix.Madvise(f.mem[:n*4096], unix.MADV_DONTNEED); err != nil {
+			return "error: madvise: " + err.Error()
+		}
+		return "ok"
+	}
+	return "error: unknown request " + cmd[0]
+}
+
+// remap moves the mapping to a fresh address, so that a lazily restored
+// task's missing pages have to follow it.
+func (f *filled) remap() error {
+	size := len(f.mem)
+	dst, err := unix.Mmap(-1, 0, size, unix.PROT_NONE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		return fmt.Errorf("reserve: %w", err)
+	}
+	to, err := unix.MremapPtr(unsafe.Pointer(&f.mem[0]), uintptr(size), unsafe.Pointer(&dst[0]), uintptr(size),
+		unix.MREMAP_MAYMOVE|unix.MREMAP_FIXED)
+	if err != nil {
+		return fmt.Errorf("mremap: %w", err)
+	}
+	f.mem = unsafe.Slice((*byte)(to), size)
+	return nil
+}
+
+// forkHash hashes the memory in a child made by fork(2) itself (not
+// fork+exec), so that the child inherits the lazily restored mapping and its
+// missing pages reach the lazy-pages daemon through the child's own
+// userfaultfd.
+func (f *filled) forkHash() string {
+	var p [2]int
+	if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
+		return "error: pipe: " + err.Error()
+	}
+	words := f.words()
+	job := &hashJob{base: unsafe.Pointer(&words[0]), n: uint64(len(words)), out: uintptr(p[1])}
+	pid, err := rawFork(job)
+	unix.Close(p[1])
+	if err != nil {
+		unix.Close(p[0])
+		return "error: fork: " + err.Error()
+	}
+	out := os.NewFile(uintptr(p[0]), "hash pipe")
+	defer out.Close()
+	buf := make([]byte, 64)
+	n, _ := out.Read(buf)
+	var ws syscall.WaitStatus
+	syscall.Wait4(pid, &ws, 0, nil)
+	if n != 16 || !ws.Exited() || ws.ExitStatus() != 0 {
+		return fmt.Sprintf("error: child answered %q, %v", buf[:n], ws)
+	}
+	return string(buf[:n])
+}
