@@ -1,0 +1,44 @@
+package journal
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+)
+
+// Name is the entry's file name in its journal, by which a keeper process
+// adopts it (Adopt).
+func (e *Entry) Name() string { return filepath.Base(e.path) }
+
+// Adopt claims one entry for the calling process once its owner has died,
+// the way Orphans claims every orphan: a keeper that watched the owner
+// undoes the operation itself, and no other recovery touches it meanwhile.
+// It returns nil, nil when the entry is gone (its operation finished, or
+// another recovery claimed it first).
+func (j Journal) Adopt(name string) (*Entry, error) {
+	path := filepath.Join(j.Dir, name)
+	data, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading journal entry %s: %w", path, err)
+	}
+	var rec Record
+	if err := json.Unmarshal(data, &rec); err != nil {
+		return nil, fmt.Errorf("decoding journal entry %s: %w", path, err)
+	}
+	if rec.Owner.Alive() {
+		return nil, fmt.Errorf("journal entry %s: its owner (pid %d) still runs; only an orphan can be adopted", path, rec.Owner.Pid)
+	}
+	claim := filepath.Join(j.Dir, name+claimSep+formatOwner(Self()))
+	if err := os.Rename(path, claim); err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("claiming journal entry %s: %w", path, err)
+	}
+	return &Entry{path: claim, Rec: rec}, nil
+}
