@@ -120,7 +120,7 @@ func (e *Engine) Materialize(ctx context.Context, req MaterializeRequest) (*Mate
 		lease.Release(false)
 		return nil, err
 	}
-	req.watch, err = e.startRestoreWatch(entry)
+	req.watch, err = e.startRestoreWatch(entry, req.Stderr)
 	if err != nil {
 		lease.Release(false)
 		entry.End()

@@ -38,8 +38,10 @@ const RestoreWatchCommand = "__tclone-restore-watch"
 //
 // It runs in its own session and in tclone's own cgroup (cgroups.Escape), so
 // that neither a signal to the caller's process group nor a kill of the
-// caller's whole cgroup takes it along. Its stdio is /dev/null: holding
-// conmon's pipes would block conmon exactly as the sibling does.
+// caller's whole cgroup takes it along. Its stdio is /dev/null. It holds
+// the caller's stderr as descriptor 3 only to say, once the sibling is
+// gone, what happened: conmon passes the first thing it reads there to
+// Podman as the error, and otherwise reports an empty one.
 //
 // Protocol on its stdin: "watch PID START" names a process of the restore
 // (crun) to kill with its descendants if tclone dies; "done" means the
@@ -58,18 +60,23 @@ type watchConfig struct {
 	StoreRoot    string       `json:"store_root"`
 	SnapshotRoot string       `json:"snapshot_root"`
 	Crun         crun.Runtime `json:"crun"`
+	// Report is set when descriptor 3 is the caller's stderr.
+	Report bool `json:"report"`
 }
 
 // startRestoreWatch starts the watchdog of a materialisation recorded by
 // entry.
-func (e *Engine) startRestoreWatch(entry *journal.Entry) (*restoreWatch, error) {
+// callerStderr is where the watchdog reports, if it is a file.
+func (e *Engine) startRestoreWatch(entry *journal.Entry, callerStderr io.Writer) (*restoreWatch, error) {
 	self, err := os.Executable()
 	if err != nil {
 		return nil, fmt.Errorf("starting the restore watchdog: %w", err)
 	}
+	stderr, report := callerStderr.(*os.File)
 	cfg, err := json.Marshal(watchConfig{
 		JournalDir: e.Journal.Dir, Entry: entry.Name(),
 		StoreRoot: e.Store.Root, SnapshotRoot: e.Store.SnapshotRoot, Crun: *e.Crun,
+		Report: report,
 	})
 	if err != nil {
 		return nil, err
@@ -81,6 +88,9 @@ func (e *Engine) startRestoreWatch(entry *journal.Entry) (*restoreWatch, error) 
 	defer r.Close()
 	cmd := exec.Command(self, RestoreWatchCommand, string(cfg))
 	cmd.Stdin = r
+	if report {
+		cmd.ExtraFiles = []*os.File{stderr}
+	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {
 		w.Close()
@@ -125,10 +135,17 @@ func RunRestoreWatchIfAsked() {
 	if err := json.Unmarshal([]byte(os.Args[2]), &cfg); err != nil {
 		os.Exit(2)
 	}
-	os.Exit(runRestoreWatch(cfg, os.Stdin))
+	report := io.Discard
+	if cfg.Report {
+		// Closed when the watchdog exits: that is what lets conmon go on.
+		report = os.NewFile(3, "caller's stderr")
+	}
+	os.Exit(runRestoreWatch(cfg, os.Stdin, report))
 }
 
-func runRestoreWatch(cfg watchConfig, in io.Reader) int {
+// runRestoreWatch waits for the end of the restore, undoes it if its tclone
+// died, and says so on report.
+func runRestoreWatch(cfg watchConfig, in io.Reader, report io.Writer) int {
 	watched, done := readWatchProtocol(in)
 	if done {
 		return 0
@@ -139,12 +156,23 @@ func runRestoreWatch(cfg watchConfig, in io.Reader) int {
 		Store:   plan.Store{Root: cfg.StoreRoot, SnapshotRoot: cfg.SnapshotRoot},
 		Journal: journal.Journal{Dir: cfg.JournalDir},
 	}
-	if err := e.abandonMaterialize(context.Background(), cfg.Entry, watched); err != nil {
+	ctx, cancel := context.WithTimeout(context.Background(), abandonTimeout)
+	defer cancel()
+	id, err := e.abandonMaterialize(ctx, cfg.Entry, watched)
+	if id == "" && err == nil {
+		return 0 // nothing was left to undo
+	}
+	if err != nil {
 		writeWatchLog(cfg.Entry, err)
+		fmt.Fprintf(report, "tclone restore of %s died before the sibling was complete, and removing what it made failed: %v; run `tclone gc`\n", id, err)
 		return 1
 	}
+	fmt.Fprintf(report, "tclone restore of %s died before the sibling was complete; the half-made sibling was removed, fork again\n", id)
 	return 0
 }
+
+// abandonTimeout bounds a watchdog's cleanup: conmon waits for it.
+const abandonTimeout = time.Minute
 
 // readWatchProtocol reads the watched processes until "done" or the end of
 // input.
@@ -170,10 +198,11 @@ func readWatchProtocol(in io.Reader) (watched []journal.Owner, done bool) {
 // entry name, whose tclone died: it adopts the entry (no other recovery
 // touches it meanwhile), kills what the restore was still running, removes
 // the sibling and what was made for it, and gives back the plan's use.
-func (e *Engine) abandonMaterialize(ctx context.Context, name string, watched []journal.Owner) error {
+// It returns the sibling's ID, or "" if the entry was gone.
+func (e *Engine) abandonMaterialize(ctx context.Context, name string, watched []journal.Owner) (string, error) {
 	entry, err := e.Journal.Adopt(name)
 	if err != nil || entry == nil {
-		return err
+		return "", err
 	}
 	// A crun restore that is still running would go on making the sibling
 	// (and CRIU, its child, on holding the caller's stdio).
@@ -192,9 +221,9 @@ func (e *Engine) abandonMaterialize(ctx context.Context, name string, watched []
 	}
 	if err := errors.Join(errs...); err != nil {
 		// Leave the entry for `tclone gc` to try again.
-		return fmt.Errorf("undoing sibling %s after its tclone died: %w", entry.Rec.SiblingID, err)
+		return entry.Rec.SiblingID, fmt.Errorf("undoing sibling %s after its tclone died: %w", entry.Rec.SiblingID, err)
 	}
-	return entry.End()
+	return entry.Rec.SiblingID, entry.End()
 }
 
 // killTree kills a process and all its descendants, if it is still the

@@ -1,6 +1,7 @@
 package fork
 
 import (
+	"io"
 	"os"
 	"strings"
 	"testing"
@@ -29,7 +30,7 @@ func TestWatchdogDoneTouchesNothing(t *testing.T) {
 	e.Rec.Owner.StartTime++
 	e.Save()
 	cfg := watchConfig{JournalDir: j.Dir, Entry: e.Name()}
-	if code := runRestoreWatch(cfg, strings.NewReader("done\n")); code != 0 {
+	if code := runRestoreWatch(cfg, strings.NewReader("done\n"), io.Discard); code != 0 {
 		t.Fatalf("exit %d", code)
 	}
 	if orphans, _ := j.Orphans(); len(orphans) != 1 {
@@ -48,8 +49,12 @@ func TestWatchdogUndoesAfterDeath(t *testing.T) {
 	e.Rec.Owner.StartTime++
 	e.Save()
 	cfg := watchConfig{JournalDir: j.Dir, Entry: e.Name()}
-	if code := runRestoreWatch(cfg, strings.NewReader("watch 999999999 1\n")); code != 0 {
+	var report strings.Builder
+	if code := runRestoreWatch(cfg, strings.NewReader("watch 999999999 1\n"), &report); code != 0 {
 		t.Fatalf("exit %d", code)
+	}
+	if !strings.Contains(report.String(), "s died before the sibling was complete; the half-made sibling was removed") {
+		t.Errorf("report %q", report.String())
 	}
 	if orphans, _ := j.Orphans(); len(orphans) != 0 {
 		t.Fatal("the entry is still there")

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"time"
 )
 
 // Name is the entry's file name in its journal, by which a keeper process
@@ -30,7 +31,10 @@ func (j Journal) Adopt(name string) (*Entry, error) {
 	if err := json.Unmarshal(data, &rec); err != nil {
 		return nil, fmt.Errorf("decoding journal entry %s: %w", path, err)
 	}
-	if rec.Owner.Alive() {
+	// A keeper learns of its owner's death when the owner's files close,
+	// a moment before the owner is a zombie, and until its parent reaps it
+	// the zombie looks alive to Owner.Alive.
+	if !waitGone(rec.Owner, adoptWait) {
 		return nil, fmt.Errorf("journal entry %s: its owner (pid %d) still runs; only an orphan can be adopted", path, rec.Owner.Pid)
 	}
 	claim := filepath.Join(j.Dir, name+claimSep+formatOwner(Self()))
@@ -41,4 +45,23 @@ func (j Journal) Adopt(name string) (*Entry, error) {
 		return nil, fmt.Errorf("claiming journal entry %s: %w", path, err)
 	}
 	return &Entry{path: claim, Rec: rec}, nil
+}
+
+// adoptWait bounds how long Adopt waits for the owner to finish exiting.
+var adoptWait = 5 * time.Second
+
+// waitGone waits until o has exited (a zombie counts as exited), or for
+// timeout, and reports whether it has.
+func waitGone(o Owner, timeout time.Duration) bool {
+	deadline := time.Now().Add(timeout)
+	for {
+		state, start, err := ProcessState(o.Pid)
+		if err != nil || start != o.StartTime || state == 'Z' || state == 'X' {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }

@@ -3,11 +3,13 @@ package journal
 import (
 	"os"
 	"testing"
+	"time"
 )
 
 // A keeper adopts an orphan once; no recovery claims it while the keeper
 // runs, and a live owner's entry cannot be adopted.
 func TestAdopt(t *testing.T) {
+	adoptWait = 100 * time.Millisecond
 	j := Journal{Dir: t.TempDir()}
 	e, err := j.Begin(Record{Kind: Materialize, SiblingID: "s"})
 	if err != nil {
