@@ -2,17 +2,21 @@ package integration
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/tclone/tclone/runtime/fork"
 	"github.com/tclone/tclone/runtime/journal"
@@ -26,6 +30,7 @@ import (
 // test ends.
 func startService(t *testing.T, env ...string) string {
 	t.Helper()
+	noInheritedFiles(t)
 	dir := t.TempDir()
 	sock := filepath.Join(dir, "podman.sock")
 	logFile, err := os.Create(filepath.Join(dir, "service.log"))
@@ -35,8 +40,17 @@ func startService(t *testing.T, env ...string) string {
 	cmd := exec.Command("/usr/bin/podman", "--runtime", "tclone", "system", "service", "--time=0", "unix://"+sock)
 	cmd.Env = append(append(os.Environ(), "PODMAN_IGNORE_CGROUPSV1_WARNING=1"), env...)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := cmd.Start(); err != nil {
+	// The service dies with this process even if a hung test is killed
+	// before its cleanups run. The parent-death signal belongs to the
+	// thread that started the child, so that thread is kept for good.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Pdeathsig: syscall.SIGKILL}
+	started := make(chan error)
+	go func() {
+		runtime.LockOSThread()
+		started <- cmd.Start()
+		select {}
+	}()
+	if err := <-started; err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
@@ -64,6 +78,42 @@ func startService(t *testing.T, env ...string) string {
 		return nil
 	})
 	return sock
+}
+
+// noInheritedFiles keeps the descriptors this process inherited (the
+// stack lock's, from flock) from passing to the processes it starts: a
+// Podman service or a conmon that outlives a failed test would hold the
+// lock for everyone.
+func noInheritedFiles(t *testing.T) {
+	if err := unix.CloseRange(3, ^uint(0), unix.CLOSE_RANGE_CLOEXEC); err != nil {
+		t.Logf("marking inherited descriptors close-on-exec: %v", err)
+	}
+}
+
+// runWithin runs a command with env added, giving up at limit: a hung
+// Podman must fail the test, not hang it (descendants that keep its output
+// open are not waited for either).
+func runWithin(limit time.Duration, env []string, name string, args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Env = append(append(os.Environ(), "PODMAN_IGNORE_CGROUPSV1_WARNING=1"), env...)
+	cmd.WaitDelay = time.Second
+	out, err := cmd.CombinedOutput()
+	if ctx.Err() != nil {
+		return string(out), fmt.Errorf("%s %s: no answer within %s", name, strings.Join(args, " "), limit)
+	}
+	return string(out), err
+}
+
+// psWithin runs `podman ps -a`, giving up at limit.
+func psWithin(t *testing.T, limit time.Duration) error {
+	t.Helper()
+	out, err := runWithin(limit, nil, "/usr/bin/podman", "ps", "-a", "--format", "{{.Names}} {{.Status}}")
+	if err != nil {
+		return fmt.Errorf("%w: %s", err, out)
+	}
+	return nil
 }
 
 func lastLines(s string, n int) string {
@@ -165,9 +215,8 @@ func killedRestore(t *testing.T, sock string, tty bool) {
 		return nil
 	})
 	died := time.Now()
-	r := run(t, 30*time.Second, "/usr/bin/podman", "ps", "-a", "--format", "{{.Names}} {{.Status}}")
-	if took := time.Since(died); r.code != 0 || took > 5*time.Second {
-		t.Fatalf("podman ps -a answered %s after the restore died (exit %d): %s", took.Round(time.Millisecond), r.code, r.stderr)
+	if err := psWithin(t, 5*time.Second); err != nil {
+		t.Fatalf("podman ps -a after the restore died: %v", err)
 	}
 	t.Logf("podman ps -a answered %s after tclone restore died", time.Since(died).Round(time.Millisecond))
 
@@ -197,6 +246,73 @@ func killedRestore(t *testing.T, sock string, tty bool) {
 		t.Fatalf("the source does not run on: counter %d then %d", a, b)
 	}
 	requireSiblingGone(t, sibID)
+	requireNoLeftovers(t)
+}
+
+// Without a fork client to roll it back (a plain `podman container restore
+// --import` of a fork checkpoint, run by the podman CLI), a restore killed
+// the same way fails at once, Podman stays responsive, and the container
+// Podman made is left in a state it can remove.
+func TestKilledRestoreWithoutClient(t *testing.T) {
+	requireStack(t)
+	requireNoLeftovers(t)
+	noInheritedFiles(t)
+	src := name(t, "krc")
+	podman(t, "run", "-d", "--name", src, busybox, "sh", "-c", counterScript)
+	readCounter(t, src)
+	sib := name(t, "krc-sib")
+
+	// A fork checkpoint, asked for the way podman-fork asks.
+	store := plan.DefaultStore()
+	srcID := containerID(t, src)
+	unlock, err := store.LockIntents(srcID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	store.WriteIntent(plan.Intent{ContainerID: srcID, Nonce: sib, Uses: 1, TTL: 2 * time.Minute, Identity: plan.IdentityUnique})
+	archive := filepath.Join(t.TempDir(), "checkpoint.tar")
+	podman(t, "container", "checkpoint", "--leave-running", "--ignore-rootfs", "--export", archive, src)
+	unlock()
+	_, plans := clientFiles(t, os.Getpid())
+	if len(plans) != 1 {
+		t.Fatalf("plans held for this test: %v, want one", plans)
+	}
+	t.Cleanup(func() { store.Remove(store.Dir(plans[0])) })
+
+	start := time.Now()
+	out, err := runWithin(time.Minute, []string{fork.EnvCrashAt + "=" + fork.CrashSiblingRestored},
+		"/usr/bin/podman", "container", "restore", "--import", archive, "--ignore-rootfs", "--name", sib)
+	if err == nil {
+		t.Fatalf("a restore whose tclone was killed succeeded: %s", out)
+	}
+	t.Logf("podman container restore failed after %s: %s", time.Since(start).Round(time.Millisecond), lastLines(out, 3))
+	if !strings.Contains(out, "half-made sibling was removed") {
+		t.Errorf("the restore's error does not say what happened: %s", out)
+	}
+	if err := psWithin(t, 5*time.Second); err != nil {
+		t.Fatalf("podman ps -a after the killed restore: %v", err)
+	}
+	st, err := runWithin(30*time.Second, nil, "/usr/bin/podman", "inspect", "--format", "{{.State.Status}} {{.State.ExitCode}} {{.State.Error}}", sib)
+	if err != nil {
+		t.Fatalf("Podman lost the container it made: %v %s", err, st)
+	}
+	t.Logf("Podman's state of the failed container: %s", strings.TrimSpace(st))
+	if state := strings.Fields(st)[0]; state != "created" && state != "exited" && state != "stopped" && state != "configured" {
+		t.Errorf("the failed container is %q, neither created, exited nor stopped", state)
+	}
+	if out, err := runWithin(30*time.Second, nil, "/usr/bin/podman", "rm", sib); err != nil {
+		t.Fatalf("removing the failed container: %v: %s", err, out)
+	}
+	if _, err := os.Stat(store.Dir(plans[0])); err != nil {
+		t.Fatalf("the killed restore's use was not given back (plan gone): %v", err)
+	}
+	if u, _ := plan.ReadUses(store.Dir(plans[0])); u.Remaining != 1 || len(u.InFlight) != 0 {
+		t.Fatalf("uses after the killed restore: %+v, want its use given back", u)
+	}
+	store.Remove(store.Dir(plans[0]))
+	if a, b := readCounter(t, src), readCounter(t, src); state(t, src) != "running" || a == 0 || b < a {
+		t.Fatalf("the source does not run on")
+	}
 	requireNoLeftovers(t)
 }
 
@@ -238,17 +354,15 @@ func gcReport(t *testing.T) fork.Recovered {
 	return rep
 }
 
-// clientFiles finds what a fork client holds on the host: its temporary
-// directories and the plans held for it.
+// clientFiles finds what a fork client holds on the host: its archive
+// directory and the plans held for it.
 func clientFiles(t *testing.T, pid int) (dirs, plans []string) {
 	t.Helper()
-	for _, prefix := range tempdir.Prefixes {
-		matches, _ := filepath.Glob(filepath.Join(os.TempDir(), prefix+"*"))
-		for _, d := range matches {
-			data, _ := os.ReadFile(filepath.Join(d, tempdir.OwnerFile))
-			if bytes.Contains(data, []byte(fmt.Sprintf(`"pid":%d,`, pid))) {
-				dirs = append(dirs, d)
-			}
+	matches, _ := filepath.Glob(filepath.Join(os.TempDir(), tempdir.ForkPrefix+"*"))
+	for _, d := range matches {
+		data, _ := os.ReadFile(filepath.Join(d, tempdir.OwnerFile))
+		if bytes.Contains(data, []byte(fmt.Sprintf(`"pid":%d,`, pid))) {
+			dirs = append(dirs, d)
 		}
 	}
 	store := plan.DefaultStore()
@@ -291,6 +405,7 @@ func startForkInHook(t *testing.T, src string) (*exec.Cmd, chan error) {
 func TestGCCollectsOnlyWhatDeadClientsLeft(t *testing.T) {
 	requireStack(t)
 	requireNoLeftovers(t)
+	noInheritedFiles(t)
 	src := name(t, "gc")
 	podman(t, "run", "-d", "--name", src, busybox, "sh", "-c", counterScript)
 	readCounter(t, src)
