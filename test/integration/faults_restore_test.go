@@ -517,3 +517,140 @@ func ownedDir(t *testing.T, live bool) string {
 	}
 	return dir
 }
+
+// A kill of the whole cgroup of the tclone that restores a sibling (what a
+// service manager stopping Podman, or an OOM kill of the group, does) does
+// not take the restore's watchdog along: it lives in tclone's own cgroup,
+// and removes the half-made sibling at once, without any gc.
+func TestRestoreWatchdogSurvivesCallerCgroupKill(t *testing.T) {
+	requireStack(t)
+	requireNoLeftovers(t)
+	noInheritedFiles(t)
+	src := newBundle(t, "src", true, "sh", "-c", counterScript)
+	src.start(t)
+	src.counter(t)
+	sib := newBundle(t, "sib", false)
+	sib.spec.Process.Args = src.spec.Process.Args
+	sib.save(t)
+	caller := callerCgroup(t)
+
+	dir := t.TempDir()
+	stderrPath := filepath.Join(dir, "stderr")
+	stdout, _ := os.Create(filepath.Join(dir, "stdout"))
+	stderr, _ := os.Create(stderrPath)
+	defer stdout.Close()
+	defer stderr.Close()
+	cmd := exec.Command("sh", "-c", caller.enter()+"exec "+tcloneBin()+` "$@"`, "sh", "fork", "--bundle", sib.dir, src.id, sib.id)
+	cmd.Env = append(os.Environ(), fork.EnvPauseAt+"="+fork.CrashSiblingRestored)
+	cmd.Stdout, cmd.Stderr = stdout, stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	t.Cleanup(func() { cmd.Process.Kill() })
+	eventually(t, 2*time.Minute, "tclone paused with the sibling restored", func() error {
+		data, _ := os.ReadFile(stderrPath)
+		if !strings.Contains(string(data), fork.PausedMessage) {
+			return fmt.Errorf("stderr so far: %q", data)
+		}
+		return nil
+	})
+	if st := crunState(t, sib.id); st != "running" {
+		t.Fatalf("the sibling is %q at the pause, not running", st)
+	}
+	caller.killAll(t)
+	<-done
+
+	// No gc: the watchdog alone undoes the sibling.
+	eventually(t, 15*time.Second, "the half-made sibling removed", func() error {
+		if st := crunState(t, sib.id); st != "" {
+			return fmt.Errorf("crun still has it (%s)", st)
+		}
+		if l := leftovers(t); len(l) > 0 {
+			return fmt.Errorf("left: %v", l)
+		}
+		return nil
+	})
+	if entries, _ := os.ReadDir(sib.rootfs()); len(entries) != 0 {
+		t.Errorf("the sibling's root still holds %d entries", len(entries))
+	}
+	data, _ := os.ReadFile(stderrPath)
+	if !strings.Contains(string(data), "the half-made sibling was removed") {
+		t.Errorf("the caller was not told: %q", data)
+	}
+	requireRunning(t, src)
+}
+
+// testCgroup is a cgroup the test runs a process in, in each hierarchy
+// through which a whole group is killed.
+type testCgroup struct{ dirs []string }
+
+func callerCgroup(t *testing.T) *testCgroup {
+	t.Helper()
+	rel := filepath.Join("tclone-test", fmt.Sprintf("tct-caller-%d", time.Now().UnixNano()))
+	var c testCgroup
+	if cgroupsUnified() {
+		c.dirs = []string{filepath.Join("/sys/fs/cgroup", rel)}
+	} else {
+		for _, h := range []string{"freezer", "pids", "systemd"} {
+			c.dirs = append(c.dirs, filepath.Join("/sys/fs/cgroup", h, rel))
+		}
+	}
+	for _, d := range c.dirs {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() {
+		for _, d := range c.dirs {
+			os.Remove(d)
+		}
+	})
+	return &c
+}
+
+func cgroupsUnified() bool {
+	var fs unix.Statfs_t
+	return unix.Statfs("/sys/fs/cgroup", &fs) == nil && fs.Type == unix.CGROUP2_SUPER_MAGIC
+}
+
+// enter is shell that moves the shell into the cgroup.
+func (c *testCgroup) enter() string {
+	var b strings.Builder
+	for _, d := range c.dirs {
+		fmt.Fprintf(&b, "echo $$ > %s/cgroup.procs && ", d)
+	}
+	return b.String()
+}
+
+// killAll kills every process of the cgroup the way a service manager
+// does: on v1, freeze it so nothing escapes by forking, kill all, thaw.
+func (c *testCgroup) killAll(t *testing.T) {
+	t.Helper()
+	if cgroupsUnified() {
+		if err := os.WriteFile(filepath.Join(c.dirs[0], "cgroup.kill"), []byte("1"), 0); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	freezer := c.dirs[0]
+	state := filepath.Join(freezer, "freezer.state")
+	os.WriteFile(state, []byte("FROZEN"), 0)
+	eventually(t, 10*time.Second, "caller cgroup frozen", func() error {
+		data, _ := os.ReadFile(state)
+		if strings.TrimSpace(string(data)) != "FROZEN" {
+			return fmt.Errorf("%s", data)
+		}
+		return nil
+	})
+	data, _ := os.ReadFile(filepath.Join(freezer, "cgroup.procs"))
+	pids := strings.Fields(string(data))
+	for _, p := range pids {
+		if pid, err := strconv.Atoi(p); err == nil {
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
+	os.WriteFile(state, []byte("THAWED"), 0)
+	t.Logf("killed the caller cgroup's processes %v", pids)
+}
