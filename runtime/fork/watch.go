@@ -224,14 +224,15 @@ func readWatchProtocol(in io.Reader) (watched []journal.Owner, done bool) {
 // the sibling and what was made for it, and gives back the plan's use.
 // It returns the sibling's ID, or "" if the entry was gone.
 func (e *Engine) abandonMaterialize(ctx context.Context, name string, watched []journal.Owner) (string, error) {
+	// A crun restore that is still running would go on making the sibling
+	// (and CRIU, its child, on holding the caller's stdio), whoever undoes
+	// the operation.
+	for _, o := range watched {
+		killTree(o)
+	}
 	entry, err := e.Journal.Adopt(name)
 	if err != nil || entry == nil {
 		return "", err
-	}
-	// A crun restore that is still running would go on making the sibling
-	// (and CRIU, its child, on holding the caller's stdio).
-	for _, o := range watched {
-		killTree(o)
 	}
 	errs := []error{e.undoMaterialize(ctx, entry.Rec)}
 	if entry.Rec.PlanDir != "" {
