@@ -445,10 +445,12 @@ func TestGCCollectsOnlyWhatDeadClientsLeft(t *testing.T) {
 	// A lock someone holds, and directories of a live and a dead owner.
 	held := filepath.Join(plan.DefaultStore().LocksDir(), "tct-held-"+src+".lock")
 	holder := exec.Command("flock", "-x", held, "sleep", "600")
+	// flock runs sleep as its child, holding the lock too: the group goes.
+	holder.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := holder.Start(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { holder.Process.Kill(); holder.Wait(); os.Remove(held) })
+	t.Cleanup(func() { syscall.Kill(-holder.Process.Pid, syscall.SIGKILL); holder.Wait(); os.Remove(held) })
 	liveDir, deadDir := ownedDir(t, true), ownedDir(t, false)
 	eventually(t, 5*time.Second, "lock held", func() error { _, err := os.Stat(held); return err })
 
