@@ -10,9 +10,12 @@ var gcCommand = &cli.Command{
 	Name:  "gc",
 	Usage: "clean up after interrupted forks and remove expired fork plans",
 	Description: `Undoes what a killed tclone left half done (thawing any source it froze,
-removing half-made siblings, plans and snapshots), removes plans past their
-expiry and snapshots no plan refers to. Every fork runs this first; run it
-by hand after a crash to clean up at once. Prints what it did as JSON.`,
+removing half-made siblings, plans and snapshots), removes plans that no
+live fork can use (past their expiry, or held for a fork client that died),
+snapshots no plan refers to, fork clients' temporary directories
+(/tmp/tclone-fork-*, /tmp/podman-fork-*) whose owners died, and lock files
+no one holds. Every fork runs the first part first; run it by hand after a
+crash to clean up at once. Prints what it removed as JSON.`,
 	Action: func(c *cli.Context) error {
 		rt, err := findCrun(c)
 		if err != nil {

@@ -13,6 +13,7 @@ import (
 	"github.com/tclone/tclone/runtime/buildinfo"
 	"github.com/tclone/tclone/runtime/cgroups"
 	"github.com/tclone/tclone/runtime/crun"
+	"github.com/tclone/tclone/runtime/fork"
 )
 
 const usage = `an OCI runtime that forks running containers
@@ -28,6 +29,7 @@ With Podman:
 
 func main() {
 	cgroups.RunGuardIfAsked()
+	fork.RunRestoreWatchIfAsked()
 	if err := newApp().Run(os.Args); err != nil {
 		fatal(err)
 	}

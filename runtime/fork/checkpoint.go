@@ -35,6 +35,14 @@ func (e *Engine) CheckpointForIntent(ctx context.Context, id, imagePath, workPat
 	if err != nil {
 		return nil, err
 	}
+	// The plan's uses are kept for the client that asked for them; if it
+	// dies, the plan goes at the next sweep instead of at its expiry.
+	if intent.Client.Pid != 0 {
+		if err := plan.HoldFor(c.Dir, intent.Client); err != nil {
+			e.Store.Remove(c.Dir)
+			return nil, fmt.Errorf("recording the fork client of plan %s: %w", c.Dir, err)
+		}
+	}
 	if err := writeCheckpointDir(c, imagePath, workPath); err != nil {
 		e.Store.Remove(c.Dir)
 		return nil, err

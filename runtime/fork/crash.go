@@ -1,8 +1,10 @@
 package fork
 
 import (
+	"fmt"
 	"os"
 	"syscall"
+	"time"
 )
 
 // EnvCrashAt names a crash point at which tclone kills itself with SIGKILL.
@@ -25,9 +27,23 @@ var CrashPoints = []string{
 	CrashCaptureStarted, CrashSourceFrozen, CrashSnapshotTaken, CrashDumpDone, CrashRootfsFilled, CrashSiblingRestored,
 }
 
+// EnvPauseAt names a crash point at which tclone says so on stderr and
+// waits to be killed from outside: the tests kill it (or its whole cgroup)
+// at a known step.
+const EnvPauseAt = "TCLONE_PAUSE_AT"
+
+// PausedMessage starts the line a paused tclone writes on stderr.
+const PausedMessage = "tclone: paused at "
+
 func crashPoint(name string) {
 	if os.Getenv(EnvCrashAt) == name {
 		syscall.Kill(os.Getpid(), syscall.SIGKILL)
 		select {} // SIGKILL is not deliverable late, but never continue.
+	}
+	if os.Getenv(EnvPauseAt) == name {
+		fmt.Fprintf(os.Stderr, "%s%s (pid %d)\n", PausedMessage, name, os.Getpid())
+		for {
+			time.Sleep(time.Hour)
+		}
 	}
 }

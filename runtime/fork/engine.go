@@ -10,8 +10,6 @@ import (
 	"path/filepath"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/tclone/tclone/runtime/crun"
 	"github.com/tclone/tclone/runtime/journal"
 	"github.com/tclone/tclone/runtime/plan"
@@ -66,30 +64,14 @@ func (e *Engine) criuTimeout() time.Duration {
 // that another CRIU holds, so concurrent forks of one source queue here and
 // each succeeds in turn.
 func (e *Engine) lockSource(ctx context.Context, id string) (func(), error) {
-	dir := filepath.Join(e.Store.Root, "locks")
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, err
+	unlock, err := plan.Lock(ctx, filepath.Join(e.Store.LocksDir(), id+".lock"))
+	if ctx.Err() != nil {
+		return nil, fmt.Errorf("waiting for another capture of %s to finish: %w", id, ctx.Err())
 	}
-	f, err := os.OpenFile(filepath.Join(dir, id+".lock"), os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("locking source %s: %w", id, err)
 	}
-	for {
-		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
-		if err == nil {
-			return func() { f.Close() }, nil
-		}
-		if err != unix.EWOULDBLOCK {
-			f.Close()
-			return nil, fmt.Errorf("locking source %s: %w", id, err)
-		}
-		select {
-		case <-ctx.Done():
-			f.Close()
-			return nil, fmt.Errorf("waiting for another capture of %s to finish: %w", id, ctx.Err())
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
+	return unlock, nil
 }
 
 // LogDir keeps the CRIU logs of failed operations, whose work directories

@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -45,6 +46,9 @@ type MaterializeRequest struct {
 	// ownsPlan marks a plan made for this sibling alone (Fork): recovery
 	// removes it with the sibling.
 	ownsPlan bool
+	// watch is the watchdog that undoes the sibling if this tclone dies
+	// before committing it; crun's restore is reported to it.
+	watch *restoreWatch
 }
 
 // Materialized reports a sibling that is up.
@@ -116,6 +120,15 @@ func (e *Engine) Materialize(ctx context.Context, req MaterializeRequest) (*Mate
 		lease.Release(false)
 		return nil, err
 	}
+	req.watch, err = e.startRestoreWatch(entry, req.Stderr)
+	if err != nil {
+		lease.Release(false)
+		entry.End()
+		return nil, err
+	}
+	// Whatever happens below ends the operation one way or the other
+	// before the watchdog is released.
+	defer req.watch.Done()
 	m, err := e.materialize(ctx, req, p, dir, spec, bundle, root, siblingDir, check, entry)
 	if err != nil {
 		err = errors.Join(err, e.undoMaterialize(ctx, entry.Rec))
@@ -280,7 +293,11 @@ func (e *Engine) crunRestore(ctx context.Context, req MaterializeRequest, p *pla
 	// the restored tree inherits them as its stdio (conmon's log pipes, or
 	// the terminal), and would hold a pipe of ours open forever.
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = req.Stdin, req.Stdout, req.Stderr
-	err := cmd.Run()
+	err := cmd.Start()
+	if err == nil {
+		req.watch.Watch(cmd.Process.Pid)
+		err = cmd.Wait()
+	}
 	if err == nil {
 		return nil
 	}
@@ -302,6 +319,12 @@ func (e *Engine) undoMaterialize(ctx context.Context, rec journal.Record) error 
 	var errs []error
 	if rec.SiblingCreated && rec.SiblingID != "" {
 		errs = append(errs, e.removeSibling(ctx, rec.CrunRoot, rec.SiblingID))
+		// A restore cut short can leave restored tasks crun never
+		// recorded. Only a cgroup made for this sibling (its path names
+		// it) is emptied: a config could name anyone's cgroup.
+		if strings.Contains(filepath.Base(rec.SiblingCgroup), rec.SiblingID) {
+			errs = append(errs, cgroups.KillAll(rec.SiblingCgroup))
+		}
 		errs = append(errs, cgroups.RemoveLeftovers(rec.SiblingCgroup))
 	}
 	if rec.RootFilled && rec.RootTarget != "" {

@@ -15,6 +15,7 @@ import (
 	"github.com/tclone/tclone/runtime/journal"
 	"github.com/tclone/tclone/runtime/plan"
 	"github.com/tclone/tclone/runtime/rootfs"
+	"github.com/tclone/tclone/runtime/tempdir"
 )
 
 // Recovered reports what a recovery pass cleaned up.
@@ -24,17 +25,43 @@ type Recovered struct {
 	Thawed       []string `json:"thawed"`        // sources found frozen and thawed
 	ExpiredPlans int      `json:"expired_plans"` // unused plans past their expiry
 	StraySnaps   int      `json:"stray_snapshots"`
+	// Plans are the plans removed by the sweep, each with why.
+	Plans []RemovedPlan `json:"plans"`
+	// TempDirs are fork clients' temporary directories whose owners died.
+	TempDirs []string `json:"temp_dirs"`
+	// Locks are lock files no one held.
+	Locks []string `json:"locks"`
+}
+
+// RemovedPlan is a plan the sweep removed.
+type RemovedPlan struct {
+	ID string `json:"id"`
+	// Reason is plan.SweptUsedUp, plan.SweptExpired or
+	// plan.SweptClientGone.
+	Reason string `json:"reason"`
+}
+
+func (r *Recovered) empty() bool {
+	return r.Captures+r.Siblings+r.StraySnaps+len(r.Plans)+len(r.Thawed)+len(r.TempDirs)+len(r.Locks) == 0
 }
 
 // Recover undoes every fork operation whose tclone process died, removes
-// plans past their expiry, and removes root filesystem snapshots no plan
-// refers to (those a crash followed by a reboot left). It is what `tclone gc`
-// runs.
+// plans past their expiry or whose client died, root filesystem snapshots
+// no plan refers to (those a crash followed by a reboot left), fork
+// clients' temporary directories whose owners died, and lock files no one
+// holds. It is what `tclone gc` runs.
 func (e *Engine) Recover(ctx context.Context) (*Recovered, error) {
 	r, err := e.recoverOperations(ctx)
+	if r == nil {
+		r = &Recovered{}
+	}
 	n, serr := e.removeStraySnapshots()
 	r.StraySnaps = n
-	return r, errors.Join(err, serr)
+	dirs, terr := tempdir.Collect(tempdir.DefaultRoots(), time.Now())
+	r.TempDirs = dirs
+	locks, lerr := e.Store.CollectLocks()
+	r.Locks = locks
+	return r, errors.Join(err, serr, terr, lerr)
 }
 
 // recoverOperations undoes operations whose process died and sweeps plans:
@@ -78,8 +105,12 @@ func (e *Engine) recoverOperations(ctx context.Context) (*Recovered, error) {
 		}
 		errs = append(errs, o.End())
 	}
-	n, err := e.sweepPlans(time.Now())
-	r.ExpiredPlans = n
+	r.Plans, err = e.sweepPlans(time.Now())
+	for _, p := range r.Plans {
+		if p.Reason == plan.SweptExpired {
+			r.ExpiredPlans++
+		}
+	}
 	errs = append(errs, err)
 	return &r, errors.Join(errs...)
 }
@@ -91,31 +122,32 @@ func (e *Engine) RecoverQuietly(ctx context.Context) {
 	if err != nil {
 		logrus.Warnf("cleaning up after an earlier interrupted fork: %v", err)
 	}
-	if r != nil && (r.Captures+r.Siblings+r.ExpiredPlans+r.StraySnaps > 0 || len(r.Thawed) > 0) {
+	if r != nil && !r.empty() {
 		logrus.Debugf("cleaned up after earlier forks: %+v", *r)
 	}
 }
 
 // sweepPlans gives back uses whose holder died, and removes plans that are
-// used up or expired.
-func (e *Engine) sweepPlans(now time.Time) (int, error) {
+// used up, expired, or held for a fork client that died, unless a restore
+// still holds a use.
+func (e *Engine) sweepPlans(now time.Time) ([]RemovedPlan, error) {
 	ids, err := e.Store.List()
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
-	n := 0
+	var removed []RemovedPlan
 	var errs []error
 	for _, id := range ids {
 		// A plan without plan.json is a capture in progress (its journal
 		// entry is alive) or one a crash cut short (its orphan entry was
 		// handled above); Sweep leaves it alone.
-		removed, err := e.Store.Sweep(e.Store.Dir(id), now)
+		reason, err := e.Store.Sweep(e.Store.Dir(id), now)
 		errs = append(errs, err)
-		if removed {
-			n++
+		if reason != "" {
+			removed = append(removed, RemovedPlan{ID: id, Reason: reason})
 		}
 	}
-	return n, errors.Join(errs...)
+	return removed, errors.Join(errs...)
 }
 
 // removeStraySnapshots deletes root filesystem snapshots whose plan is gone,

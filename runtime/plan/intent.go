@@ -1,6 +1,7 @@
 package plan
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -8,7 +9,7 @@ import (
 	"path/filepath"
 	"time"
 
-	"golang.org/x/sys/unix"
+	"github.com/tclone/tclone/runtime/journal"
 )
 
 // Intent asks that the next checkpoint of a container be a fork capture.
@@ -30,6 +31,11 @@ type Intent struct {
 	Identity  Identity       `json:"identity"`
 	Options   CaptureOptions `json:"options"`
 	TCPClose  bool           `json:"tcp_close,omitempty"`
+	// Client is the process that asked for the fork, by PID and start time
+	// (WriteIntent records the caller). The plan's uses are held for it:
+	// once it has died the plan is removed as soon as no restore holds a
+	// use (plan.Uses.Client).
+	Client journal.Owner `json:"client"`
 }
 
 // IntentTTL is how long an unconsumed intent stays valid.
@@ -48,6 +54,9 @@ func (s Store) WriteIntent(in Intent) error {
 		return fmt.Errorf("creating intent directory: %w", err)
 	}
 	in.Version = FormatVersion
+	if in.Client.Pid == 0 {
+		in.Client = journal.Self()
+	}
 	if in.ExpiresAt.IsZero() {
 		in.ExpiresAt = time.Now().Add(IntentTTL).UTC()
 	}
@@ -106,19 +115,11 @@ func (s Store) RemoveIntent(containerID, nonce string) error {
 // between leaving an intent and the checkpoint that consumes it, no other
 // fork of that container may leave or remove one.
 func (s Store) LockIntents(containerID string) (unlock func(), err error) {
-	dir := filepath.Join(s.Root, "locks")
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, err
-	}
-	f, err := os.OpenFile(filepath.Join(dir, "intent-"+containerID+".lock"), os.O_RDWR|os.O_CREATE, 0o600)
+	unlock, err = Lock(context.Background(), filepath.Join(s.LocksDir(), "intent-"+containerID+".lock"))
 	if err != nil {
-		return nil, err
-	}
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
-		f.Close()
 		return nil, fmt.Errorf("locking fork requests of %s: %w", containerID, err)
 	}
-	return func() { f.Close() }, nil
+	return unlock, nil
 }
 
 // Reference is what a fork checkpoint leaves in Podman's checkpoint

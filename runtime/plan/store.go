@@ -214,6 +214,16 @@ type Uses struct {
 	// holding one use. A use whose holder died is given back (Reap), so a
 	// crash at any point neither leaks a use nor returns one twice.
 	InFlight []journal.Owner `json:"in_flight"`
+	// Client is the fork client the remaining uses are held for, recorded
+	// from its intent at capture (HoldFor). Once it has died no one will
+	// ask for them, so the plan is removed as soon as no restore holds a
+	// use, instead of at its expiry.
+	Client *journal.Owner `json:"client,omitempty"`
+}
+
+// abandoned reports whether the client the plan is held for has died.
+func (u Uses) abandoned() bool {
+	return u.Client != nil && !u.Client.Alive()
 }
 
 // Unlimited marks a plan that serves any number of siblings until it expires.
@@ -244,6 +254,24 @@ var ErrUsedUp = errors.New("fork plan has no uses left; capture a new one")
 // ErrExpired reports a plan past its expiry.
 var ErrExpired = errors.New("fork plan expired; capture a new one")
 
+// ErrClientGone reports a plan whose fork client died: its siblings would
+// be made for no one, who could neither report them nor roll them back.
+var ErrClientGone = errors.New("the fork client this plan was captured for is gone; fork again")
+
+// HoldFor records the fork client the plan's remaining uses are held for.
+// A process that takes over a fork from its client (to finish it or roll
+// it back) calls it again with itself.
+func HoldFor(dir string, client journal.Owner) error {
+	return withLock(dir, func() error {
+		u, err := ReadUses(dir)
+		if err != nil {
+			return fmt.Errorf("reading uses of plan %s: %w", dir, err)
+		}
+		u.Client = &client
+		return writeJSONAtomic(usesPath(dir), u)
+	})
+}
+
 // Lease is one in-flight use of a plan.
 type Lease struct {
 	store Store
@@ -270,6 +298,9 @@ func (s Store) Acquire(dir string) (*Lease, error) {
 		u = reap(u)
 		if u.Remaining == 0 {
 			return fmt.Errorf("%w (%s)", ErrUsedUp, dir)
+		}
+		if u.abandoned() {
+			return fmt.Errorf("%w (plan %s, client pid %d)", ErrClientGone, dir, u.Client.Pid)
 		}
 		if u.Remaining > 0 {
 			u.Remaining--
@@ -320,28 +351,46 @@ func reap(u Uses) Uses {
 	return u
 }
 
+// Why Sweep removed a plan.
+const (
+	SweptUsedUp     = "used-up"
+	SweptExpired    = "expired"
+	SweptClientGone = "client-gone" // the fork client it was held for died
+)
+
 // Sweep gives back the uses of dead holders of plan dir, and removes the
-// plan when it is used up or expired with nothing in flight. It reports
-// whether the plan was removed.
-func (s Store) Sweep(dir string, now time.Time) (bool, error) {
+// plan when nothing is in flight and it is used up, expired, or held for a
+// client that died. It returns why it removed the plan, or "".
+func (s Store) Sweep(dir string, now time.Time) (removed string, err error) {
 	p, err := Read(dir)
 	if err != nil {
-		return false, nil
+		return "", nil
 	}
-	removed := false
 	err = s.settle(dir, func(u *Uses) {
 		*u = reap(*u)
-		if len(u.InFlight) == 0 && now.After(p.ExpiresAt) {
+		if len(u.InFlight) > 0 {
+			return
+		}
+		switch {
+		case u.Remaining == 0:
+			removed = SweptUsedUp
+		case now.After(p.ExpiresAt):
 			u.Remaining = 0
-			removed = true
+			removed = SweptExpired
+		case u.abandoned():
+			removed = SweptClientGone
 		}
 	})
-	return removed, err
+	if err != nil {
+		return "", err
+	}
+	return removed, nil
 }
 
 // settle changes a plan's uses under its lock and removes the plan, still
-// under the lock, when no use remains and none is in flight: an Acquire
-// waiting on the lock then finds no plan rather than a half-removed one.
+// under the lock, when none is in flight and none remains or its client
+// is gone: an Acquire waiting on the lock then finds no plan rather than a
+// half-removed one.
 func (s Store) settle(dir string, change func(*Uses)) error {
 	err := withLock(dir, func() error {
 		u, err := ReadUses(dir)
@@ -349,7 +398,7 @@ func (s Store) settle(dir string, change func(*Uses)) error {
 			return err
 		}
 		change(&u)
-		if u.Remaining == 0 && len(u.InFlight) == 0 {
+		if len(u.InFlight) == 0 && (u.Remaining == 0 || u.abandoned()) {
 			return s.Remove(dir)
 		}
 		return writeJSONAtomic(usesPath(dir), u)

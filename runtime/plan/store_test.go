@@ -93,15 +93,15 @@ func TestUnlimitedPlanExpires(t *testing.T) {
 		}
 		l.Release(true)
 	}
-	if removed, err := s.Sweep(dir, time.Now()); removed || err != nil {
+	if removed, err := s.Sweep(dir, time.Now()); removed != "" || err != nil {
 		t.Fatalf("swept early: %v %v", removed, err)
 	}
 	l, _ := s.Acquire(dir)
-	if removed, _ := s.Sweep(dir, time.Now().Add(2*time.Hour)); removed {
+	if removed, _ := s.Sweep(dir, time.Now().Add(2*time.Hour)); removed != "" {
 		t.Fatal("a plan with a use in flight was swept")
 	}
 	l.Release(true)
-	if removed, _ := s.Sweep(dir, time.Now().Add(2*time.Hour)); !removed {
+	if removed, _ := s.Sweep(dir, time.Now().Add(2*time.Hour)); removed != SweptExpired {
 		t.Fatal("an expired plan was kept")
 	}
 	if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/containers/podman/v5/pkg/bindings"
+
+	"github.com/tclone/tclone/runtime/tempdir"
 )
 
 // DefaultSocket is where a system Podman service listens.
@@ -52,7 +54,9 @@ func privateService(ctx context.Context) (context.Context, func(), error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	dir, err := os.MkdirTemp("", "podman-fork-")
+	// Owned by this process (and the service, below), so `tclone gc`
+	// removes it once both are gone.
+	dir, err := tempdir.Make(tempdir.ServicePrefix)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -77,6 +81,7 @@ func privateService(ctx context.Context) (context.Context, func(), error) {
 		os.RemoveAll(dir)
 		return nil, nil, fmt.Errorf("starting a Podman service: %w", err)
 	}
+	tempdir.AddOwner(dir, cmd.Process.Pid)
 	stop := func() {
 		cmd.Process.Signal(syscall.SIGTERM)
 		done := make(chan struct{})

@@ -13,6 +13,7 @@ import (
 	"github.com/containers/podman/v5/pkg/bindings/containers"
 
 	"github.com/tclone/tclone/runtime/plan"
+	"github.com/tclone/tclone/runtime/tempdir"
 )
 
 // Result describes one sibling.
@@ -101,7 +102,8 @@ type forker struct {
 
 func (f *forker) run(ctx context.Context, names []string) (*Stats, error) {
 	var err error
-	f.tmpDir, err = os.MkdirTemp("", "tclone-fork-")
+	// Owned by this process, so `tclone gc` removes it if we are killed.
+	f.tmpDir, err = tempdir.Make(tempdir.ForkPrefix)
 	if err != nil {
 		return nil, err
 	}

@@ -1,0 +1,320 @@
+package fork
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/sirupsen/logrus"
+	"golang.org/x/sys/unix"
+
+	"github.com/tclone/tclone/runtime/cgroups"
+	"github.com/tclone/tclone/runtime/crun"
+	"github.com/tclone/tclone/runtime/journal"
+	"github.com/tclone/tclone/runtime/plan"
+)
+
+// RestoreWatchCommand is the hidden argv[1] under which the tclone binary
+// runs as a restore watchdog. The binary's main calls
+// RunRestoreWatchIfAsked first thing.
+const RestoreWatchCommand = "__tclone-restore-watch"
+
+// A restoreWatch is a separate process that undoes a materialisation whose
+// tclone died before committing it. Without it, a sibling that crun had
+// already restored runs on holding its caller's stdio: conmon, which saw
+// its runtime die, blocks reading the runtime's stderr until every holder
+// closes it, and Podman holds the container's lock until conmon answers
+// (`podman ps -a` hangs). The watchdog kills and deletes the sibling at
+// once, so conmon reads end-of-file and reports the failure.
+//
+// It runs in its own session and in tclone's own cgroup (cgroups.Escape), so
+// that neither a signal to the caller's process group nor a kill of the
+// caller's whole cgroup takes it along. Its stdio is /dev/null. It holds
+// the caller's stderr as descriptor 3 only to say, once the sibling is
+// gone, what happened: conmon passes the first thing it reads there to
+// Podman as the error, and otherwise reports an empty one.
+//
+// Protocol on its stdin: "watch PID START" names a process of the restore
+// (crun) to kill with its descendants if tclone dies; "done" means the
+// operation committed or undid itself, and the watchdog exits touching
+// nothing. End of input without "done" means tclone died.
+type restoreWatch struct {
+	cmd *exec.Cmd
+	w   *os.File
+}
+
+// watchConfig tells the watchdog where the operation is recorded and how
+// to reach crun the way the restore did.
+type watchConfig struct {
+	JournalDir   string       `json:"journal_dir"`
+	Entry        string       `json:"entry"`
+	StoreRoot    string       `json:"store_root"`
+	SnapshotRoot string       `json:"snapshot_root"`
+	Crun         crun.Runtime `json:"crun"`
+	// Report is set when descriptor 3 is the caller's stderr.
+	Report bool `json:"report"`
+}
+
+// startRestoreWatch starts the watchdog of a materialisation recorded by
+// entry.
+// callerStderr is where the watchdog reports, if it is a file.
+func (e *Engine) startRestoreWatch(entry *journal.Entry, callerStderr io.Writer) (*restoreWatch, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return nil, fmt.Errorf("starting the restore watchdog: %w", err)
+	}
+	stderr, report := callerStderr.(*os.File)
+	cfg, err := json.Marshal(watchConfig{
+		JournalDir: e.Journal.Dir, Entry: entry.Name(),
+		StoreRoot: e.Store.Root, SnapshotRoot: e.Store.SnapshotRoot, Crun: *e.Crun,
+		Report: report,
+	})
+	if err != nil {
+		return nil, err
+	}
+	r, w, err := os.Pipe()
+	if err != nil {
+		return nil, fmt.Errorf("starting the restore watchdog: %w", err)
+	}
+	defer r.Close()
+	cmd := exec.Command(self, RestoreWatchCommand, string(cfg))
+	cmd.Stdin = r
+	if report {
+		cmd.ExtraFiles = []*os.File{stderr}
+	}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		w.Close()
+		return nil, fmt.Errorf("starting the restore watchdog %s: %w", self, err)
+	}
+	if err := cgroups.Escape(cmd.Process.Pid); err != nil {
+		// It still covers a kill of tclone alone, the common case.
+		logrus.Warnf("restore watchdog stays in its caller's cgroup: %v", err)
+	}
+	return &restoreWatch{cmd: cmd, w: w}, nil
+}
+
+// Watch names a process of the restore the watchdog kills, with its
+// descendants, if tclone dies.
+func (rw *restoreWatch) Watch(pid int) {
+	if rw == nil {
+		return
+	}
+	_, st, err := journal.ProcessState(pid)
+	if err != nil {
+		return
+	}
+	fmt.Fprintf(rw.w, "watch %d %d\n", pid, st)
+}
+
+// Done releases the watchdog: the operation committed, or undid itself.
+func (rw *restoreWatch) Done() {
+	if rw == nil {
+		return
+	}
+	fmt.Fprintln(rw.w, "done")
+	rw.w.Close()
+	rw.cmd.Wait()
+}
+
+// RunRestoreWatchIfAsked runs the watchdog and exits when argv asks for it.
+func RunRestoreWatchIfAsked() {
+	if len(os.Args) < 3 || os.Args[1] != RestoreWatchCommand {
+		return
+	}
+	var cfg watchConfig
+	if err := json.Unmarshal([]byte(os.Args[2]), &cfg); err != nil {
+		os.Exit(2)
+	}
+	closeInherited()
+	report := io.Discard
+	if cfg.Report {
+		// Closed when the watchdog exits: that is what lets conmon go on.
+		report = os.NewFile(3, "caller's stderr")
+	}
+	os.Exit(runRestoreWatch(cfg, os.Stdin, report))
+}
+
+// closeInherited closes what the watchdog inherited beyond its stdio and
+// report descriptor: tclone's caller (conmon, and Podman through it) may
+// pass descriptors on, and a pipe end held by the watchdog could keep a
+// reader waiting for its end. Inherited descriptors are the ones without
+// close-on-exec; the Go runtime's own all have it.
+func closeInherited() {
+	entries, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return
+	}
+	for _, ent := range entries {
+		fd, err := strconv.Atoi(ent.Name())
+		if err != nil || fd <= 3 {
+			continue
+		}
+		flags, err := unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0)
+		if err == nil && flags&unix.FD_CLOEXEC == 0 {
+			unix.Close(fd)
+		}
+	}
+}
+
+// runRestoreWatch waits for the end of the restore, undoes it if its tclone
+// died, and says so on report.
+func runRestoreWatch(cfg watchConfig, in io.Reader, report io.Writer) int {
+	watched, done := readWatchProtocol(in)
+	if done {
+		return 0
+	}
+	rt := cfg.Crun
+	e := &Engine{
+		Crun:    &rt,
+		Store:   plan.Store{Root: cfg.StoreRoot, SnapshotRoot: cfg.SnapshotRoot},
+		Journal: journal.Journal{Dir: cfg.JournalDir},
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), abandonTimeout)
+	defer cancel()
+	id, err := e.abandonMaterialize(ctx, cfg.Entry, watched)
+	if id == "" && err == nil {
+		return 0 // nothing was left to undo
+	}
+	if err != nil {
+		writeWatchLog(cfg.Entry, err)
+		fmt.Fprintf(report, "tclone restore of %s died before the sibling was complete, and removing what it made failed: %v; run `tclone gc`\n", id, err)
+		return 1
+	}
+	fmt.Fprintf(report, "tclone restore of %s died before the sibling was complete; the half-made sibling was removed, fork again\n", id)
+	return 0
+}
+
+// abandonTimeout bounds a watchdog's cleanup: conmon waits for it.
+const abandonTimeout = time.Minute
+
+// readWatchProtocol reads the watched processes until "done" or the end of
+// input.
+func readWatchProtocol(in io.Reader) (watched []journal.Owner, done bool) {
+	sc := bufio.NewScanner(in)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		switch {
+		case len(fields) == 1 && fields[0] == "done":
+			return watched, true
+		case len(fields) == 3 && fields[0] == "watch":
+			pid, perr := strconv.Atoi(fields[1])
+			st, serr := strconv.ParseUint(fields[2], 10, 64)
+			if perr == nil && serr == nil {
+				watched = append(watched, journal.Owner{Pid: pid, StartTime: st})
+			}
+		}
+	}
+	return watched, false
+}
+
+// abandonMaterialize undoes the materialisation recorded by the journal
+// entry name, whose tclone died: it adopts the entry (no other recovery
+// touches it meanwhile), kills what the restore was still running, removes
+// the sibling and what was made for it, and gives back the plan's use.
+// It returns the sibling's ID, or "" if the entry was gone.
+func (e *Engine) abandonMaterialize(ctx context.Context, name string, watched []journal.Owner) (string, error) {
+	// A crun restore that is still running would go on making the sibling
+	// (and CRIU, its child, on holding the caller's stdio), whoever undoes
+	// the operation.
+	for _, o := range watched {
+		killTree(o)
+	}
+	entry, err := e.Journal.Adopt(name)
+	if err != nil || entry == nil {
+		return "", err
+	}
+	errs := []error{e.undoMaterialize(ctx, entry.Rec)}
+	if entry.Rec.PlanDir != "" {
+		if entry.Rec.OwnsPlan {
+			errs = append(errs, e.Store.Remove(entry.Rec.PlanDir))
+		} else {
+			// The dead restore's use goes back to the plan.
+			_, err := e.Store.Sweep(entry.Rec.PlanDir, time.Now())
+			errs = append(errs, err)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		// Leave the entry for `tclone gc` to try again.
+		return entry.Rec.SiblingID, fmt.Errorf("undoing sibling %s after its tclone died: %w", entry.Rec.SiblingID, err)
+	}
+	return entry.Rec.SiblingID, entry.End()
+}
+
+// killTree kills a process and all its descendants, if it is still the
+// process o names.
+func killTree(o journal.Owner) {
+	if !o.Alive() {
+		return
+	}
+	// Stop the root first so it forks no more, then its descendants.
+	syscall.Kill(o.Pid, syscall.SIGSTOP)
+	for _, pid := range descendants(o.Pid) {
+		syscall.Kill(pid, syscall.SIGKILL)
+	}
+	syscall.Kill(o.Pid, syscall.SIGKILL)
+}
+
+// descendants lists the processes below pid, from /proc.
+func descendants(root int) []int {
+	children := map[int][]int{}
+	dirs, _ := os.ReadDir("/proc")
+	for _, d := range dirs {
+		pid, err := strconv.Atoi(d.Name())
+		if err != nil {
+			continue
+		}
+		if ppid, err := parentPid(pid); err == nil {
+			children[ppid] = append(children[ppid], pid)
+		}
+	}
+	var out []int
+	queue := []int{root}
+	for len(queue) > 0 {
+		p := queue[0]
+		queue = queue[1:]
+		for _, c := range children[p] {
+			out = append(out, c)
+			queue = append(queue, c)
+		}
+	}
+	return out
+}
+
+func parentPid(pid int) (int, error) {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	s := string(data)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return 0, errors.New("malformed stat")
+	}
+	fields := strings.Fields(s[i+1:])
+	if len(fields) < 2 {
+		return 0, errors.New("short stat")
+	}
+	return strconv.Atoi(fields[1])
+}
+
+// writeWatchLog keeps a watchdog's failure where an administrator looks:
+// its stdio is /dev/null.
+func writeWatchLog(entry string, err error) {
+	if mkErr := os.MkdirAll(LogDir, 0o700); mkErr != nil {
+		return
+	}
+	name := fmt.Sprintf("restore-watch-%s-%s.log", strings.TrimSuffix(entry, ".json"), time.Now().UTC().Format("20060102T150405.000"))
+	msg := fmt.Sprintf("%s: %v\nrun `tclone gc` to finish the cleanup\n", time.Now().UTC().Format(time.RFC3339), err)
+	os.WriteFile(filepath.Join(LogDir, name), []byte(msg), 0o600)
+}

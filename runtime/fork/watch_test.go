@@ -1,0 +1,65 @@
+package fork
+
+import (
+	"io"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/tclone/tclone/runtime/journal"
+)
+
+func TestReadWatchProtocol(t *testing.T) {
+	watched, done := readWatchProtocol(strings.NewReader("watch 12 345\nbogus\nwatch x 1\n"))
+	if done || len(watched) != 1 || watched[0] != (journal.Owner{Pid: 12, StartTime: 345}) {
+		t.Fatalf("end of input: %+v %v", watched, done)
+	}
+	if _, done := readWatchProtocol(strings.NewReader("watch 12 345\ndone\n")); !done {
+		t.Fatal("done not seen")
+	}
+}
+
+// A watchdog whose restore finished touches nothing, even with an entry
+// that would be an orphan.
+func TestWatchdogDoneTouchesNothing(t *testing.T) {
+	j := journal.Journal{Dir: t.TempDir()}
+	e, err := j.Begin(journal.Record{Kind: journal.Materialize, SiblingID: "s"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.Rec.Owner.StartTime++
+	e.Save()
+	cfg := watchConfig{JournalDir: j.Dir, Entry: e.Name()}
+	if code := runRestoreWatch(cfg, strings.NewReader("done\n"), io.Discard); code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	if orphans, _ := j.Orphans(); len(orphans) != 1 {
+		t.Fatal("the entry was touched")
+	}
+}
+
+// A watchdog whose restore died undoes what the entry records and ends it.
+func TestWatchdogUndoesAfterDeath(t *testing.T) {
+	j := journal.Journal{Dir: t.TempDir()}
+	overlay := t.TempDir()
+	e, err := j.Begin(journal.Record{Kind: journal.Materialize, SiblingID: "s", ImagesOverlay: overlay})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.Rec.Owner.StartTime++
+	e.Save()
+	cfg := watchConfig{JournalDir: j.Dir, Entry: e.Name()}
+	var report strings.Builder
+	if code := runRestoreWatch(cfg, strings.NewReader("watch 999999999 1\n"), &report); code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	if !strings.Contains(report.String(), "s died before the sibling was complete; the half-made sibling was removed") {
+		t.Errorf("report %q", report.String())
+	}
+	if orphans, _ := j.Orphans(); len(orphans) != 0 {
+		t.Fatal("the entry is still there")
+	}
+	if _, err := os.Stat(overlay); err == nil {
+		t.Fatal("the sibling's image directory is still there")
+	}
+}

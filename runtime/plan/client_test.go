@@ -1,0 +1,148 @@
+package plan
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/tclone/tclone/runtime/journal"
+)
+
+// deadOwner names a process that no longer runs: this one, born at another
+// time.
+func deadOwner() journal.Owner {
+	o := journal.Self()
+	o.StartTime++
+	return o
+}
+
+// A plan held for a client that died is removed at the next sweep, not at
+// its expiry, unless a restore still holds a use; and no new use is given.
+func TestPlanOfDeadClientIsSwept(t *testing.T) {
+	s := testStore(t)
+	dir := newPlan(t, s, 3)
+	held, err := s.Acquire(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := HoldFor(dir, deadOwner()); err != nil {
+		t.Fatal(err)
+	}
+	if removed, err := s.Sweep(dir, time.Now()); removed != "" || err != nil {
+		t.Fatalf("swept a plan a restore still uses: %q %v", removed, err)
+	}
+	if _, err := s.Acquire(dir); !errors.Is(err, ErrClientGone) {
+		t.Fatalf("a plan of a dead client gave a use: %v", err)
+	}
+	// The restore in flight finishes: nothing else can use the plan.
+	if err := held.Release(true); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
+		t.Fatal("the plan outlived its dead client's last restore")
+	}
+
+	dir = newPlan(t, s, Unlimited)
+	HoldFor(dir, deadOwner())
+	if removed, err := s.Sweep(dir, time.Now()); removed != SweptClientGone || err != nil {
+		t.Fatalf("sweep of an idle plan of a dead client: %q %v", removed, err)
+	}
+}
+
+// A plan held for a live client waits for its uses or its expiry.
+func TestPlanOfLiveClientIsKept(t *testing.T) {
+	s := testStore(t)
+	dir := newPlan(t, s, 2)
+	if err := HoldFor(dir, journal.Self()); err != nil {
+		t.Fatal(err)
+	}
+	if removed, err := s.Sweep(dir, time.Now()); removed != "" || err != nil {
+		t.Fatalf("swept a live client's plan: %q %v", removed, err)
+	}
+	if removed, _ := s.Sweep(dir, time.Now().Add(2*time.Hour)); removed != SweptExpired {
+		t.Fatalf("an expired plan of a live client: %q", removed)
+	}
+}
+
+// The intent names the process that left it.
+func TestIntentRecordsItsClient(t *testing.T) {
+	s := testStore(t)
+	if err := s.WriteIntent(Intent{ContainerID: "c", Nonce: "n"}); err != nil {
+		t.Fatal(err)
+	}
+	in, err := s.TakeIntent("c")
+	if err != nil || in == nil {
+		t.Fatalf("%+v %v", in, err)
+	}
+	if in.Client != journal.Self() {
+		t.Fatalf("intent client %+v, want %+v", in.Client, journal.Self())
+	}
+}
+
+// gc removes a lock file no one holds, and keeps a held one.
+func TestCollectLocks(t *testing.T) {
+	s := testStore(t)
+	held, err := Lock(context.Background(), filepath.Join(s.LocksDir(), "held.lock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held()
+	free, err := Lock(context.Background(), filepath.Join(s.LocksDir(), "free.lock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	free()
+	removed, err := s.CollectLocks()
+	if err != nil || len(removed) != 1 || filepath.Base(removed[0]) != "free.lock" {
+		t.Fatalf("collected %v, %v; want only free.lock", removed, err)
+	}
+	if _, err := os.Stat(filepath.Join(s.LocksDir(), "held.lock")); err != nil {
+		t.Fatalf("a held lock was removed: %v", err)
+	}
+}
+
+// A process waiting for a lock whose file is removed under it (gc removes
+// it while holding it) locks the file now at the path, so it still
+// excludes every later locker.
+func TestLockSurvivesCollection(t *testing.T) {
+	s := testStore(t)
+	path := filepath.Join(s.LocksDir(), "src.lock")
+	os.MkdirAll(s.LocksDir(), 0o700)
+	collector, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	unix.Flock(int(collector.Fd()), unix.LOCK_EX)
+	got := make(chan func())
+	go func() {
+		unlock, err := Lock(context.Background(), path)
+		if err != nil {
+			t.Error(err)
+		}
+		got <- unlock
+	}()
+	time.Sleep(100 * time.Millisecond) // the waiter has opened the old file
+	os.Remove(path)
+	collector.Close()
+	var unlock func()
+	select {
+	case unlock = <-got:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the waiter never got the lock")
+	}
+	defer unlock()
+	if _, err := os.Stat(path); err != nil {
+		t.Fatalf("the waiter holds a lock on no file at the path: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	if u, err := Lock(ctx, path); err == nil {
+		u()
+		t.Fatal("a second locker got the lock the waiter holds")
+	}
+}
