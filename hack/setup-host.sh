@@ -46,7 +46,7 @@ have_criu_42() {
 }
 
 have_stack() {
-	command -v nft >/dev/null && command -v iptables >/dev/null &&
+	command -v nft >/dev/null && command -v iptables >/dev/null && ldconfig -p | grep -q 'libcriu\.so\.2 ' &&
 	command -v podman >/dev/null && command -v crun >/dev/null &&
 		command -v conmon >/dev/null && have_criu_42 &&
 		podman --version 2>/dev/null | grep -q 'version 5\.'
@@ -109,9 +109,11 @@ if ! have_stack || [ -n "$need_tools" ]; then
 			# given for the whole transaction (it moves 7 libraries; forky's gnutls drops
 			# libgnutlsxx30 and libgnutls-openssl27, which only bookworm's
 			# libgnutls28-dev used).
-			apt_install_showing_removals -t forky criu
+			# libcriu2 is how crun reaches CRIU (it loads libcriu.so.2 at
+			# run time), so it is named: recommends are off.
+			apt_install_showing_removals -t forky criu libcriu2
 		else
-			apt_install_showing_removals podman crun conmon criu
+			apt_install_showing_removals podman crun conmon criu libcriu2 nftables iptables
 		fi
 	fi
 	# Some library triggers are deferred in minimal images (no apt-utils);
