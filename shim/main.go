@@ -11,7 +11,6 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/tclone/tclone/runtime/buildinfo"
-	"github.com/tclone/tclone/runtime/cgroups"
 	"github.com/tclone/tclone/runtime/crun"
 )
 
@@ -27,7 +26,6 @@ With Podman:
   podman container fork SOURCE           # fork it into a new container`
 
 func main() {
-	cgroups.RunGuardIfAsked()
 	if err := newApp().Run(os.Args); err != nil {
 		fatal(err)
 	}

@@ -1,8 +1,13 @@
 package fork
 
 import (
+	"bufio"
+	"fmt"
 	"os"
+	"strconv"
+	"strings"
 	"syscall"
+	"time"
 )
 
 // EnvCrashAt names a crash point at which tclone kills itself with SIGKILL.
@@ -12,9 +17,9 @@ const EnvCrashAt = "TCLONE_CRASH_AT"
 
 // Crash points, in the order a fork passes them.
 const (
-	CrashCaptureStarted  = "capture-started"  // journal written, nothing frozen yet
-	CrashSourceFrozen    = "source-frozen"    // in CRIU's pre-dump: the source is frozen
-	CrashSnapshotTaken   = "snapshot-taken"   // in post-dump: frozen, images and snapshot written
+	CrashCaptureStarted  = "capture-started"  // journal written, CRIU not started
+	CrashSourceSeized    = "source-seized"    // CRIU has seized the source's tree and dumps it
+	CrashSnapshotTaken   = "snapshot-taken"   // in post-dump: seized, images and snapshot written
 	CrashDumpDone        = "dump-done"        // CRIU returned, plan not yet complete
 	CrashRootfsFilled    = "rootfs-filled"    // sibling root filled, restore not started
 	CrashSiblingRestored = "sibling-restored" // sibling running, plan use not yet released
@@ -22,7 +27,7 @@ const (
 
 // CrashPoints lists every crash point, for the tests.
 var CrashPoints = []string{
-	CrashCaptureStarted, CrashSourceFrozen, CrashSnapshotTaken, CrashDumpDone, CrashRootfsFilled, CrashSiblingRestored,
+	CrashCaptureStarted, CrashSourceSeized, CrashSnapshotTaken, CrashDumpDone, CrashRootfsFilled, CrashSiblingRestored,
 }
 
 func crashPoint(name string) {
@@ -30,4 +35,38 @@ func crashPoint(name string) {
 		syscall.Kill(os.Getpid(), syscall.SIGKILL)
 		select {} // SIGKILL is not deliverable late, but never continue.
 	}
+}
+
+// crashWhenSeized arms CrashSourceSeized: tclone dies as soon as the criu
+// process criuPid traces pid, the source's first task, which CRIU seizes
+// after its pre-dump notification returns.
+func crashWhenSeized(pid, criuPid int) {
+	if os.Getenv(EnvCrashAt) != CrashSourceSeized {
+		return
+	}
+	go func() {
+		for {
+			if tracerOf(pid) == criuPid {
+				crashPoint(CrashSourceSeized)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}()
+}
+
+// tracerOf returns the PID of the process tracing pid (0: none).
+func tracerOf(pid int) int {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), "TracerPid:"); ok {
+			n, _ := strconv.Atoi(strings.TrimSpace(v))
+			return n
+		}
+	}
+	return 0
 }
