@@ -227,7 +227,7 @@ func (e *Engine) dump(ctx context.Context, src *source, dir string, check *criuc
 		if err := entry.Update(func(r *journal.Record) { r.Phase = phaseSeized; r.Criu = &criu }); err != nil {
 			return err
 		}
-		hooks.seizeStart = time.Now()
+		hooks.seizeStart, hooks.criuPid = time.Now(), criuPid
 		crashWhenSeized(src.state.Pid, criuPid)
 		return nil
 	}
@@ -235,6 +235,7 @@ func (e *Engine) dump(ctx context.Context, src *source, dir string, check *criuc
 		var err error
 		snap, err = snapshot(ctx)
 		crashPoint(CrashSnapshotTaken)
+		crashWithCriu(hooks.criuPid)
 		return err
 	}
 	logPath := filepath.Join(plan.WorkDir(dir), dumpLogName)
@@ -332,6 +333,7 @@ type captureNotify struct {
 	criuhooks.CaptureHooks
 	entry      *journal.Entry
 	seizeStart time.Time
+	criuPid    int
 }
 
 // NetworkLock implements criu.Notify; CRIU calls it just before it locks the

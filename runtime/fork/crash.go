@@ -20,6 +20,7 @@ const (
 	CrashCaptureStarted  = "capture-started"  // journal written, CRIU not started
 	CrashSourceSeized    = "source-seized"    // CRIU has seized the source's tree and dumps it
 	CrashSnapshotTaken   = "snapshot-taken"   // in post-dump: seized, images and snapshot written
+	CrashWithCriu        = "criu-killed"      // in post-dump, CRIU killed first: its network lock and repair mode stay
 	CrashDumpDone        = "dump-done"        // CRIU returned, plan not yet complete
 	CrashRootfsFilled    = "rootfs-filled"    // sibling root filled, restore not started
 	CrashSiblingRestored = "sibling-restored" // sibling running, plan use not yet released
@@ -27,13 +28,21 @@ const (
 
 // CrashPoints lists every crash point, for the tests.
 var CrashPoints = []string{
-	CrashCaptureStarted, CrashSourceSeized, CrashSnapshotTaken, CrashDumpDone, CrashRootfsFilled, CrashSiblingRestored,
+	CrashCaptureStarted, CrashSourceSeized, CrashSnapshotTaken, CrashWithCriu, CrashDumpDone, CrashRootfsFilled, CrashSiblingRestored,
 }
 
 func crashPoint(name string) {
 	if os.Getenv(EnvCrashAt) == name {
 		syscall.Kill(os.Getpid(), syscall.SIGKILL)
 		select {} // SIGKILL is not deliverable late, but never continue.
+	}
+}
+
+// crashWithCriu is CrashWithCriu: the criu process criuPid dies first.
+func crashWithCriu(criuPid int) {
+	if os.Getenv(EnvCrashAt) == CrashWithCriu {
+		syscall.Kill(criuPid, syscall.SIGKILL)
+		crashPoint(CrashWithCriu)
 	}
 }
 
