@@ -215,29 +215,7 @@ func (e *Engine) dump(ctx context.Context, src *source, dir string, check *criuc
 	}
 	defer closeDirs()
 
-	var snap *rootfs.Snapshot
-	hooks := &captureNotify{entry: entry}
-	hooks.OnPreDump = func(criuPid int) error {
-		// On record before CRIU seizes anything, so recovery knows which
-		// CRIU to end should tclone die with CRIU still holding the tree.
-		criu, ok := journal.OwnerOf(criuPid)
-		if !ok {
-			return fmt.Errorf("the criu process %d ended before it seized %s", criuPid, src.id)
-		}
-		if err := entry.Update(func(r *journal.Record) { r.Phase = phaseSeized; r.Criu = &criu }); err != nil {
-			return err
-		}
-		hooks.seizeStart, hooks.criuPid = time.Now(), criuPid
-		crashWhenSeized(src.state.Pid, criuPid)
-		return nil
-	}
-	hooks.OnPostDump = func() error {
-		var err error
-		snap, err = snapshot(ctx)
-		crashPoint(CrashSnapshotTaken)
-		crashWithCriu(hooks.criuPid)
-		return err
-	}
+	hooks := newCaptureNotify(ctx, src, entry, snapshot)
 	logPath := filepath.Join(plan.WorkDir(dir), dumpLogName)
 	err = criuhooks.Dump(ctx, criuhooks.Request{
 		CriuPath: check.Path, Env: check.Env(), Opts: criuOpts, LogPath: logPath,
@@ -251,6 +229,7 @@ func (e *Engine) dump(ctx context.Context, src *source, dir string, check *criuc
 	} else if uerr := entry.Update(func(r *journal.Record) { r.Phase = phaseDumped; r.Criu = nil }); uerr != nil {
 		err = errors.Join(err, uerr)
 	}
+	snap := hooks.snap
 	if err != nil {
 		if snap != nil {
 			snap.Remove()
@@ -263,37 +242,47 @@ func (e *Engine) dump(ctx context.Context, src *source, dir string, check *criuc
 		return nil, explainDumpError(src.id, err, e.captureTimeout())
 	}
 	if hooks.seizeStart.IsZero() {
+		if snap != nil {
+			snap.Remove()
+		}
 		return nil, fmt.Errorf("capturing %s: CRIU finished without announcing the dump", src.id)
 	}
 	if err := criuhooks.FixupDump(plan.ImagesDir(dir)); err != nil {
 		snap.Remove()
 		return nil, err
 	}
-	d := &dumped{snapshot: snap}
-	d.timings = pauseTimings(hooks, returned)
-	if st, err := criuhooks.DumpStats(plan.WorkDir(dir)); err == nil {
-		d.timings.FreezeMs = float64(st.GetFreezingTime()) / 1000
-		d.timings.DumpMs = max(0, d.timings.DumpMs-d.timings.FreezeMs)
-		d.timings.CriuFrozenMs = float64(st.GetFrozenTime()) / 1000
-		d.pages = plan.PageStats{
-			PagesWritten: st.GetPagesWritten(),
-			PagesSkipped: st.GetPagesSkippedParent(),
-			BytesWritten: int64(st.GetPagesWritten()) * int64(os.Getpagesize()),
-		}
+	pages := dumpPages(dir, hooks)
+	return &dumped{snapshot: snap, timings: pauseTimings(hooks, returned), pages: pages}, nil
+}
+
+// dumpPages reads CRIU's statistics: the pages it wrote, and how long it
+// took to seize the tree, which pauseTimings counted in DumpMs.
+func dumpPages(dir string, h *captureNotify) plan.PageStats {
+	st, err := criuhooks.DumpStats(plan.WorkDir(dir))
+	if err != nil {
+		return plan.PageStats{}
 	}
-	return d, nil
+	h.seizeMs = float64(st.GetFreezingTime()) / 1000
+	h.criuHeldMs = float64(st.GetFrozenTime()) / 1000
+	return plan.PageStats{
+		PagesWritten: st.GetPagesWritten(),
+		PagesSkipped: st.GetPagesSkippedParent(),
+		BytesWritten: int64(st.GetPagesWritten()) * int64(os.Getpagesize()),
+	}
 }
 
 // pauseTimings splits the source's pause, from CRIU's pre-dump notification
-// (just before it seizes the tree) to its return (the tree runs again), at
-// the post-dump hook. Until CRIU's statistics say how long seizing took,
-// the seizing is counted in DumpMs.
+// (just before it seizes the tree) to its return (the tree runs again):
+// seizing (CRIU's own figure), dumping, the post-dump hook, letting go.
 func pauseTimings(h *captureNotify, returned time.Time) plan.Timings {
+	dump := ms(h.PostDumpAt.Sub(h.seizeStart))
 	return plan.Timings{
-		DumpMs:        ms(h.PostDumpAt.Sub(h.seizeStart)),
+		FreezeMs:      h.seizeMs,
+		DumpMs:        max(0, dump-h.seizeMs),
 		SnapshotMs:    ms(h.PostDumpDone.Sub(h.PostDumpAt)),
 		ThawMs:        ms(returned.Sub(h.PostDumpDone)),
 		SourcePauseMs: ms(returned.Sub(h.seizeStart)),
+		CriuFrozenMs:  h.criuHeldMs,
 	}
 }
 
@@ -327,13 +316,44 @@ func (e *Engine) captureOptions(src *source, dir string, opts CaptureOptions) (_
 	return criuOpts, closeDirs, nil
 }
 
-// captureNotify adds to the capture hooks the record of CRIU's network lock,
-// made before CRIU takes it.
+// captureNotify is the capture's side of CRIU's notifications: it records
+// the CRIU process and its network lock in the journal before CRIU seizes
+// and locks, and takes the snapshot in post-dump.
 type captureNotify struct {
 	criuhooks.CaptureHooks
-	entry      *journal.Entry
-	seizeStart time.Time
+	entry *journal.Entry
+	snap  *rootfs.Snapshot
+
 	criuPid    int
+	seizeStart time.Time
+	// From CRIU's statistics, once it returned.
+	seizeMs, criuHeldMs float64
+}
+
+func newCaptureNotify(ctx context.Context, src *source, entry *journal.Entry, snapshot func(context.Context) (*rootfs.Snapshot, error)) *captureNotify {
+	n := &captureNotify{entry: entry}
+	n.OnPreDump = func(criuPid int) error {
+		// On record before CRIU seizes anything, so recovery knows which
+		// CRIU to end should tclone die with CRIU still holding the tree.
+		criu, ok := journal.OwnerOf(criuPid)
+		if !ok {
+			return fmt.Errorf("the criu process %d ended before it seized %s", criuPid, src.id)
+		}
+		if err := entry.Update(func(r *journal.Record) { r.Phase = phaseSeized; r.Criu = &criu }); err != nil {
+			return err
+		}
+		n.seizeStart, n.criuPid = time.Now(), criuPid
+		crashWhenSeized(src.state.Pid, criuPid)
+		return nil
+	}
+	n.OnPostDump = func() error {
+		var err error
+		n.snap, err = snapshot(ctx)
+		crashPoint(CrashSnapshotTaken)
+		crashWithCriu(n.criuPid)
+		return err
+	}
+	return n
 }
 
 // NetworkLock implements criu.Notify; CRIU calls it just before it locks the
