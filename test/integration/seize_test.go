@@ -362,3 +362,42 @@ func TestKilledCaptureNetworkIsRecovered(t *testing.T) {
 	flowing("connection carrying data after the next capture")
 	requireNoLeftovers(t)
 }
+
+// A source that a capture of an older tclone froze before it died (its
+// journal entry says "frozen") is thawed by the next fork before the source
+// is judged: the fork succeeds instead of refusing a "paused" source.
+func TestForkThawsSourceLeftFrozenByOlderVersion(t *testing.T) {
+	requireStack(t)
+	src := newBundle(t, "src", true, "sh", "-c", counterScript)
+	src.start(t)
+	src.counter(t)
+	freezer := filepath.Join("/sys/fs/cgroup/freezer/tclone-test", src.id)
+	if _, err := os.Stat(freezer); err != nil {
+		t.Skipf("no v1 freezer for the source: %v", err)
+	}
+	if err := os.WriteFile(filepath.Join(freezer, "freezer.state"), []byte("FROZEN"), 0); err != nil {
+		t.Fatal(err)
+	}
+	entry := fmt.Sprintf(`{"kind":"capture","owner":{"pid":%d,"start_time":1},"started":"2026-01-01T00:00:00Z","phase":"frozen","source_id":%q,"freezer_dir":%q}`,
+		os.Getpid(), src.id, freezer)
+	path := filepath.Join("/run/tclone/journal", fmt.Sprintf("capture-%d-1.json", os.Getpid()))
+	os.MkdirAll(filepath.Dir(path), 0o700)
+	if err := os.WriteFile(path, []byte(entry), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.Remove(path) })
+	if st := crunState(t, src.id); st != "paused" {
+		t.Fatalf("a frozen source reads as %q", st)
+	}
+	sib := newBundle(t, "sib", false)
+	sib.spec.Process.Args = src.spec.Process.Args
+	sib.save(t)
+	if r := forkBundle(t, src, sib, nil); r.code != 0 {
+		t.Fatalf("fork of a source an older capture left frozen: exit %d: %s", r.code, r.stderr)
+	}
+	requireRunning(t, src)
+	if sib.counter(t) == 0 {
+		t.Fatal("the sibling has no counter")
+	}
+	requireNoLeftovers(t)
+}
