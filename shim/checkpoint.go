@@ -44,7 +44,11 @@ var checkpointCommand = &cli.Command{
 		}
 		opts := checkpointOptions(c)
 		if !opts.PreDump {
-			captured, err := fork.NewEngine(rt).CheckpointForIntent(c.Context, id, opts.ImagePath, opts.WorkPath, opts.LeaveRunning)
+			// Podman's stop of the call (SIGTERM) or a ^C stops CRIU at
+			// once: the source runs on and the capture is undone.
+			ctx, stop := signalContext(c.Context)
+			defer stop()
+			captured, err := fork.NewEngine(rt).CheckpointForIntent(ctx, id, opts.ImagePath, opts.WorkPath, opts.LeaveRunning)
 			if err != nil {
 				return err
 			}

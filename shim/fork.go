@@ -1,9 +1,12 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
+	"os/signal"
+	"syscall"
 
 	"github.com/urfave/cli/v2"
 
@@ -40,8 +43,13 @@ With --plan-only, only the capture is made; its directory is printed and
 		&cli.BoolFlag{Name: "ext-unix-sk", Usage: "allow unix sockets connected outside the container"},
 		&cli.BoolFlag{Name: "shell-job", Usage: "allow a tree attached to an outside terminal session"},
 		&cli.BoolFlag{Name: "print-stats", Usage: "print per-phase timings and the source pause as JSON"},
+		&cli.DurationFlag{Name: "capture-timeout", Value: fork.DefaultCaptureTimeout, Usage: "longest the source may be held for the capture; then CRIU is stopped, the source runs on and the fork fails"},
 	},
 	Action: func(c *cli.Context) error {
+		// ^C or a monitor's SIGTERM stops CRIU at once, which releases the
+		// source, and undoes what the fork made so far.
+		ctx, stop := signalContext(c.Context)
+		defer stop()
 		rt, err := findCrun(c)
 		if err != nil {
 			return err
@@ -65,12 +73,16 @@ With --plan-only, only the capture is made; its directory is printed and
 		if c.Bool("tcp-established") && c.Bool("tcp-close") {
 			return fmt.Errorf("--tcp-established and --tcp-close exclude each other")
 		}
+		if c.Duration("capture-timeout") <= 0 {
+			return fmt.Errorf("--capture-timeout %s: give a positive duration, such as 60s", c.Duration("capture-timeout"))
+		}
 		eng := fork.NewEngine(rt)
+		eng.CaptureTimeout = c.Duration("capture-timeout")
 		if c.Bool("plan-only") {
 			if c.NArg() != 1 {
 				return fmt.Errorf("fork --plan-only takes exactly one argument, SOURCE")
 			}
-			captured, err := eng.Capture(c.Context, fork.CaptureRequest{
+			captured, err := eng.Capture(ctx, fork.CaptureRequest{
 				Source: c.Args().First(), Options: capture, Uses: c.Int("uses"), TTL: c.Duration("ttl"), Identity: identity,
 			})
 			if err != nil {
@@ -88,7 +100,7 @@ With --plan-only, only the capture is made; its directory is printed and
 		if c.NArg() != 2 {
 			return fmt.Errorf("fork takes SOURCE and NEW-ID (or --plan-only SOURCE); see 'tclone fork --help'")
 		}
-		report, err := eng.Fork(c.Context, fork.ForkRequest{
+		report, err := eng.Fork(ctx, fork.ForkRequest{
 			Source: c.Args().Get(0), Capture: capture, Identity: identity,
 			Sibling: fork.MaterializeRequest{
 				ID: c.Args().Get(1), Bundle: c.String("bundle"), Detach: true,
@@ -105,6 +117,12 @@ With --plan-only, only the capture is made; its directory is printed and
 		}
 		return nil
 	},
+}
+
+// signalContext is cancelled by SIGINT or SIGTERM, so that a fork or a fork
+// checkpoint that is interrupted stops CRIU and cleans up before it exits.
+func signalContext(parent context.Context) (context.Context, context.CancelFunc) {
+	return signal.NotifyContext(parent, os.Interrupt, syscall.SIGTERM)
 }
 
 func printJSON(v any) error {

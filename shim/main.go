@@ -11,7 +11,6 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/tclone/tclone/runtime/buildinfo"
-	"github.com/tclone/tclone/runtime/cgroups"
 	"github.com/tclone/tclone/runtime/crun"
 	"github.com/tclone/tclone/runtime/fork"
 )
@@ -28,7 +27,6 @@ With Podman:
   podman container fork SOURCE           # fork it into a new container`
 
 func main() {
-	cgroups.RunGuardIfAsked()
 	fork.RunRestoreWatchIfAsked()
 	if err := newApp().Run(os.Args); err != nil {
 		fatal(err)

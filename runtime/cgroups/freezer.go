@@ -1,6 +1,10 @@
 // Package cgroups knows the container cgroup operations a fork needs on both
-// cgroup v1 (and hybrid) hosts and pure cgroup v2 hosts: reading and
-// changing freezer state, and removing what a failed sibling left behind.
+// cgroup v1 (and hybrid) hosts and pure cgroup v2 hosts: listing a
+// container's processes, thawing a freezer that an older tclone's capture
+// left frozen, and removing what a failed sibling left behind.
+//
+// Captures do not freeze: a frozen cgroup outlives every process that could
+// thaw it, while CRIU's ptrace hold on a tree ends when CRIU dies.
 package cgroups
 
 import (
@@ -8,6 +12,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -25,19 +30,36 @@ func Unified() bool {
 	return unix.Statfs(Root, &fs) == nil && fs.Type == unix.CGROUP2_SUPER_MAGIC
 }
 
-// Freezer is a container cgroup's freezer.
-type Freezer struct {
-	// Dir is the cgroup directory CRIU's freeze_cgroup option takes.
-	Dir string
-	V2  bool
+// ProcsDir returns a directory of the cgroup crun recorded for a container
+// whose cgroup.procs lists the container's processes: the cgroup itself on
+// cgroup v2, its freezer hierarchy's directory on v1 (crun always makes it).
+func ProcsDir(cgroupPath string) string {
+	if Unified() {
+		return filepath.Join(Root, cgroupPath)
+	}
+	return filepath.Join(Root, "freezer", cgroupPath)
 }
 
-// FreezerFor returns the freezer of the cgroup crun recorded for a container.
-func FreezerFor(cgroupPath string) *Freezer {
-	if Unified() {
-		return &Freezer{Dir: filepath.Join(Root, cgroupPath), V2: true}
+// Procs lists the processes of the cgroup directory dir.
+func Procs(dir string) ([]int, error) {
+	data, err := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
+	if err != nil {
+		return nil, fmt.Errorf("listing the processes of cgroup %s: %w", dir, err)
 	}
-	return &Freezer{Dir: filepath.Join(Root, "freezer", cgroupPath)}
+	var pids []int
+	for _, f := range strings.Fields(string(data)) {
+		if pid, err := strconv.Atoi(f); err == nil {
+			pids = append(pids, pid)
+		}
+	}
+	return pids, nil
+}
+
+// Freezer is a container cgroup's freezer. tclone no longer freezes; it
+// thaws only what a capture of an older version left frozen.
+type Freezer struct {
+	Dir string
+	V2  bool
 }
 
 // Frozen reports whether the cgroup is frozen or freezing.
@@ -96,63 +118,4 @@ func (f *Freezer) ThawIfFrozen() (bool, error) {
 		return false, nil
 	}
 	return true, f.Thaw()
-}
-
-// Freeze freezes the cgroup and waits, polling finely, until every task is
-// frozen. CRIU's own freezer wait sleeps in 100 ms steps; freezing before
-// CRIU looks saves the source that much pause.
-func (f *Freezer) Freeze(timeout time.Duration) error {
-	file, value := filepath.Join(f.Dir, "freezer.state"), "FROZEN"
-	if f.V2 {
-		file, value = filepath.Join(f.Dir, "cgroup.freeze"), "1"
-	}
-	if err := os.WriteFile(file, []byte(value), 0); err != nil {
-		return fmt.Errorf("freezing %s: %w", f.Dir, err)
-	}
-	deadline := time.Now().Add(timeout)
-	for delay := 100 * time.Microsecond; ; {
-		done, err := f.fullyFrozen()
-		if err != nil {
-			return err
-		}
-		if done {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("freezing %s: not frozen after %s (a task in uninterruptible sleep?)", f.Dir, timeout)
-		}
-		// cgroup v1 leaves tasks it could not freeze at once in FREEZING
-		// until asked again; v2 completes on its own.
-		if !f.V2 {
-			if err := os.WriteFile(file, []byte(value), 0); err != nil {
-				return fmt.Errorf("freezing %s: %w", f.Dir, err)
-			}
-		}
-		time.Sleep(delay)
-		if delay < 5*time.Millisecond {
-			delay *= 2
-		}
-	}
-}
-
-// fullyFrozen reports whether the freeze has completed (v1 FROZEN, v2
-// "frozen 1" in cgroup.events), as opposed to merely requested.
-func (f *Freezer) fullyFrozen() (bool, error) {
-	if f.V2 {
-		data, err := os.ReadFile(filepath.Join(f.Dir, "cgroup.events"))
-		if err != nil {
-			return false, err
-		}
-		for _, line := range strings.Split(string(data), "\n") {
-			if line == "frozen 1" {
-				return true, nil
-			}
-		}
-		return false, nil
-	}
-	data, err := os.ReadFile(filepath.Join(f.Dir, "freezer.state"))
-	if err != nil {
-		return false, err
-	}
-	return strings.TrimSpace(string(data)) == "FROZEN", nil
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/checkpoint-restore/go-criu/v7/crit"
+	"github.com/checkpoint-restore/go-criu/v7/rpc"
 
 	"github.com/tclone/tclone/criuhooks"
 	"github.com/tclone/tclone/runtime/cgroups"
@@ -38,12 +39,19 @@ type Captured struct {
 	Dir  string
 }
 
-// Capture is Phase A. CRIU freezes the source's cgroup, dumps the whole tree
-// leaving it running, and, while the tree is still frozen, the root
+// Capture is Phase A. CRIU seizes the source's whole tree with ptrace, dumps
+// it leaving it running, and, while the tree is still seized, the root
 // filesystem is snapshotted, so memory and files come from one instant. Page
 // images go to the tmpfs plan store. On any failure nothing is left: no plan,
 // no snapshot, and the source running.
+//
+// The source is never frozen: only CRIU's ptrace holds it, and the kernel
+// lets the tree go the moment CRIU dies, whoever kills it. tclone kills CRIU
+// when the capture timeout passes or the caller gives up.
 func (e *Engine) Capture(ctx context.Context, req CaptureRequest) (*Captured, error) {
+	// Before the source is judged: an older capture that died may have left
+	// it frozen, which would read as paused.
+	e.RecoverQuietly(ctx)
 	src, err := loadSource(ctx, e.Crun, req.Source)
 	if err != nil {
 		return nil, err
@@ -51,10 +59,10 @@ func (e *Engine) Capture(ctx context.Context, req CaptureRequest) (*Captured, er
 	return e.captureSource(ctx, src, req)
 }
 
-// captureSource is Capture of a source already loaded and checked.
+// captureSource is Capture of a source already loaded and checked, after
+// recovery.
 func (e *Engine) captureSource(ctx context.Context, src *source, req CaptureRequest) (*Captured, error) {
 	start := time.Now()
-	e.RecoverQuietly(ctx)
 	check, err := criucheck.Check(ctx)
 	if err != nil {
 		return nil, err
@@ -80,10 +88,14 @@ func (e *Engine) captureSource(ctx context.Context, src *source, req CaptureRequ
 			return nil, fmt.Errorf("recording where the snapshot goes: %w", err)
 		}
 	}
-	freezer := cgroups.FreezerFor(src.status.CgroupPath)
+	refs, err := sourceRefs(src, req.Options)
+	if err != nil {
+		e.Store.Remove(dir)
+		return nil, err
+	}
 	entry, err := e.Journal.Begin(journal.Record{
-		Kind: journal.Capture, Phase: "dump", PlanDir: dir, SourceID: src.id,
-		CrunRoot: e.Crun.Global.Root, FreezerDir: freezer.Dir,
+		Kind: journal.Capture, Phase: phaseDump, PlanDir: dir, SourceID: src.id,
+		CrunRoot: e.Crun.Global.Root, Source: refs,
 		SnapshotKind: string(rfs.Kind), SnapshotPath: snapDir,
 	})
 	if err != nil {
@@ -93,11 +105,16 @@ func (e *Engine) captureSource(ctx context.Context, src *source, req CaptureRequ
 	fail := func(err error) (*Captured, error) {
 		snap := rootfs.Snapshot{Kind: rfs.Kind, Path: snapDir}
 		err = errors.Join(err, snap.Remove(), e.Store.Remove(dir))
-		entry.End()
+		// An entry whose source may still be held stays for recovery
+		// (tclone gc) to finish; it says what is left to undo.
+		var held *sourceHeldError
+		if !errors.As(err, &held) {
+			entry.End()
+		}
 		return nil, err
 	}
 	crashPoint(CrashCaptureStarted)
-	p, err := e.capture(ctx, src, rfs, id, dir, snapDir, freezer, check, req, entry)
+	p, err := e.capture(ctx, src, rfs, id, dir, snapDir, check, req, entry)
 	if err != nil {
 		return fail(err)
 	}
@@ -115,12 +132,12 @@ func (e *Engine) captureSource(ctx context.Context, src *source, req CaptureRequ
 	return &Captured{Plan: p, Dir: dir}, entry.End()
 }
 
-func (e *Engine) capture(ctx context.Context, src *source, rfs rootfs.Source, id, dir, snapDir string, freezer *cgroups.Freezer, check *criucheck.Result, req CaptureRequest, entry *journal.Entry) (*plan.Plan, error) {
+func (e *Engine) capture(ctx context.Context, src *source, rfs rootfs.Source, id, dir, snapDir string, check *criucheck.Result, req CaptureRequest, entry *journal.Entry) (*plan.Plan, error) {
 	images := plan.ImagesDir(dir)
 	if err := os.WriteFile(filepath.Join(images, descriptorsFile), []byte(src.status.ExternalDescriptors), 0o600); err != nil {
 		return nil, fmt.Errorf("saving the source's stdio descriptors: %w", err)
 	}
-	d, err := e.dump(ctx, src, dir, freezer, check, req.Options, entry, func(ctx context.Context) (*rootfs.Snapshot, error) {
+	d, err := e.dump(ctx, src, dir, check, req.Options, entry, func(ctx context.Context) (*rootfs.Snapshot, error) {
 		return rootfs.Take(ctx, rfs, snapDir)
 	})
 	if err != nil {
@@ -167,12 +184,15 @@ func ttlOrDefault(ttl time.Duration) time.Duration {
 
 // Capture phases in the journal.
 const (
-	phaseFrozen = "frozen" // the source may be frozen by this capture
-	phaseDumped = "dumped" // the source runs again
+	phaseDump = "dump" // CRIU not started: nothing of the source is held
+	// phaseSeized: CRIU (Record.Criu) may hold the source's tree, and may
+	// have locked its network or put its connections into repair mode.
+	phaseSeized = "seized"
+	phaseDumped = "dumped" // CRIU let the source go; it runs
+	// phaseFrozen is what captures of older tclone versions recorded
+	// before they froze the source's cgroup. Recovery still thaws it.
+	phaseFrozen = "frozen"
 )
-
-// freezeTimeout bounds the wait for every task of the source to freeze.
-const freezeTimeout = 10 * time.Second
 
 type dumped struct {
 	snapshot *rootfs.Snapshot
@@ -180,89 +200,36 @@ type dumped struct {
 	pages    plan.PageStats
 }
 
-// dump runs CRIU. The only frozen state of the source lives inside this call:
-// CRIU freezes and seizes, calls post-dump (the snapshot), then lets the tree
-// go. A guard process thaws the cgroup should both tclone and CRIU die in
-// between, and a timeout kills a CRIU that hangs.
-func (e *Engine) dump(ctx context.Context, src *source, dir string, freezer *cgroups.Freezer, check *criucheck.Result, opts CaptureOptions, entry *journal.Entry, snapshot func(context.Context) (*rootfs.Snapshot, error)) (*dumped, error) {
+// dump runs CRIU. The source is held only inside this call, by CRIU's ptrace:
+// CRIU seizes the tree after its pre-dump notification, calls post-dump (the
+// snapshot) and lets the tree go before it returns. The call is bounded by
+// the capture timeout and by ctx; either kills CRIU, and the kernel releases
+// the tree at once.
+func (e *Engine) dump(ctx context.Context, src *source, dir string, check *criucheck.Result, opts CaptureOptions, entry *journal.Entry, snapshot func(context.Context) (*rootfs.Snapshot, error)) (*dumped, error) {
 	// One deadline for CRIU and for the snapshot it waits on.
-	ctx, cancel := context.WithTimeout(ctx, e.criuTimeout())
+	ctx, cancel := context.WithTimeout(ctx, e.captureTimeout())
 	defer cancel()
-	imagesDir, err := os.Open(plan.ImagesDir(dir))
+	criuOpts, closeDirs, err := e.captureOptions(src, dir, opts)
 	if err != nil {
 		return nil, err
 	}
-	defer imagesDir.Close()
-	workDir, err := os.Open(plan.WorkDir(dir))
-	if err != nil {
-		return nil, err
-	}
-	defer workDir.Close()
-	selfCgroup, err := os.ReadFile("/proc/self/cgroup")
-	if err != nil {
-		return nil, err
-	}
-	criuOpts, err := dumpOptions(dumpInput{
-		spec: src.spec, pid: src.state.Pid, rootfs: src.status.Rootfs, freezerDir: freezer.Dir,
-		imagesFd: int(imagesDir.Fd()), workFd: int(workDir.Fd()), opts: opts,
-		selfCgroup: string(selfCgroup), unified: cgroups.Unified(),
-	})
-	if err != nil {
-		return nil, err
-	}
+	defer closeDirs()
 
-	guard, err := cgroups.StartGuard(freezer)
-	if err != nil {
-		return nil, err
-	}
-	defer guard.Done()
-
-	var snap *rootfs.Snapshot
-	var froze bool
-	var freezeStart, frozenAt time.Time
-	hooks := &criuhooks.CaptureHooks{
-		OnPreDump: func(criuPid int) error {
-			guard.Watch(criuPid)
-			// On record before the freeze, so recovery knows this capture
-			// may have left the source frozen.
-			if err := entry.Update(func(r *journal.Record) { r.Phase = phaseFrozen }); err != nil {
-				return err
-			}
-			// Freeze here, just before CRIU would: CRIU then finds the
-			// cgroup frozen and seizes at once instead of polling the
-			// freezer in 100 ms steps.
-			freezeStart = time.Now()
-			if err := freezer.Freeze(freezeTimeout); err != nil {
-				freezer.Thaw()
-				return err
-			}
-			froze, frozenAt = true, time.Now()
-			crashPoint(CrashSourceFrozen)
-			return nil
-		},
-		OnPostDump: func() error {
-			var err error
-			snap, err = snapshot(ctx)
-			crashPoint(CrashSnapshotTaken)
-			return err
-		},
-	}
+	hooks := newCaptureNotify(ctx, src, entry, snapshot)
 	logPath := filepath.Join(plan.WorkDir(dir), dumpLogName)
 	err = criuhooks.Dump(ctx, criuhooks.Request{
 		CriuPath: check.Path, Env: check.Env(), Opts: criuOpts, LogPath: logPath,
-		// The source must not wait for the snapshot hook to notice.
-		OnTimeout: func() { freezer.Thaw() },
 	}, hooks)
-	// CRIU leaves the cgroup as it found it, frozen by us; and if CRIU died
-	// while freezing, frozen by it. Either way the source runs again here.
-	if _, terr := freezer.ThawIfFrozen(); terr != nil {
-		err = errors.Join(err, terr)
-	}
-	thawed := time.Now()
+	returned := time.Now()
 	crashPoint(CrashDumpDone)
-	if terr := entry.Update(func(r *journal.Record) { r.Phase = phaseDumped }); terr != nil {
-		err = errors.Join(err, terr)
+	// CRIU that returned has let the tree go; one that was killed could not
+	// undo its network lock or the repair mode of the connections.
+	if rerr := e.releaseSource(entry.Rec, err != nil); rerr != nil {
+		err = errors.Join(err, rerr)
+	} else if uerr := entry.Update(func(r *journal.Record) { r.Phase = phaseDumped; r.Criu = nil }); uerr != nil {
+		err = errors.Join(err, uerr)
 	}
+	snap := hooks.snap
 	if err != nil {
 		if snap != nil {
 			snap.Remove()
@@ -272,36 +239,144 @@ func (e *Engine) dump(ctx context.Context, src *source, dir string, freezer *cgr
 		if errors.As(err, &cerr) {
 			cerr.LogPath = keepLog(logPath, "dump", src.id)
 		}
-		return nil, explainDumpError(src.id, err)
+		return nil, explainDumpError(src.id, err, e.captureTimeout())
 	}
-	if !froze {
-		return nil, fmt.Errorf("capturing %s: CRIU finished without asking to freeze the tree", src.id)
+	if hooks.seizeStart.IsZero() {
+		if snap != nil {
+			snap.Remove()
+		}
+		return nil, fmt.Errorf("capturing %s: CRIU finished without announcing the dump", src.id)
 	}
 	if err := criuhooks.FixupDump(plan.ImagesDir(dir)); err != nil {
 		snap.Remove()
 		return nil, err
 	}
-	d := &dumped{snapshot: snap}
-	d.timings.FreezeMs = ms(frozenAt.Sub(freezeStart))
-	d.timings.DumpMs = ms(hooks.PostDumpAt.Sub(frozenAt))
-	d.timings.SnapshotMs = ms(hooks.PostDumpDone.Sub(hooks.PostDumpAt))
-	d.timings.ThawMs = ms(thawed.Sub(hooks.PostDumpDone))
-	d.timings.SourcePauseMs = ms(thawed.Sub(freezeStart))
-	if st, err := criuhooks.DumpStats(plan.WorkDir(dir)); err == nil {
-		d.timings.CriuFrozenMs = float64(st.GetFrozenTime()) / 1000
-		d.pages = plan.PageStats{
-			PagesWritten: st.GetPagesWritten(),
-			PagesSkipped: st.GetPagesSkippedParent(),
-			BytesWritten: int64(st.GetPagesWritten()) * int64(os.Getpagesize()),
-		}
+	pages := dumpPages(dir, hooks)
+	return &dumped{snapshot: snap, timings: pauseTimings(hooks, returned), pages: pages}, nil
+}
+
+// dumpPages reads CRIU's statistics: the pages it wrote, and how long it
+// took to seize the tree, which pauseTimings counted in DumpMs.
+func dumpPages(dir string, h *captureNotify) plan.PageStats {
+	st, err := criuhooks.DumpStats(plan.WorkDir(dir))
+	if err != nil {
+		return plan.PageStats{}
 	}
-	return d, nil
+	h.seizeMs = float64(st.GetFreezingTime()) / 1000
+	h.criuHeldMs = float64(st.GetFrozenTime()) / 1000
+	return plan.PageStats{
+		PagesWritten: st.GetPagesWritten(),
+		PagesSkipped: st.GetPagesSkippedParent(),
+		BytesWritten: int64(st.GetPagesWritten()) * int64(os.Getpagesize()),
+	}
+}
+
+// pauseTimings splits the source's pause, from CRIU's pre-dump notification
+// (just before it seizes the tree) to its return (the tree runs again):
+// seizing (CRIU's own figure), dumping, the post-dump hook, letting go.
+func pauseTimings(h *captureNotify, returned time.Time) plan.Timings {
+	dump := ms(h.PostDumpAt.Sub(h.seizeStart))
+	return plan.Timings{
+		FreezeMs:      h.seizeMs,
+		DumpMs:        max(0, dump-h.seizeMs),
+		SnapshotMs:    ms(h.PostDumpDone.Sub(h.PostDumpAt)),
+		ThawMs:        ms(returned.Sub(h.PostDumpDone)),
+		SourcePauseMs: ms(returned.Sub(h.seizeStart)),
+		CriuFrozenMs:  h.criuHeldMs,
+	}
+}
+
+// captureOptions opens the plan's image and work directories for CRIU and
+// builds the dump options; closeDirs closes them once CRIU is done.
+func (e *Engine) captureOptions(src *source, dir string, opts CaptureOptions) (_ *rpc.CriuOpts, closeDirs func(), err error) {
+	imagesDir, err := os.Open(plan.ImagesDir(dir))
+	if err != nil {
+		return nil, nil, err
+	}
+	workDir, err := os.Open(plan.WorkDir(dir))
+	if err != nil {
+		imagesDir.Close()
+		return nil, nil, err
+	}
+	closeDirs = func() { imagesDir.Close(); workDir.Close() }
+	selfCgroup, err := os.ReadFile("/proc/self/cgroup")
+	if err != nil {
+		closeDirs()
+		return nil, nil, err
+	}
+	criuOpts, err := dumpOptions(dumpInput{
+		spec: src.spec, pid: src.state.Pid, rootfs: src.status.Rootfs,
+		imagesFd: int(imagesDir.Fd()), workFd: int(workDir.Fd()), opts: opts,
+		selfCgroup: string(selfCgroup), unified: cgroups.Unified(),
+	})
+	if err != nil {
+		closeDirs()
+		return nil, nil, err
+	}
+	return criuOpts, closeDirs, nil
+}
+
+// captureNotify is the capture's side of CRIU's notifications: it records
+// the CRIU process and its network lock in the journal before CRIU seizes
+// and locks, and takes the snapshot in post-dump.
+type captureNotify struct {
+	criuhooks.CaptureHooks
+	entry *journal.Entry
+	snap  *rootfs.Snapshot
+
+	criuPid    int
+	seizeStart time.Time
+	// From CRIU's statistics, once it returned.
+	seizeMs, criuHeldMs float64
+}
+
+func newCaptureNotify(ctx context.Context, src *source, entry *journal.Entry, snapshot func(context.Context) (*rootfs.Snapshot, error)) *captureNotify {
+	n := &captureNotify{entry: entry}
+	n.OnPreDump = func(criuPid int) error {
+		// On record before CRIU seizes anything, so recovery knows which
+		// CRIU to end should tclone die with CRIU still holding the tree.
+		criu, ok := journal.OwnerOf(criuPid)
+		if !ok {
+			return fmt.Errorf("the criu process %d ended before it seized %s", criuPid, src.id)
+		}
+		if err := entry.Update(func(r *journal.Record) { r.Phase = phaseSeized; r.Criu = &criu }); err != nil {
+			return err
+		}
+		n.seizeStart, n.criuPid = time.Now(), criuPid
+		crashWhenSeized(src.state.Pid, criuPid)
+		return nil
+	}
+	n.OnPostDump = func() error {
+		var err error
+		n.snap, err = snapshot(ctx)
+		crashPoint(CrashSnapshotTaken)
+		crashWithCriu(n.criuPid)
+		return err
+	}
+	return n
+}
+
+// NetworkLock implements criu.Notify; CRIU calls it just before it locks the
+// source's network namespace.
+func (n *captureNotify) NetworkLock() error {
+	return n.entry.Update(func(r *journal.Record) {
+		if r.Source != nil {
+			r.Source.NetworkLocked = true
+		}
+	})
 }
 
 // explainDumpError adds advice for CRIU refusals users can act on.
-func explainDumpError(id string, err error) error {
+func explainDumpError(id string, err error, timeout time.Duration) error {
 	msg := err.Error()
+	var held *sourceHeldError
 	switch {
+	case errors.As(err, &held):
+		return fmt.Errorf("capturing %s: %w", id, err)
+	case errors.Is(err, criuhooks.ErrTimeout):
+		return fmt.Errorf("capturing %s: %w; CRIU was stopped after %s and the source runs on: a large workspace needs a longer --capture-timeout", id, err, timeout)
+	case errors.Is(err, context.Canceled):
+		return fmt.Errorf("capturing %s: cancelled; CRIU was stopped and the source runs on: %w", id, err)
 	case strings.Contains(msg, "TCP") && strings.Contains(msg, "established"),
 		strings.Contains(msg, "Connected TCP socket"):
 		return fmt.Errorf("capturing %s: %w; the container has open TCP connections: fork with --tcp-established (the sibling keeps them) or --tcp-close (the sibling's copies are closed)", id, err)

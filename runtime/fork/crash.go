@@ -1,8 +1,11 @@
 package fork
 
 import (
+	"bufio"
 	"fmt"
 	"os"
+	"strconv"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -14,9 +17,10 @@ const EnvCrashAt = "TCLONE_CRASH_AT"
 
 // Crash points, in the order a fork passes them.
 const (
-	CrashCaptureStarted  = "capture-started"  // journal written, nothing frozen yet
-	CrashSourceFrozen    = "source-frozen"    // in CRIU's pre-dump: the source is frozen
-	CrashSnapshotTaken   = "snapshot-taken"   // in post-dump: frozen, images and snapshot written
+	CrashCaptureStarted  = "capture-started"  // journal written, CRIU not started
+	CrashSourceSeized    = "source-seized"    // CRIU has seized the source's tree and dumps it
+	CrashSnapshotTaken   = "snapshot-taken"   // in post-dump: seized, images and snapshot written
+	CrashWithCriu        = "criu-killed"      // in post-dump, CRIU killed first: its network lock and repair mode stay
 	CrashDumpDone        = "dump-done"        // CRIU returned, plan not yet complete
 	CrashRootfsFilled    = "rootfs-filled"    // sibling root filled, restore not started
 	CrashSiblingRestored = "sibling-restored" // sibling running, plan use not yet released
@@ -24,7 +28,7 @@ const (
 
 // CrashPoints lists every crash point, for the tests.
 var CrashPoints = []string{
-	CrashCaptureStarted, CrashSourceFrozen, CrashSnapshotTaken, CrashDumpDone, CrashRootfsFilled, CrashSiblingRestored,
+	CrashCaptureStarted, CrashSourceSeized, CrashSnapshotTaken, CrashWithCriu, CrashDumpDone, CrashRootfsFilled, CrashSiblingRestored,
 }
 
 // EnvPauseAt names a crash point at which tclone says so on stderr and
@@ -46,4 +50,46 @@ func crashPoint(name string) {
 			time.Sleep(time.Hour)
 		}
 	}
+}
+
+// crashWithCriu is CrashWithCriu: the criu process criuPid dies first.
+func crashWithCriu(criuPid int) {
+	if os.Getenv(EnvCrashAt) == CrashWithCriu {
+		syscall.Kill(criuPid, syscall.SIGKILL)
+		crashPoint(CrashWithCriu)
+	}
+}
+
+// crashWhenSeized arms CrashSourceSeized: tclone dies as soon as the criu
+// process criuPid traces pid, the source's first task, which CRIU seizes
+// after its pre-dump notification returns.
+func crashWhenSeized(pid, criuPid int) {
+	if os.Getenv(EnvCrashAt) != CrashSourceSeized {
+		return
+	}
+	go func() {
+		for {
+			if tracerOf(pid) == criuPid {
+				crashPoint(CrashSourceSeized)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}()
+}
+
+// tracerOf returns the PID of the process tracing pid (0: none).
+func tracerOf(pid int) int {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), "TracerPid:"); ok {
+			n, _ := strconv.Atoi(strings.TrimSpace(v))
+			return n
+		}
+	}
+	return 0
 }

@@ -24,13 +24,12 @@ const (
 
 // dumpInput is what the CRIU dump options are made from.
 type dumpInput struct {
-	spec       *specs.Spec
-	pid        int
-	rootfs     string
-	freezerDir string
-	imagesFd   int
-	workFd     int
-	opts       CaptureOptions
+	spec     *specs.Spec
+	pid      int
+	rootfs   string
+	imagesFd int
+	workFd   int
+	opts     CaptureOptions
 	// selfCgroup is /proc/self/cgroup, read by the caller.
 	selfCgroup string
 	unified    bool
@@ -55,8 +54,9 @@ func dumpOptions(in dumpInput) (*rpc.CriuOpts, error) {
 		OrphanPtsMaster:   proto.Bool(true),
 		ManageCgroups:     proto.Bool(true),
 		ManageCgroupsMode: rpc.CriuCgMode_SOFT.Enum(),
-		FreezeCgroup:      proto.String(in.freezerDir),
-		// CRIU's own bound on freezing and seizing the tree.
+		// No FreezeCgroup: CRIU holds the tree by ptrace alone, which the
+		// kernel releases when CRIU dies; a frozen cgroup would outlive it.
+		// CRIU's own bound on seizing the tree.
 		Timeout: proto.Uint32(10),
 	}
 	if !in.opts.TCPEstablished {

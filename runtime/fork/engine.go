@@ -26,8 +26,12 @@ const (
 	descriptorsFile = "descriptors.json"
 )
 
-// DefaultCriuTimeout bounds every CRIU dump or restore.
+// DefaultCriuTimeout bounds every CRIU restore.
 const DefaultCriuTimeout = 5 * time.Minute
+
+// DefaultCaptureTimeout bounds a capture's CRIU dump, and so the source's
+// pause: about 25 GiB of memory at this machine's dump speed.
+const DefaultCaptureTimeout = 60 * time.Second
 
 // DefaultPlanTTL is how long an unused plan is kept.
 const DefaultPlanTTL = 10 * time.Minute
@@ -37,19 +41,22 @@ type Engine struct {
 	Crun    *crun.Runtime
 	Store   plan.Store
 	Journal journal.Journal
-	// CriuTimeout bounds each CRIU call; on expiry CRIU is killed and the
-	// source thawed.
+	// CriuTimeout bounds each CRIU restore.
 	CriuTimeout time.Duration
+	// CaptureTimeout bounds each capture's CRIU dump: on expiry CRIU is
+	// killed, and the kernel lets the source's tree go.
+	CaptureTimeout time.Duration
 }
 
 // NewEngine returns an engine with tclone's default store and journal.
 func NewEngine(rt *crun.Runtime) *Engine {
 	store := plan.DefaultStore()
 	return &Engine{
-		Crun:        rt,
-		Store:       store,
-		Journal:     journal.Journal{Dir: filepath.Join(store.Root, "journal")},
-		CriuTimeout: DefaultCriuTimeout,
+		Crun:           rt,
+		Store:          store,
+		Journal:        journal.Journal{Dir: filepath.Join(store.Root, "journal")},
+		CriuTimeout:    DefaultCriuTimeout,
+		CaptureTimeout: DefaultCaptureTimeout,
 	}
 }
 
@@ -58,6 +65,13 @@ func (e *Engine) criuTimeout() time.Duration {
 		return e.CriuTimeout
 	}
 	return DefaultCriuTimeout
+}
+
+func (e *Engine) captureTimeout() time.Duration {
+	if e.CaptureTimeout > 0 {
+		return e.CaptureTimeout
+	}
+	return DefaultCaptureTimeout
 }
 
 // lockSource serialises captures of one container: CRIU cannot seize a tree

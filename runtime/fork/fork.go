@@ -34,8 +34,11 @@ type Report struct {
 // plan exists only for this call and is gone when it returns.
 func (e *Engine) Fork(ctx context.Context, req ForkRequest) (*Report, error) {
 	start := time.Now()
+	// Before the source is judged: an older capture that died may have left
+	// it frozen, which would read as paused.
+	e.RecoverQuietly(ctx)
 	// Everything that can be checked about the source and the sibling is
-	// checked before the source is frozen for it.
+	// checked before the source is seized for it.
 	src, err := loadSource(ctx, e.Crun, req.Source)
 	if err != nil {
 		return nil, err

@@ -136,9 +136,16 @@ func (e *Engine) Materialize(ctx context.Context, req MaterializeRequest) (*Mate
 		entry.End()
 		return nil, err
 	}
+	// Committed before it is reported: an entry left saying "restore"
+	// would have a later recovery delete the running sibling.
+	if err := entry.Commit(); err != nil {
+		err = fmt.Errorf("sibling %s was restored, but %w; it is removed again", req.ID, err)
+		err = errors.Join(err, e.undoMaterialize(ctx, entry.Rec))
+		lease.Release(false)
+		return nil, err
+	}
 	os.RemoveAll(siblingDir)
 	err = lease.Release(true)
-	entry.End()
 	m.Timings.TotalMs = ms(time.Since(start))
 	return m, err
 }

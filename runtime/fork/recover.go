@@ -74,27 +74,13 @@ func (e *Engine) recoverOperations(ctx context.Context) (*Recovered, error) {
 		return nil, err
 	}
 	for _, o := range orphans {
-		switch o.Rec.Kind {
-		case journal.Capture:
-			// Thaw only a source this capture froze and never thawed: a
-			// container the user paused since must stay paused.
-			if o.Rec.FreezerDir != "" && o.Rec.Phase == phaseFrozen {
-				f := &cgroups.Freezer{Dir: o.Rec.FreezerDir, V2: cgroups.Unified()}
-				if was, err := f.ThawIfFrozen(); err != nil {
-					errs = append(errs, err)
-				} else if was {
-					r.Thawed = append(r.Thawed, o.Rec.SourceID)
-				}
-			}
-			if o.Rec.SnapshotPath != "" {
-				snap := rootfs.Snapshot{Kind: rootfs.Kind(o.Rec.SnapshotKind), Path: o.Rec.SnapshotPath}
-				errs = append(errs, snap.Remove())
-			}
-			if o.Rec.PlanDir != "" {
-				errs = append(errs, e.Store.Remove(o.Rec.PlanDir))
-			}
-			r.Captures++
-		case journal.Materialize:
+		var err error
+		switch {
+		case o.Rec.Phase == journal.PhaseCommitted:
+			// Finished and reported done: only the entry is left.
+		case o.Rec.Kind == journal.Capture:
+			err = e.recoverCapture(ctx, o.Rec, &r)
+		case o.Rec.Kind == journal.Materialize:
 			// Its use of the plan, if it took one, is given back when the
 			// plans are swept below: the plan records who holds each use.
 			errs = append(errs, e.undoMaterialize(ctx, o.Rec))
@@ -103,7 +89,13 @@ func (e *Engine) recoverOperations(ctx context.Context) (*Recovered, error) {
 			}
 			r.Siblings++
 		}
-		errs = append(errs, o.End())
+		var held *sourceHeldError
+		if errors.As(err, &held) {
+			// The entry stays until its source is known to run freely.
+			errs = append(errs, err, o.Unclaim())
+			continue
+		}
+		errs = append(errs, err, o.End())
 	}
 	r.Plans, err = e.sweepPlans(time.Now())
 	for _, p := range r.Plans {
@@ -113,6 +105,59 @@ func (e *Engine) recoverOperations(ctx context.Context) (*Recovered, error) {
 	}
 	errs = append(errs, err)
 	return &r, errors.Join(errs...)
+}
+
+// recoverCapture undoes a capture whose tclone died: it releases the source
+// (ends its CRIU, removes CRIU's network lock and repair mode, or thaws what
+// an older tclone froze), then removes the snapshot and the plan. A source
+// that cannot be released yet is reported as a *sourceHeldError.
+func (e *Engine) recoverCapture(ctx context.Context, rec journal.Record, r *Recovered) error {
+	if err := e.thawLegacyFreeze(rec, r); err != nil {
+		return err
+	}
+	if rec.Phase == phaseSeized {
+		// A live capture of the same source may hold a network lock of its
+		// own right now: wait for none, and try later if one runs.
+		expired, cancel := context.WithCancel(ctx)
+		cancel()
+		unlock, err := e.lockSource(expired, rec.SourceID)
+		if err != nil {
+			return &sourceHeldError{source: rec.SourceID, err: fmt.Errorf("another capture of it is running: %w", err)}
+		}
+		err = e.releaseSource(rec, true)
+		unlock()
+		if err != nil {
+			return err
+		}
+	}
+	var errs []error
+	if rec.SnapshotPath != "" {
+		snap := rootfs.Snapshot{Kind: rootfs.Kind(rec.SnapshotKind), Path: rec.SnapshotPath}
+		errs = append(errs, snap.Remove())
+	}
+	if rec.PlanDir != "" {
+		errs = append(errs, e.Store.Remove(rec.PlanDir))
+	}
+	r.Captures++
+	return errors.Join(errs...)
+}
+
+// thawLegacyFreeze thaws a source that a capture of an older tclone froze
+// and never thawed. Only such a capture's phase says so: a container the
+// user paused since must stay paused.
+func (e *Engine) thawLegacyFreeze(rec journal.Record, r *Recovered) error {
+	if rec.Phase != phaseFrozen || rec.FreezerDir == "" {
+		return nil
+	}
+	f := &cgroups.Freezer{Dir: rec.FreezerDir, V2: cgroups.Unified()}
+	was, err := f.ThawIfFrozen()
+	if err != nil {
+		return &sourceHeldError{source: rec.SourceID, err: err}
+	}
+	if was {
+		r.Thawed = append(r.Thawed, rec.SourceID)
+	}
+	return nil
 }
 
 // RecoverQuietly recovers interrupted operations and only logs what went

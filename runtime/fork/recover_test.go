@@ -3,8 +3,11 @@ package fork
 import (
 	"context"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/tclone/tclone/runtime/journal"
 	"github.com/tclone/tclone/runtime/plan"
@@ -44,5 +47,145 @@ func TestRecoveryThawsOnlyWhatItFroze(t *testing.T) {
 		if r.Captures != 1 {
 			t.Errorf("phase %s: %d captures recovered", c.phase, r.Captures)
 		}
+	}
+}
+
+// testEngine is an engine on scratch directories, with no crun: recovery
+// that reaches for crun fails the test.
+func testEngine(t *testing.T) *Engine {
+	root := t.TempDir()
+	return &Engine{
+		Store:   plan.Store{Root: root, SnapshotRoot: filepath.Join(root, "snap")},
+		Journal: journal.Journal{Dir: filepath.Join(root, "journal")},
+	}
+}
+
+// orphan writes a journal entry whose owner has died.
+func orphan(t *testing.T, e *Engine, rec journal.Record) {
+	t.Helper()
+	entry, err := e.Journal.Begin(rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	entry.Rec.Owner = journal.Owner{Pid: os.Getpid(), StartTime: journal.Self().StartTime + 1}
+	if err := entry.Save(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func journalEntries(t *testing.T, e *Engine) int {
+	entries, err := os.ReadDir(e.Journal.Dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(entries)
+}
+
+// A capture's entry stays until its source is known to run: a thaw that
+// fails keeps it for the next recovery, which finishes it.
+func TestRecoveryKeepsEntryUntilSourceThawed(t *testing.T) {
+	e := testEngine(t)
+	freezer := t.TempDir()
+	state := filepath.Join(freezer, "freezer.state")
+	// A directory where the state file should be: reading it fails.
+	if err := os.Mkdir(state, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	orphan(t, e, journal.Record{Kind: journal.Capture, Phase: phaseFrozen, FreezerDir: freezer, SourceID: "src"})
+	if _, err := e.Recover(context.Background()); err == nil || !strings.Contains(err.Error(), "tclone gc") {
+		t.Fatalf("a failed thaw was not reported with what to do: %v", err)
+	}
+	if n := journalEntries(t, e); n != 1 {
+		t.Fatalf("%d journal entries after a failed thaw, want the capture's to stay", n)
+	}
+	os.Remove(state)
+	os.WriteFile(state, []byte("FROZEN"), 0o644)
+	r, err := e.Recover(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := os.ReadFile(state); string(got) != "THAWED" || len(r.Thawed) != 1 {
+		t.Fatalf("second recovery: freezer %s, thawed %v", got, r.Thawed)
+	}
+	if n := journalEntries(t, e); n != 0 {
+		t.Fatalf("%d journal entries after the source was thawed", n)
+	}
+}
+
+// A capture whose tclone died while its CRIU still held the source: recovery
+// ends that CRIU (the kernel then lets the tree go), and only then drops the
+// entry.
+func TestRecoveryEndsTheCaptureCRIU(t *testing.T) {
+	e := testEngine(t)
+	criu := exec.Command("sleep", "600")
+	if err := criu.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { criu.Wait(); close(exited) }()
+	defer criu.Process.Kill()
+	owner, ok := journal.OwnerOf(criu.Process.Pid)
+	if !ok {
+		t.Fatal("no owner for a running process")
+	}
+	orphan(t, e, journal.Record{Kind: journal.Capture, Phase: phaseSeized, SourceID: "src", Criu: &owner})
+	if _, err := e.Recover(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-exited:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the capture's CRIU still runs after recovery")
+	}
+	if n := journalEntries(t, e); n != 0 {
+		t.Fatalf("%d journal entries left", n)
+	}
+}
+
+// While another capture of the same source runs (it may hold a network lock
+// of its own), recovery leaves a dead capture's network alone and keeps its
+// entry for later.
+func TestRecoveryWaitsForLiveCaptureOfSource(t *testing.T) {
+	e := testEngine(t)
+	orphan(t, e, journal.Record{Kind: journal.Capture, Phase: phaseSeized, SourceID: "src",
+		Source: &journal.SourceRefs{NetNS: "/nonexistent", NetworkLocked: true}})
+	unlock, err := e.lockSource(context.Background(), "src")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.Recover(context.Background()); err == nil {
+		t.Fatal("recovery reported success while another capture held the source")
+	}
+	if n := journalEntries(t, e); n != 1 {
+		t.Fatalf("%d journal entries, want the dead capture's kept", n)
+	}
+	unlock()
+	if _, err := e.Recover(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if n := journalEntries(t, e); n != 0 {
+		t.Fatalf("%d journal entries left", n)
+	}
+}
+
+// A sibling whose materialisation was committed is never undone, even when
+// its entry outlived its tclone: it was reported created.
+func TestRecoveryKeepsCommittedSibling(t *testing.T) {
+	e := testEngine(t)
+	root := t.TempDir()
+	marker := filepath.Join(root, "file")
+	os.WriteFile(marker, []byte("sibling data"), 0o644)
+	orphan(t, e, journal.Record{
+		Kind: journal.Materialize, Phase: journal.PhaseCommitted, SiblingID: "sib",
+		SiblingCreated: true, RootTarget: root, RootFilled: true,
+	})
+	if _, err := e.Recover(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(marker); err != nil {
+		t.Fatalf("recovery emptied a committed sibling's root: %v", err)
+	}
+	if n := journalEntries(t, e); n != 0 {
+		t.Fatalf("%d journal entries left", n)
 	}
 }

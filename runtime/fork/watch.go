@@ -234,6 +234,11 @@ func (e *Engine) abandonMaterialize(ctx context.Context, name string, watched []
 	if err != nil || entry == nil {
 		return "", err
 	}
+	if entry.Rec.Phase == journal.PhaseCommitted {
+		// tclone died between reporting the sibling and removing the
+		// entry: the sibling is the user's now.
+		return "", entry.End()
+	}
 	errs := []error{e.undoMaterialize(ctx, entry.Rec)}
 	if entry.Rec.PlanDir != "" {
 		if entry.Rec.OwnsPlan {

@@ -45,6 +45,16 @@ func (o Owner) Alive() bool {
 	return err == nil && st == o.StartTime
 }
 
+// OwnerOf identifies another running process, such as the CRIU a capture
+// started. The zero Owner (and false) means it is already gone.
+func OwnerOf(pid int) (Owner, bool) {
+	st, err := startTime(pid)
+	if err != nil {
+		return Owner{}, false
+	}
+	return Owner{Pid: pid, StartTime: st}, true
+}
+
 func startTime(pid int) (uint64, error) {
 	_, start, err := ProcessState(pid)
 	return start, err
@@ -98,16 +108,48 @@ type Record struct {
 	// subvolume, outside tclone's directories).
 	SnapshotKind string `json:"snapshot_kind,omitempty"`
 	SnapshotPath string `json:"snapshot_path,omitempty"`
-	// CrunRoot and FreezerDir let recovery reach crun and the source's
-	// freezer the way the operation did.
-	CrunRoot   string `json:"crun_root,omitempty"`
+	// CrunRoot lets recovery reach crun the way the operation did.
+	CrunRoot string `json:"crun_root,omitempty"`
+	// FreezerDir is the source's freezer, which captures of older tclone
+	// versions froze (phase "frozen"); recovery still thaws what they left.
 	FreezerDir string `json:"freezer_dir,omitempty"`
+	// Criu is the CRIU process of a capture, recorded before it seizes the
+	// source's tree. While it lives it holds the tree; the kernel lets the
+	// tree go when it dies.
+	Criu *Owner `json:"criu,omitempty"`
+	// Source is where the source's processes and network live, for
+	// undoing what a CRIU that died left in them.
+	Source *SourceRefs `json:"source,omitempty"`
 	// SiblingCgroup is the sibling's cgroupsPath, to remove if a failed
 	// restore left it.
 	SiblingCgroup string `json:"sibling_cgroup,omitempty"`
 	// ImagesOverlay is a per-sibling image directory to remove.
 	ImagesOverlay string `json:"images_overlay,omitempty"`
 }
+
+// SourceRefs locate what a capture's CRIU changes in the source besides its
+// tasks: the network namespace it may lock, and the sockets it may put into
+// TCP repair mode.
+type SourceRefs struct {
+	// NetNS is the source's network namespace (a path), and NetNSInode
+	// its inode, so that a path reused by another namespace is not touched.
+	NetNS      string `json:"net_ns,omitempty"`
+	NetNSInode uint64 `json:"net_ns_inode,omitempty"`
+	// CgroupDir is a directory of the source's cgroup; its cgroup.procs
+	// lists the source's processes.
+	CgroupDir string `json:"cgroup_dir,omitempty"`
+	// NetworkLocked is set when CRIU announced it locks the namespace's
+	// network (iptables or nftables rules that drop every packet but its
+	// own), before it does.
+	NetworkLocked bool `json:"network_locked,omitempty"`
+	// TCPRepair is set when the capture dumps established TCP connections,
+	// which CRIU puts into repair mode (they send nothing) while it dumps.
+	TCPRepair bool `json:"tcp_repair,omitempty"`
+}
+
+// PhaseCommitted marks an operation that finished and was reported as
+// done: recovery removes its entry and undoes nothing.
+const PhaseCommitted = "committed"
 
 // Journal is a directory of records.
 type Journal struct{ Dir string }
@@ -166,6 +208,34 @@ func (e *Entry) End() error {
 		return nil
 	}
 	return err
+}
+
+// Commit records that the operation succeeded and removes the entry. When it
+// returns nil, no recovery can undo the operation: the entry is either gone
+// or says PhaseCommitted. When it fails, the entry may still describe the
+// operation as unfinished, and the caller must not report it done.
+func (e *Entry) Commit() error {
+	uerr := e.Update(func(r *Record) { r.Phase = PhaseCommitted })
+	eerr := e.End()
+	if uerr != nil && eerr != nil {
+		return fmt.Errorf("recording that the %s finished (%s): %w", e.Rec.Kind, e.path, errors.Join(uerr, eerr))
+	}
+	return nil
+}
+
+// Unclaim gives back an orphan this process claimed but could not finish,
+// so that the next recovery (the next fork, or tclone gc) tries again.
+func (e *Entry) Unclaim() error {
+	base, _, claimed := strings.Cut(filepath.Base(e.path), claimSep)
+	if !claimed {
+		return nil
+	}
+	orig := filepath.Join(filepath.Dir(e.path), base)
+	if err := os.Rename(e.path, orig); err != nil {
+		return fmt.Errorf("returning journal entry %s for a later recovery: %w", orig, err)
+	}
+	e.path = orig
+	return nil
 }
 
 // Orphans claims and returns the entries whose owner is no longer running.

@@ -81,3 +81,72 @@ func TestOrphanClaimedOnce(t *testing.T) {
 		t.Fatalf("left: %v", entries)
 	}
 }
+
+// Commit leaves no entry that says the operation is unfinished: the entry
+// is gone, or says committed; and when it can do neither, it says so.
+func TestCommit(t *testing.T) {
+	j := Journal{Dir: t.TempDir()}
+	e, err := j.Begin(Record{Kind: Materialize, Phase: "restore", SiblingCreated: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if entries, _ := os.ReadDir(j.Dir); len(entries) != 0 {
+		t.Fatalf("entries left after commit: %v", entries)
+	}
+
+	// Neither marked nor removed: a non-empty directory where the entry's
+	// file should be makes both the rename and the removal fail.
+	e, _ = j.Begin(Record{Kind: Materialize, Phase: "restore", SiblingCreated: true})
+	os.Remove(e.path)
+	os.MkdirAll(filepath.Join(e.path, "blocker"), 0o700)
+	if err := e.Commit(); err == nil {
+		t.Fatal("Commit reported success although the entry could be neither marked nor removed")
+	}
+	os.RemoveAll(e.path)
+}
+
+// An entry marked committed but not removed (the removal failed) is still
+// an orphan once its owner dies, and says committed.
+func TestCommittedEntrySurvivesAsCommitted(t *testing.T) {
+	j := Journal{Dir: t.TempDir()}
+	e, _ := j.Begin(Record{Kind: Materialize, Phase: "restore", SiblingCreated: true})
+	if err := e.Update(func(r *Record) { r.Phase = PhaseCommitted }); err != nil {
+		t.Fatal(err)
+	}
+	e.Rec.Owner = Owner{Pid: os.Getpid(), StartTime: Self().StartTime + 1}
+	e.Save()
+	o, _ := j.Orphans()
+	if len(o) != 1 || o[0].Rec.Phase != PhaseCommitted {
+		t.Fatalf("orphans %+v", o)
+	}
+	o[0].End()
+}
+
+// An orphan given back is claimed again by the next recovery.
+func TestUnclaim(t *testing.T) {
+	j := Journal{Dir: t.TempDir()}
+	e, _ := j.Begin(Record{Kind: Capture, PlanDir: "/p"})
+	e.Rec.Owner = Owner{Pid: os.Getpid(), StartTime: Self().StartTime + 1}
+	e.Save()
+	first, _ := j.Orphans()
+	if len(first) != 1 {
+		t.Fatalf("claimed %d", len(first))
+	}
+	if none, _ := j.Orphans(); len(none) != 0 {
+		t.Fatal("a claimed orphan was claimed twice")
+	}
+	if err := first[0].Unclaim(); err != nil {
+		t.Fatal(err)
+	}
+	again, _ := j.Orphans()
+	if len(again) != 1 || again[0].Rec.PlanDir != "/p" {
+		t.Fatalf("an unclaimed orphan was not claimed again: %+v", again)
+	}
+	again[0].End()
+	if entries, _ := os.ReadDir(j.Dir); len(entries) != 0 {
+		t.Fatalf("left: %v", entries)
+	}
+}

@@ -95,17 +95,19 @@ type CaptureOptions struct {
 // Timings of the capture, in milliseconds.
 type Timings struct {
 	TotalMs float64 `json:"total_ms"`
-	// FreezeMs is how long freezing and seizing the tree took (CRIU's
-	// freezing time).
+	// FreezeMs is how long CRIU took to seize the tree with ptrace (its
+	// freezing time; no cgroup is frozen).
 	FreezeMs float64 `json:"freeze_ms"`
-	// DumpMs is CRIU's time with the tree frozen, excluding the root
+	// DumpMs is CRIU's time with the tree seized, excluding the root
 	// filesystem snapshot.
 	DumpMs     float64 `json:"dump_ms"`
 	SnapshotMs float64 `json:"fs_snapshot_ms"`
-	// ThawMs is from the end of the snapshot until CRIU returned with the
-	// tree running again.
+	// ThawMs is from the end of the snapshot until CRIU returned, having
+	// let the tree go.
 	ThawMs float64 `json:"thaw_ms"`
-	// SourcePauseMs is the whole time the source could not run.
+	// SourcePauseMs is the whole time the source could not run: from
+	// CRIU's pre-dump notification (just before it seizes) to its return,
+	// the sum of the four above.
 	SourcePauseMs float64 `json:"source_pause_ms"`
 	// CriuFrozenMs is CRIU's own frozen-time figure from its stats.
 	CriuFrozenMs float64 `json:"criu_frozen_ms"`

@@ -1,0 +1,102 @@
+package fork
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/tclone/tclone/runtime/journal"
+	"github.com/tclone/tclone/runtime/netlock"
+)
+
+// A capture whose CRIU died while it held the source's network locked and a
+// connection in repair mode: recovery removes the lock and ends the repair
+// mode, so the source, which runs again, talks again.
+func TestRecoveryFreesTheSourceNetwork(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (network namespaces, TCP repair mode)")
+	}
+	if _, err := exec.LookPath("iptables-restore"); err != nil {
+		t.Skip("iptables-restore not installed")
+	}
+	e := testEngine(t)
+
+	// The source's network namespace, locked the way CRIU 4.2 locks it.
+	holder := exec.Command("unshare", "--net", "sh", "-c", `printf '*filter\n:CRIU - [0:0]\n-I INPUT -j CRIU\n-I OUTPUT -j CRIU\n-A CRIU -m mark --mark 0xC114 -j ACCEPT\n-A CRIU -j DROP\nCOMMIT\n' | iptables-restore -w --noflush && echo locked && exec sleep 600`)
+	out, err := holder.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := holder.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { holder.Process.Kill(); holder.Wait() }()
+	buf := make([]byte, 7)
+	if _, err := out.Read(buf); err != nil || string(buf[:6]) != "locked" {
+		t.Skipf("cannot lock a scratch namespace here: %q %v", buf, err)
+	}
+	ns, err := netlock.Identify(fmt.Sprintf("/proc/%d/ns/net", holder.Process.Pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// A connection of the source's in repair mode; the source's cgroup
+	// lists this process.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	conn, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	raw, _ := conn.(*net.TCPConn).SyscallConn()
+	var serr error
+	raw.Control(func(fd uintptr) { serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_REPAIR, 1) })
+	if serr != nil {
+		t.Skipf("cannot enter TCP repair mode: %v", serr)
+	}
+	cgroup := t.TempDir()
+	os.WriteFile(filepath.Join(cgroup, "cgroup.procs"), []byte(strconv.Itoa(os.Getpid())+"\n"), 0o644)
+
+	orphan(t, e, journal.Record{Kind: journal.Capture, Phase: phaseSeized, SourceID: "src",
+		Source: &journal.SourceRefs{NetNS: ns.Path, NetNSInode: ns.Inode, CgroupDir: cgroup, NetworkLocked: true, TCPRepair: true}})
+	if _, err := e.Recover(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	rules, err := exec.Command("nsenter", "--net="+ns.Path, "iptables-save").Output()
+	if err != nil {
+		t.Fatalf("iptables-save in the source's namespace: %v", err)
+	}
+	if strings.Contains(string(rules), "CRIU") {
+		t.Errorf("the network lock is still in place:\n%s", rules)
+	}
+	var on int
+	raw.Control(func(fd uintptr) { on, serr = unix.GetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_REPAIR) })
+	if serr != nil || on != 0 {
+		t.Errorf("the source's connection is still in repair mode: %d %v", on, serr)
+	}
+	if n := journalEntries(t, e); n != 0 {
+		t.Fatalf("%d journal entries left", n)
+	}
+}
+
+// A capture that never reached CRIU's seizing has nothing to release.
+func TestReleaseBeforeSeizingIsANoOp(t *testing.T) {
+	e := testEngine(t)
+	rec := journal.Record{Kind: journal.Capture, Phase: phaseDump, SourceID: "src",
+		Source: &journal.SourceRefs{NetNS: "/proc/self/ns/net", NetworkLocked: true, TCPRepair: true, CgroupDir: "/nonexistent"}}
+	if err := e.releaseSource(rec, true); err != nil {
+		t.Fatal(err)
+	}
+}
