@@ -10,9 +10,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
-	"strings"
 	"syscall"
-	"time"
 
 	"github.com/sirupsen/logrus"
 	"github.com/urfave/cli/v2"
@@ -45,10 +43,12 @@ Prints the new container IDs, one per line, like podman create.`,
 			&cli.BoolFlag{Name: "tcp-close", Usage: "capture open TCP connections, and close the siblings' copies"},
 			&cli.BoolFlag{Name: "file-locks", Usage: "capture and restore file locks"},
 			&cli.StringSliceFlag{Name: "label", Aliases: []string{"l"}, Usage: "add a label KEY=VALUE to each sibling"},
-			&cli.StringFlag{Name: "identity", Value: string(plan.IdentityUnique), Usage: "unique (own hostname and machine-id), best-effort or preserve"},
+			&cli.StringFlag{Name: "identity", Value: string(plan.IdentityUnique), Usage: "unique: each sibling gets its own hostname and machine-id, and a source where one cannot differ (--uts=host, a mounted /etc/machine-id) is refused; " +
+				"best-effort: the same where possible, keeping what cannot change (--print-stats says what was kept); preserve: the source's"},
 			&cli.StringSliceFlag{Name: "hook", Usage: "command run with sh -c in each sibling before it is reported; a failure fails the fork"},
-			&cli.StringFlag{Name: "ready", Value: "running", Usage: "when a sibling is up: running, exec, tcp:PORT or http:PORT/PATH"},
-			&cli.DurationFlag{Name: "ready-timeout", Value: podmanDefaultReadyTimeout, Usage: "how long hooks plus readiness may take per sibling"},
+			&cli.StringFlag{Name: "ready", Value: "running", Usage: "when a sibling is up: running (Podman and crun say it runs; needs nothing in the image), " +
+				"exec (`true` runs in it), tcp:PORT (it accepts a connection) or http:PORT/PATH (GET answers 2xx/3xx)"},
+			&cli.DurationFlag{Name: "ready-timeout", Value: podmanfork.DefaultReadyTimeout, Usage: "how long hooks plus readiness may take per sibling (> 0)"},
 			&cli.BoolFlag{Name: "print-stats", Usage: "print the fork's timings as JSON instead of the IDs"},
 			&cli.StringFlag{Name: "format", Usage: "output format: json prints the new containers as a JSON array"},
 			&cli.StringFlag{Name: "url", EnvVars: []string{"CONTAINER_HOST"}, Usage: "Podman service URL (default: the local service, started for this call if none runs)"},
@@ -67,8 +67,6 @@ Prints the new container IDs, one per line, like podman create.`,
 	}
 }
 
-const podmanDefaultReadyTimeout = 60 * time.Second
-
 func run(c *cli.Context) error {
 	if c.Bool("debug") {
 		logrus.SetLevel(logrus.DebugLevel)
@@ -82,6 +80,11 @@ func run(c *cli.Context) error {
 	}
 	opts, err := options(c)
 	if err != nil {
+		return err
+	}
+	// Every flag is checked before a service is started or anything
+	// else happens.
+	if err := opts.Validate(); err != nil {
 		return err
 	}
 	ctx, stop, err := connect(c.Context, c.String("url"))
@@ -116,8 +119,15 @@ func options(c *cli.Context) (podmanfork.Options, error) {
 	if err != nil {
 		return podmanfork.Options{}, err
 	}
+	count := c.Int("count")
+	if count < 1 || count > podmanfork.MaxCount {
+		return podmanfork.Options{}, fmt.Errorf("--count %d out of range: fork 1 to %d siblings at a time", count, podmanfork.MaxCount)
+	}
+	if d := c.Duration("ready-timeout"); d <= 0 {
+		return podmanfork.Options{}, fmt.Errorf("--ready-timeout %s: give a duration above zero, such as 30s", d)
+	}
 	opts := podmanfork.Options{
-		Count:           c.Int("count"),
+		Count:           count,
 		Publish:         c.StringSlice("publish"),
 		IgnoreStaticIP:  c.Bool("ignore-static-ip"),
 		IgnoreStaticMAC: c.Bool("ignore-static-mac"),
@@ -130,7 +140,11 @@ func options(c *cli.Context) (podmanfork.Options, error) {
 		Ready:           ready,
 		ReadyTimeout:    c.Duration("ready-timeout"),
 	}
-	if name := strings.TrimSpace(c.String("name")); name != "" {
+	if c.IsSet("name") {
+		name := c.String("name")
+		if err := podmanfork.CheckName(name); err != nil {
+			return podmanfork.Options{}, fmt.Errorf("--name: %w", err)
+		}
 		if opts.Count <= 1 {
 			opts.Names = []string{name}
 		} else {

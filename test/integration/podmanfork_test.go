@@ -159,7 +159,7 @@ func TestPodmanForkCountAndForkOfFork(t *testing.T) {
 	}
 	seenIP := map[string]bool{}
 	for _, res := range results {
-		if res.FirstCommandMs <= 0 || res.ReadyMs <= 0 || res.IP == "" || seenIP[res.IP] {
+		if res.RunningMs <= 0 || res.FirstCommandMs != 0 || res.ReadyMs <= 0 || res.IP == "" || seenIP[res.IP] {
 			t.Errorf("result %+v", res)
 		}
 		seenIP[res.IP] = true
