@@ -52,6 +52,7 @@ Prints the new container IDs, one per line, like podman create.`,
 			&cli.BoolFlag{Name: "print-stats", Usage: "print the fork's timings as JSON instead of the IDs"},
 			&cli.StringFlag{Name: "format", Usage: "output format: json prints the new containers as a JSON array"},
 			&cli.StringFlag{Name: "url", EnvVars: []string{"CONTAINER_HOST"}, Usage: "Podman service URL (default: the local service, started for this call if none runs)"},
+			&cli.BoolFlag{Name: "private-service", Hidden: true, Usage: "start a Podman service for this call even when the system one answers"},
 			&cli.BoolFlag{Name: "debug", Usage: "debug output"},
 		},
 		Action: run,
@@ -87,7 +88,7 @@ func run(c *cli.Context) error {
 	if err := opts.Validate(); err != nil {
 		return err
 	}
-	ctx, stop, err := connect(c.Context, c.String("url"))
+	ctx, stop, err := connect(c.Context, c.String("url"), c.Bool("private-service"))
 	if err != nil {
 		return err
 	}

@@ -24,8 +24,9 @@ const DefaultSocket = "/run/podman/podman.sock"
 // connect returns a context holding a Podman connection. With no URL it
 // uses the local system service, and when none answers it starts a private
 // one for the duration of the command, so `podman container fork` works
-// like any podman command without a running service.
-func connect(ctx context.Context, url string) (context.Context, func(), error) {
+// like any podman command without a running service. private asks for the
+// private service whatever runs.
+func connect(ctx context.Context, url string, private bool) (context.Context, func(), error) {
 	if url != "" {
 		conn, err := bindings.NewConnection(ctx, url)
 		if err != nil {
@@ -33,7 +34,7 @@ func connect(ctx context.Context, url string) (context.Context, func(), error) {
 		}
 		return conn, func() {}, nil
 	}
-	if answers(DefaultSocket) {
+	if !private && answers(DefaultSocket) {
 		conn, err := bindings.NewConnection(ctx, "unix://"+DefaultSocket)
 		if err == nil {
 			return conn, func() {}, nil

@@ -98,6 +98,8 @@ func (f *forker) hooks(ctx context.Context, r *Result) error {
 		switch {
 		case errors.As(err, &missing):
 			return fmt.Errorf("hook %q: hooks run with sh -c, and the image has no sh (%v); fork without --hook, or use an image with a shell", hook, err)
+		case ctx.Err() != nil:
+			return fmt.Errorf("hook %q did not finish within the ready timeout (%s)", hook, f.opts.ReadyTimeout)
 		case err != nil:
 			return fmt.Errorf("hook %q: %w", hook, err)
 		case res.code != 0:
