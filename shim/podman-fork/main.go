@@ -21,7 +21,19 @@ import (
 )
 
 func main() {
-	app := &cli.App{
+	// ^C or a TERM cancels the fork: it rolls back whatever it made, and
+	// a Podman service started for it is stopped, before the command exits.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
+	err := newApp().RunContext(ctx, os.Args)
+	stop()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "Error:", err)
+		os.Exit(125)
+	}
+}
+
+func newApp() *cli.App {
+	return &cli.App{
 		Name:      "podman container fork",
 		Usage:     "fork a running container into new sibling containers",
 		UsageText: "podman container fork [options] SOURCE",
@@ -57,22 +69,17 @@ Prints the new container IDs, one per line, like podman create.`,
 		},
 		Action: run,
 	}
-	// ^C or a TERM cancels the fork: it rolls back whatever it made, and
-	// a Podman service started for it is stopped, before the command exits.
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
-	err := app.RunContext(ctx, os.Args)
-	stop()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "Error:", err)
-		os.Exit(125)
-	}
 }
+
+// connectTo is connect; tests replace it to prove that a refused call never
+// gets as far as Podman.
+var connectTo = connect
 
 func run(c *cli.Context) error {
 	if c.Bool("debug") {
 		logrus.SetLevel(logrus.DebugLevel)
 	}
-	if c.NArg() != 1 {
+	if c.NArg() != 1 || c.Args().First() == "" {
 		return fmt.Errorf("podman container fork takes exactly one SOURCE container; see --help")
 	}
 	format := c.String("format")
@@ -88,7 +95,7 @@ func run(c *cli.Context) error {
 	if err := opts.Validate(); err != nil {
 		return err
 	}
-	ctx, stop, err := connect(c.Context, c.String("url"), c.Bool("private-service"))
+	ctx, stop, err := connectTo(c.Context, c.String("url"), c.Bool("private-service"))
 	if err != nil {
 		return err
 	}

@@ -97,7 +97,7 @@ func (f *forker) hooks(ctx context.Context, r *Result) error {
 		var missing *missingCommandError
 		switch {
 		case errors.As(err, &missing):
-			return fmt.Errorf("hook %q: hooks run with sh -c, and the image has no sh (%v); fork without --hook, or use an image with a shell", hook, err)
+			return fmt.Errorf("hook %q: hooks run with sh -c, and the sibling's image has no sh (exit %d); fork without --hook, or use an image with a shell", hook, missing.code)
 		case ctx.Err() != nil:
 			return fmt.Errorf("hook %q did not finish within the ready timeout (%s)", hook, f.opts.ReadyTimeout)
 		case err != nil:
@@ -160,7 +160,7 @@ func (f *forker) readyExec(ctx context.Context, r *Result) error {
 	var missing *missingCommandError
 	switch {
 	case errors.As(err, &missing):
-		return &fatalReadyError{fmt.Errorf("readiness exec runs %q in the sibling, and its image has none (%v); use --ready running, which needs nothing in the image", readyCommand[0], err)}
+		return &fatalReadyError{fmt.Errorf("readiness exec runs %q in the sibling, and its image has none (exit %d); use --ready running, which needs nothing in the image", readyCommand[0], missing.code)}
 	case err != nil:
 		return err
 	case res.code != 0:

@@ -126,6 +126,44 @@ func TestPodmanForkShellOnlyImage(t *testing.T) {
 	}
 	requireNoLeftovers(t)
 	requireNoLiveCalls(t)
+
+	// An image with one binary and no shell forks too; a hook, which
+	// needs sh, fails saying so.
+	nosh := noShellSource(t)
+	if r := forkCLI(t, nosh); r.code != 0 {
+		t.Fatalf("default fork of an image without a shell: %s", r.stderr)
+	}
+	r = forkCLI(t, "--name", nosh+"-h", "--hook", "echo hi", nosh)
+	if r.code == 0 || !strings.Contains(r.stderr, "no sh") {
+		t.Errorf("a hook in an image without a shell: exit %d %q", r.code, r.stderr)
+	}
+	requireNoLeftovers(t)
+	requireNoLiveCalls(t)
+}
+
+// noShellSource runs a container whose image holds one static binary,
+// /bin/busybox, and no shell; the image is removed after the test.
+func noShellSource(t *testing.T) string {
+	t.Helper()
+	root := t.TempDir()
+	for _, d := range []string{"bin", "tmp", "proc", "sys", "dev", "etc"} {
+		os.MkdirAll(filepath.Join(root, d), 0o755)
+	}
+	bb, err := os.ReadFile("/bin/busybox")
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(root, "bin", "busybox"), bb, 0o755)
+	img := "localhost/" + name(t, "nosh-img")
+	cmd := exec.Command("sh", "-c", `tar -C "$1" -c . | /usr/bin/podman import --quiet - "$2"`, "sh", root, img)
+	cmd.Env = append(os.Environ(), "PODMAN_IGNORE_CGROUPSV1_WARNING=1")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("building %s: %v: %s", img, err, out)
+	}
+	src := name(t, "nosh")
+	t.Cleanup(func() { podmanTry(t, "rmi", "-f", img) })
+	podman(t, "run", "-d", "--name", src, img, "/bin/busybox", "sleep", "1000")
+	return src
 }
 
 // execConmons lists the conmon processes that serve exec sessions of a
