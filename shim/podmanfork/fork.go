@@ -447,16 +447,16 @@ func nameInUse(err error) bool {
 
 // explainRestoreError adds advice to the restore failures users can fix.
 func explainRestoreError(err error) error {
-	msg := err.Error()
+	msg := strings.ToLower(err.Error())
 	switch {
 	case nameInUse(err):
 		return fmt.Errorf("%w: choose another --name, or leave --name out for SOURCE-fork-<n>", err)
 	case strings.Contains(msg, "address already in use") || strings.Contains(msg, "port is already allocated") ||
 		strings.Contains(msg, "bind: address"):
 		return fmt.Errorf("%w: a --publish host port is taken (the source or another container holds it); choose a free host port, or give only the container port so Podman picks one", err)
-	case strings.Contains(msg, "requested IP address") || strings.Contains(msg, "static IP"):
+	case strings.Contains(msg, "requested ip address") || strings.Contains(msg, "static ip"):
 		return fmt.Errorf("%w: the source has a static IP; fork with --ignore-static-ip", err)
-	case strings.Contains(msg, "MAC"):
+	case strings.Contains(msg, "mac address"):
 		return fmt.Errorf("%w: the source has a static MAC address; fork with --ignore-static-mac", err)
 	}
 	return err

@@ -281,3 +281,16 @@ func TestExecOutput(t *testing.T) {
 		t.Fatal("a command that ran was taken for a missing one")
 	}
 }
+
+func TestExplainRestoreError(t *testing.T) {
+	for msg, hint := range map[string]string{
+		"IPAM error: requested ip address 10.89.77.10 is already allocated to container ID 3aae": "--ignore-static-ip",
+		"requested MAC address 92:d0:c6:0a:29:33 is already in use":                              "--ignore-static-mac",
+		"rootlessport listen tcp 0.0.0.0:18180: bind: address already in use":                    "--publish host port",
+		`name "ws-fork-1" is in use: container already exists`:                                   "another --name",
+	} {
+		if got := explainRestoreError(errors.New(msg)).Error(); !strings.Contains(got, hint) {
+			t.Errorf("%q: %q lacks %q", msg, got, hint)
+		}
+	}
+}
