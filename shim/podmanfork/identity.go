@@ -89,7 +89,9 @@ func readSourceIdentity(src *define.InspectContainerData) sourceIdentity {
 func (f *forker) verifyIdentity(r *Result) error {
 	rep := IdentityReport{Hostname: IdentityOwn, MachineID: IdentityOwn}
 	uts, _ := os.Readlink(fmt.Sprintf("/proc/%d/ns/uts", r.pid))
-	if r.Hostname == f.srcID.hostname || (uts != "" && uts == f.srcID.utsNS) {
+	// A hostname the user chose equal to the source's is still the
+	// sibling's own; only a shared UTS namespace, or preserve, keeps it.
+	if (uts != "" && uts == f.srcID.utsNS) || f.opts.Identity == plan.IdentityPreserve {
 		rep.Hostname = IdentityKept
 	}
 	switch mid := readMachineID(r.pid); {

@@ -344,6 +344,51 @@ func TestPodmanForkKilledClient(t *testing.T) {
 	}
 }
 
+// Kill podman-fork with SIGKILL while the system service restores its
+// first sibling: the service finishes that request on its own, and the next
+// fork removes the container it made, which the dead client never learned
+// the ID of (it carries the call's label).
+func TestPodmanForkKilledClientMidRestore(t *testing.T) {
+	requireStack(t)
+	if !socketAnswers("/run/podman/podman.sock") {
+		t.Fatal("no system Podman service (hack/podman-service.sh start)")
+	}
+	src := demoWorkspace(t)
+	cmd := exec.Command(podmanForkBin(), "--count", "2", src)
+	cmd.Env = append(os.Environ(), "PODMAN_IGNORE_CGROUPSV1_WARNING=1")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 60*time.Second, "first sibling created", func() error {
+		if len(siblingsOf(t, src)) == 0 {
+			return fmt.Errorf("not yet")
+		}
+		return nil
+	})
+	cmd.Process.Signal(syscall.SIGKILL)
+	cmd.Wait()
+	made := siblingsOf(t, src)
+	for _, m := range made {
+		t.Logf("the killed call left %s (%s)", m, state(t, m))
+	}
+	if r := forkCLI(t, "--name", src+"-next", src); r.code != 0 {
+		t.Fatalf("the next fork: exit %d: %s", r.code, r.stderr)
+	}
+	if left := siblingsOf(t, src); len(left) != 1 || left[0] != src+"-next" {
+		t.Fatalf("siblings %v after the next fork (the killed call had made %v)", left, made)
+	}
+	if dirs := clientDirs(cmd.Process.Pid); len(dirs) > 0 {
+		t.Errorf("the dead client's directories are left: %v", dirs)
+	}
+	requireNoLiveCalls(t)
+	requireNoLeftovers(t)
+}
+
+func socketAnswers(path string) bool {
+	r := exec.Command("curl", "-sf", "--max-time", "2", "--unix-socket", path, "http://d/_ping")
+	return r.Run() == nil
+}
+
 // Eight forks of one source at once, with default names: all succeed, with
 // distinct names, and every sibling any of them reported still exists.
 func TestPodmanForkConcurrentDefaultNames(t *testing.T) {

@@ -146,6 +146,31 @@ func TestPodmanForkIdentityBestEffort(t *testing.T) {
 	if got := podman(t, "exec", s.Name, "cat", "/etc/machine-id"); got != mid {
 		t.Errorf("sibling machine-id %q", got)
 	}
+
+	// A source in the host's UTS namespace: its siblings keep the host's
+	// hostname, which the fork must never change.
+	host, _ := os.Hostname()
+	utsSrc := name(t, "uts")
+	podman(t, "run", "-d", "--name", utsSrc, "--uts=host", busybox, "sh", "-c", counterScript)
+	readCounter(t, utsSrc)
+	if r := forkCLI(t, utsSrc); r.code == 0 || !strings.Contains(r.stderr, "UTS namespace") {
+		t.Fatalf("unique with --uts=host: exit %d %q", r.code, r.stderr)
+	}
+	r = forkCLI(t, "--identity", "best-effort", "--print-stats", utsSrc)
+	if now, _ := os.Hostname(); now != host {
+		t.Fatalf("the host's hostname changed from %q to %q", host, now)
+	}
+	if r.code != 0 {
+		t.Fatalf("best-effort with --uts=host: %s", r.stderr)
+	}
+	if err := json.Unmarshal([]byte(r.stdout), &st); err != nil || len(st.Siblings) != 1 {
+		t.Fatalf("%v %q", err, r.stdout)
+	}
+	if id := st.Siblings[0].Identity; id.Hostname != "kept" || len(id.Kept) != 1 || !strings.Contains(id.Kept[0], "UTS") {
+		t.Errorf("identity report %+v", id)
+	}
+	requireNoLeftovers(t)
+	requireNoLiveCalls(t)
 }
 
 // --print-stats holds every field the README documents, with sane values.
