@@ -59,7 +59,7 @@ t = s["capture"]["timings"]
 print(f"source paused          {s['source_pause_ms']:8.1f}   (freeze {t['freeze_ms']:.1f}, dump {t['dump_ms']:.1f}, fs snapshot {t['fs_snapshot_ms']:.1f}, thaw {t['thaw_ms']:.1f})")
 print(f"capture (checkpoint)   {s['checkpoint_ms']:8.1f}   ({s['capture']['pages']['bytes_written']/2**20:.1f} MiB of pages to tmpfs, {s['capture']['rootfs']['stats']['bytes']/1024:.1f} KiB of files snapshotted)")
 for c in s["siblings"]:
-    print(f"{c['name']:<22} restore {c['restore_ms']:7.1f}, ready {c['ready_ms']:7.1f}, first command {c['first_command_ms']:7.1f} after the request")
+    print(f"{c['name']:<22} restore {c['restore_ms']:7.1f}, ready {c['ready_ms']:7.1f}, running {c['running_ms']:7.1f} after the request")
 print(f"total                  {s['total_ms']:8.1f}")
 PY
 rm -f "$stats"

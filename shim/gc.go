@@ -1,10 +1,20 @@
 package main
 
 import (
+	"errors"
+
 	"github.com/urfave/cli/v2"
 
+	"github.com/tclone/tclone/runtime/calls"
 	"github.com/tclone/tclone/runtime/fork"
 )
+
+// gcReport is what `tclone gc` prints: the runtime's recovery, and the fork
+// calls of dead clients rolled back.
+type gcReport struct {
+	*fork.Recovered
+	Calls *calls.Report `json:"fork_calls,omitempty"`
+}
 
 var gcCommand = &cli.Command{
 	Name:  "gc",
@@ -21,10 +31,17 @@ crash to clean up at once. Prints what it removed as JSON.`,
 		if err != nil {
 			return err
 		}
-		r, err := fork.NewEngine(rt).Recover(c.Context)
-		if err != nil {
+		engine := fork.NewEngine(rt)
+		r, err := engine.Recover(c.Context)
+		if r == nil {
 			return err
 		}
-		return printJSON(r)
+		// The fork calls of dead clients: their siblings (through
+		// Podman), captures, services and temporary directories.
+		calls, cerr := calls.Collect(c.Context, engine.Store)
+		if perr := printJSON(gcReport{Recovered: r, Calls: calls}); perr != nil {
+			return perr
+		}
+		return errors.Join(err, cerr)
 	},
 }

@@ -78,14 +78,16 @@ func (e *Engine) captureTimeout() time.Duration {
 // that another CRIU holds, so concurrent forks of one source queue here and
 // each succeeds in turn.
 func (e *Engine) lockSource(ctx context.Context, id string) (func(), error) {
+	// A context that is already done still takes a free lock: recovery
+	// uses one to try the lock without waiting.
 	unlock, err := plan.Lock(ctx, filepath.Join(e.Store.LocksDir(), id+".lock"))
-	if ctx.Err() != nil {
+	switch {
+	case err == nil:
+		return unlock, nil
+	case ctx.Err() != nil:
 		return nil, fmt.Errorf("waiting for another capture of %s to finish: %w", id, ctx.Err())
 	}
-	if err != nil {
-		return nil, fmt.Errorf("locking source %s: %w", id, err)
-	}
-	return unlock, nil
+	return nil, fmt.Errorf("locking source %s: %w", id, err)
 }
 
 // LogDir keeps the CRIU logs of failed operations, whose work directories

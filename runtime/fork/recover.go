@@ -15,7 +15,6 @@ import (
 	"github.com/tclone/tclone/runtime/journal"
 	"github.com/tclone/tclone/runtime/plan"
 	"github.com/tclone/tclone/runtime/rootfs"
-	"github.com/tclone/tclone/runtime/tempdir"
 )
 
 // Recovered reports what a recovery pass cleaned up.
@@ -27,8 +26,6 @@ type Recovered struct {
 	StraySnaps   int      `json:"stray_snapshots"`
 	// Plans are the plans removed by the sweep, each with why.
 	Plans []RemovedPlan `json:"plans"`
-	// TempDirs are fork clients' temporary directories whose owners died.
-	TempDirs []string `json:"temp_dirs"`
 	// Locks are lock files no one held.
 	Locks []string `json:"locks"`
 }
@@ -42,14 +39,15 @@ type RemovedPlan struct {
 }
 
 func (r *Recovered) empty() bool {
-	return r.Captures+r.Siblings+r.StraySnaps+len(r.Plans)+len(r.Thawed)+len(r.TempDirs)+len(r.Locks) == 0
+	return r.Captures+r.Siblings+r.StraySnaps+len(r.Plans)+len(r.Thawed)+len(r.Locks) == 0
 }
 
 // Recover undoes every fork operation whose tclone process died, removes
 // plans past their expiry or whose client died, root filesystem snapshots
-// no plan refers to (those a crash followed by a reboot left), fork
-// clients' temporary directories whose owners died, and lock files no one
-// holds. It is what `tclone gc` runs.
+// no plan refers to (those a crash followed by a reboot left), and lock
+// files no one holds. `tclone gc` runs it, then rolls back the fork calls
+// of dead clients (runtime/calls), which needs Podman and so cannot run
+// inside a verb Podman called.
 func (e *Engine) Recover(ctx context.Context) (*Recovered, error) {
 	r, err := e.recoverOperations(ctx)
 	if r == nil {
@@ -57,11 +55,9 @@ func (e *Engine) Recover(ctx context.Context) (*Recovered, error) {
 	}
 	n, serr := e.removeStraySnapshots()
 	r.StraySnaps = n
-	dirs, terr := tempdir.Collect(tempdir.DefaultRoots(), time.Now())
-	r.TempDirs = dirs
 	locks, lerr := e.Store.CollectLocks()
 	r.Locks = locks
-	return r, errors.Join(err, serr, terr, lerr)
+	return r, errors.Join(err, serr, lerr)
 }
 
 // recoverOperations undoes operations whose process died and sweeps plans:

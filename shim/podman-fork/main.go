@@ -10,9 +10,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
-	"strings"
 	"syscall"
-	"time"
 
 	"github.com/sirupsen/logrus"
 	"github.com/urfave/cli/v2"
@@ -23,7 +21,19 @@ import (
 )
 
 func main() {
-	app := &cli.App{
+	// ^C or a TERM cancels the fork: it rolls back whatever it made, and
+	// a Podman service started for it is stopped, before the command exits.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
+	err := newApp().RunContext(ctx, os.Args)
+	stop()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "Error:", err)
+		os.Exit(125)
+	}
+}
+
+func newApp() *cli.App {
+	return &cli.App{
 		Name:      "podman container fork",
 		Usage:     "fork a running container into new sibling containers",
 		UsageText: "podman container fork [options] SOURCE",
@@ -45,35 +55,31 @@ Prints the new container IDs, one per line, like podman create.`,
 			&cli.BoolFlag{Name: "tcp-close", Usage: "capture open TCP connections, and close the siblings' copies"},
 			&cli.BoolFlag{Name: "file-locks", Usage: "capture and restore file locks"},
 			&cli.StringSliceFlag{Name: "label", Aliases: []string{"l"}, Usage: "add a label KEY=VALUE to each sibling"},
-			&cli.StringFlag{Name: "identity", Value: string(plan.IdentityUnique), Usage: "unique (own hostname and machine-id), best-effort or preserve"},
+			&cli.StringFlag{Name: "identity", Value: string(plan.IdentityUnique), Usage: "unique: each sibling gets its own hostname and machine-id, and a source where one cannot differ (--uts=host, a mounted /etc/machine-id) is refused; " +
+				"best-effort: the same where possible, keeping what cannot change (--print-stats says what was kept); preserve: the source's"},
 			&cli.StringSliceFlag{Name: "hook", Usage: "command run with sh -c in each sibling before it is reported; a failure fails the fork"},
-			&cli.StringFlag{Name: "ready", Value: "running", Usage: "when a sibling is up: running, exec, tcp:PORT or http:PORT/PATH"},
-			&cli.DurationFlag{Name: "ready-timeout", Value: podmanDefaultReadyTimeout, Usage: "how long hooks plus readiness may take per sibling"},
+			&cli.StringFlag{Name: "ready", Value: "running", Usage: "when a sibling is up: running (Podman and crun say it runs; needs nothing in the image), " +
+				"exec (`true` runs in it), tcp:PORT (it accepts a connection) or http:PORT/PATH (GET answers 2xx/3xx)"},
+			&cli.DurationFlag{Name: "ready-timeout", Value: podmanfork.DefaultReadyTimeout, Usage: "how long hooks plus readiness may take per sibling (> 0)"},
 			&cli.BoolFlag{Name: "print-stats", Usage: "print the fork's timings as JSON instead of the IDs"},
 			&cli.StringFlag{Name: "format", Usage: "output format: json prints the new containers as a JSON array"},
 			&cli.StringFlag{Name: "url", EnvVars: []string{"CONTAINER_HOST"}, Usage: "Podman service URL (default: the local service, started for this call if none runs)"},
+			&cli.BoolFlag{Name: "private-service", Hidden: true, Usage: "start a Podman service for this call even when the system one answers"},
 			&cli.BoolFlag{Name: "debug", Usage: "debug output"},
 		},
 		Action: run,
 	}
-	// ^C or a TERM cancels the fork: it rolls back whatever it made, and
-	// a Podman service started for it is stopped, before the command exits.
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
-	err := app.RunContext(ctx, os.Args)
-	stop()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "Error:", err)
-		os.Exit(125)
-	}
 }
 
-const podmanDefaultReadyTimeout = 60 * time.Second
+// connectTo is connect; tests replace it to prove that a refused call never
+// gets as far as Podman.
+var connectTo = connect
 
 func run(c *cli.Context) error {
 	if c.Bool("debug") {
 		logrus.SetLevel(logrus.DebugLevel)
 	}
-	if c.NArg() != 1 {
+	if c.NArg() != 1 || c.Args().First() == "" {
 		return fmt.Errorf("podman container fork takes exactly one SOURCE container; see --help")
 	}
 	format := c.String("format")
@@ -84,7 +90,12 @@ func run(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	ctx, stop, err := connect(c.Context, c.String("url"))
+	// Every flag is checked before a service is started or anything
+	// else happens.
+	if err := opts.Validate(); err != nil {
+		return err
+	}
+	ctx, stop, err := connectTo(c.Context, c.String("url"), c.Bool("private-service"))
 	if err != nil {
 		return err
 	}
@@ -116,8 +127,15 @@ func options(c *cli.Context) (podmanfork.Options, error) {
 	if err != nil {
 		return podmanfork.Options{}, err
 	}
+	count := c.Int("count")
+	if count < 1 || count > podmanfork.MaxCount {
+		return podmanfork.Options{}, fmt.Errorf("--count %d out of range: fork 1 to %d siblings at a time", count, podmanfork.MaxCount)
+	}
+	if d := c.Duration("ready-timeout"); d <= 0 {
+		return podmanfork.Options{}, fmt.Errorf("--ready-timeout %s: give a duration above zero, such as 30s", d)
+	}
 	opts := podmanfork.Options{
-		Count:           c.Int("count"),
+		Count:           count,
 		Publish:         c.StringSlice("publish"),
 		IgnoreStaticIP:  c.Bool("ignore-static-ip"),
 		IgnoreStaticMAC: c.Bool("ignore-static-mac"),
@@ -130,7 +148,11 @@ func options(c *cli.Context) (podmanfork.Options, error) {
 		Ready:           ready,
 		ReadyTimeout:    c.Duration("ready-timeout"),
 	}
-	if name := strings.TrimSpace(c.String("name")); name != "" {
+	if c.IsSet("name") {
+		name := c.String("name")
+		if err := podmanfork.CheckName(name); err != nil {
+			return podmanfork.Options{}, fmt.Errorf("--name: %w", err)
+		}
 		if opts.Count <= 1 {
 			opts.Names = []string{name}
 		} else {

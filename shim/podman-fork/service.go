@@ -7,13 +7,15 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"syscall"
 	"time"
 
 	"github.com/containers/podman/v5/pkg/bindings"
 
-	"github.com/tclone/tclone/runtime/tempdir"
+	"github.com/tclone/tclone/runtime/calls"
+	"github.com/tclone/tclone/runtime/journal"
 )
 
 // DefaultSocket is where a system Podman service listens.
@@ -22,8 +24,9 @@ const DefaultSocket = "/run/podman/podman.sock"
 // connect returns a context holding a Podman connection. With no URL it
 // uses the local system service, and when none answers it starts a private
 // one for the duration of the command, so `podman container fork` works
-// like any podman command without a running service.
-func connect(ctx context.Context, url string) (context.Context, func(), error) {
+// like any podman command without a running service. private asks for the
+// private service whatever runs.
+func connect(ctx context.Context, url string, private bool) (context.Context, func(), error) {
 	if url != "" {
 		conn, err := bindings.NewConnection(ctx, url)
 		if err != nil {
@@ -31,7 +34,7 @@ func connect(ctx context.Context, url string) (context.Context, func(), error) {
 		}
 		return conn, func() {}, nil
 	}
-	if answers(DefaultSocket) {
+	if !private && answers(DefaultSocket) {
 		conn, err := bindings.NewConnection(ctx, "unix://"+DefaultSocket)
 		if err == nil {
 			return conn, func() {}, nil
@@ -54,45 +57,26 @@ func privateService(ctx context.Context) (context.Context, func(), error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	// Owned by this process (and the service, below), so `tclone gc`
-	// removes it once both are gone.
-	dir, err := tempdir.Make(tempdir.ServicePrefix)
+	// The directory names its owner, so that if this process is killed a
+	// later fork or tclone gc can tell it was left behind.
+	dir, err := calls.MkdirTemp("podman-fork-")
 	if err != nil {
 		return nil, nil, err
 	}
 	socket := filepath.Join(dir, "podman.sock")
-	// A service restores imported checkpoints with its default runtime;
-	// this one must restore siblings with tclone whatever the host's
-	// default is.
-	cmd := exec.Command(podman, "--runtime", "tclone", "system", "service", "--time=0", "unix://"+socket)
-	cmd.Env = append(os.Environ(), "PODMAN_IGNORE_CGROUPSV1_WARNING=1")
 	logPath := filepath.Join(dir, "service.log")
-	logFile, err := os.Create(logPath)
+	svc, err := startService(podman, socket, logPath)
 	if err != nil {
 		os.RemoveAll(dir)
 		return nil, nil, err
 	}
-	defer logFile.Close()
-	cmd.Stdout, cmd.Stderr = logFile, logFile
-	// Its own process group, so a ^C aimed at us reaches it only through
-	// our cleanup, after the fork has been rolled back.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		os.RemoveAll(dir)
-		return nil, nil, fmt.Errorf("starting a Podman service: %w", err)
-	}
-	tempdir.AddOwner(dir, cmd.Process.Pid)
 	stop := func() {
-		cmd.Process.Signal(syscall.SIGTERM)
-		done := make(chan struct{})
-		go func() { cmd.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(5 * time.Second):
-			cmd.Process.Kill()
-			<-done
-		}
+		svc.stop()
 		os.RemoveAll(dir)
+	}
+	if err := calls.RecordService(dir, svc.owner()); err != nil {
+		stop()
+		return nil, nil, err
 	}
 	deadline := time.Now().Add(15 * time.Second)
 	for !answers(socket) {
@@ -109,6 +93,67 @@ func privateService(ctx context.Context) (context.Context, func(), error) {
 		return nil, nil, fmt.Errorf("connecting to Podman: %w", err)
 	}
 	return conn, stop, nil
+}
+
+// service is a private Podman service process.
+type service struct {
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+// startService starts `podman system service` for this command alone. It
+// dies with this process: the kernel sends it SIGTERM when the thread that
+// started it exits, and that thread stays locked to the goroutine that waits
+// for the service, so it exits only with the process.
+func startService(podman, socket, logPath string) (*service, error) {
+	logFile, err := os.Create(logPath)
+	if err != nil {
+		return nil, err
+	}
+	defer logFile.Close()
+	// A service restores imported checkpoints with its default runtime;
+	// this one must restore siblings with tclone whatever the host's
+	// default is.
+	cmd := exec.Command(podman, "--runtime", "tclone", "system", "service", "--time=0", "unix://"+socket)
+	cmd.Env = append(os.Environ(), "PODMAN_IGNORE_CGROUPSV1_WARNING=1")
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	// Its own process group, so a ^C aimed at us reaches it only through
+	// our cleanup, after the fork has been rolled back.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
+	s := &service{cmd: cmd, done: make(chan struct{})}
+	started := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		if err := cmd.Start(); err != nil {
+			started <- err
+			return
+		}
+		started <- nil
+		cmd.Wait()
+		close(s.done)
+	}()
+	if err := <-started; err != nil {
+		return nil, fmt.Errorf("starting a Podman service: %w", err)
+	}
+	return s, nil
+}
+
+func (s *service) owner() journal.Owner {
+	_, start, _ := journal.ProcessState(s.cmd.Process.Pid)
+	return journal.Owner{Pid: s.cmd.Process.Pid, StartTime: start}
+}
+
+// stop ends the service. Only the service: a runtime it runs (tclone
+// checkpoint, say) is in its process group and finishes on its own.
+func (s *service) stop() {
+	s.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-s.done:
+	case <-time.After(5 * time.Second):
+		s.cmd.Process.Kill()
+		<-s.done
+	}
 }
 
 // realPodman finds the podman binary itself, not the tclone wrapper that

@@ -6,14 +6,17 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"time"
 
 	"github.com/containers/podman/v5/libpod/define"
 	"github.com/containers/podman/v5/pkg/bindings/containers"
+	"github.com/sirupsen/logrus"
 
+	"github.com/tclone/tclone/runtime/calls"
+	"github.com/tclone/tclone/runtime/crun"
 	"github.com/tclone/tclone/runtime/plan"
-	"github.com/tclone/tclone/runtime/tempdir"
 )
 
 // Result describes one sibling.
@@ -24,16 +27,29 @@ type Result struct {
 	IP       string `json:"ip,omitempty"`
 	// RestoreMs is Podman's restore call for this sibling.
 	RestoreMs float64 `json:"restore_ms"`
-	HookMs    float64 `json:"hook_ms"`
-	ReadyMs   float64 `json:"ready_ms"`
+	// HookMs is the time the hooks took; ReadyMs the readiness check
+	// after the sibling ran.
+	HookMs  float64 `json:"hook_ms"`
+	ReadyMs float64 `json:"ready_ms"`
+	// RunningMs runs from the start of the fork request until Podman and
+	// crun both said this sibling runs.
+	RunningMs float64 `json:"running_ms"`
 	// FirstCommandMs runs from the start of the fork request to the first
-	// command that succeeded in this sibling: the latency a user feels.
-	FirstCommandMs float64 `json:"first_command_ms"`
+	// command that succeeded in this sibling (a hook, or --ready exec): the
+	// latency a user of exec feels. Absent when no command ran.
+	FirstCommandMs float64 `json:"first_command_ms,omitempty"`
+	// Identity says what the sibling has of its own.
+	Identity IdentityReport `json:"identity"`
+
+	pid int
 }
 
 // Stats describes the whole call.
 type Stats struct {
-	Source       string  `json:"source"`
+	Source string `json:"source"`
+	// Call is this call's nonce, the value of the label io.tclone.fork-call
+	// on each sibling.
+	Call         string  `json:"call"`
 	CheckpointMs float64 `json:"checkpoint_ms"`
 	// SourcePauseMs is how long the source could not run.
 	SourcePauseMs float64   `json:"source_pause_ms"`
@@ -59,22 +75,33 @@ func Fork(ctx context.Context, source string, opts Options) ([]Result, error) {
 }
 
 // ForkWithStats is Fork, also returning timings of every phase.
+//
+// The call is recorded in the host's plan store while it runs (see package
+// runtime/calls): if this process dies, the next fork or `tclone gc` rolls
+// back what it made. Calls of clients that died are rolled back first.
 func ForkWithStats(ctx context.Context, source string, opts Options) (*Stats, error) {
 	start := time.Now()
 	if err := opts.normalize(); err != nil {
 		return nil, err
 	}
+	store := plan.DefaultStore()
+	collectDeadCalls(ctx, store)
 	src, err := inspectSource(ctx, source)
 	if err != nil {
 		return nil, err
 	}
-	names, err := siblingNames(ctx, src.Name, opts)
+	limits, err := checkIdentity(opts.Identity, src)
 	if err != nil {
 		return nil, err
 	}
-	f := &forker{opts: opts, src: src, store: plan.DefaultStore(), start: start}
+	names, err := newNamer(ctx, src.Name, opts)
+	if err != nil {
+		return nil, err
+	}
+	f := &forker{opts: opts, src: src, store: store, start: start, names: names,
+		identityLimits: limits, srcID: readSourceIdentity(src)}
 	defer f.cleanupFiles()
-	stats, err := f.run(ctx, names)
+	stats, err := f.run(ctx)
 	if err != nil {
 		if ctx.Err() != nil {
 			err = fmt.Errorf("fork of %s cancelled (%v); everything it made was removed", src.Name, context.Cause(ctx))
@@ -85,30 +112,54 @@ func ForkWithStats(ctx context.Context, source string, opts Options) (*Stats, er
 	return stats, nil
 }
 
+// collectDeadCalls rolls back the calls of fork clients that died. It is
+// housekeeping: a failure is logged, and the fork goes on.
+func collectDeadCalls(ctx context.Context, store plan.Store) {
+	col := calls.Collector{Dir: calls.DirOf(store), Store: store, Podman: bindingsPodman{}}
+	rep, err := col.Collect(ctx)
+	if err != nil {
+		logrus.Warnf("rolling back forks whose client died: %v (run tclone gc)", err)
+	}
+	for _, c := range rep.Calls {
+		logrus.Infof("rolled back fork call %s of dead client %d: removed %d containers", c.Nonce, c.Owner.Pid, len(c.Siblings))
+	}
+}
+
 // forker carries one fork call and what it has made so far.
 type forker struct {
 	opts  Options
 	src   *define.InspectContainerData
 	store plan.Store
 	start time.Time
+	names *namer
+	// srcID and identityLimits are what the siblings' identities are
+	// checked against.
+	srcID          sourceIdentity
+	identityLimits map[string]string
+	crun           *crun.Runtime
 
+	call    *calls.Call
+	nonce   string
 	tmpDir  string
 	planDir string
-	// captureAsked is when the checkpoint was requested: a capture tclone
-	// made before the checkpoint failed is found by it.
-	captureAsked time.Time
-	made         []string // sibling IDs, for rollback
+	made    []string // sibling IDs, for rollback
 }
 
-func (f *forker) run(ctx context.Context, names []string) (*Stats, error) {
+func (f *forker) run(ctx context.Context) (*Stats, error) {
 	var err error
-	// Owned by this process, so `tclone gc` removes it if we are killed.
-	f.tmpDir, err = tempdir.Make(tempdir.ForkPrefix)
+	f.call, err = calls.DirOf(f.store).Begin(calls.Record{SourceID: f.src.ID})
 	if err != nil {
+		return nil, fmt.Errorf("this must run on the Podman host, as root: %w", err)
+	}
+	f.nonce = f.call.Record().Nonce
+	if f.tmpDir, err = calls.MkdirTemp("tclone-fork-"); err != nil {
+		return nil, err
+	}
+	if err := f.call.Update(func(r *calls.Record) { r.TempDirs = append(r.TempDirs, f.tmpDir) }); err != nil {
 		return nil, err
 	}
 	archive := filepath.Join(f.tmpDir, "checkpoint.tar")
-	stats := &Stats{Source: f.src.ID}
+	stats := &Stats{Source: f.src.ID, Call: f.nonce}
 
 	t := time.Now()
 	capture, err := f.checkpoint(ctx, archive)
@@ -119,10 +170,10 @@ func (f *forker) run(ctx context.Context, names []string) (*Stats, error) {
 	stats.Capture = *capture
 	stats.SourcePauseMs = capture.Timings.SourcePauseMs
 
-	for i, name := range names {
-		r, err := f.restore(ctx, archive, name, i)
+	for i := 0; i < f.opts.Count; i++ {
+		r, err := f.restoreNamed(ctx, archive, i)
 		if err != nil {
-			return nil, fmt.Errorf("sibling %d of %d (%s): %w", i+1, len(names), name, err)
+			return nil, err
 		}
 		stats.Siblings = append(stats.Siblings, r)
 	}
@@ -136,6 +187,12 @@ func (f *forker) run(ctx context.Context, names []string) (*Stats, error) {
 	// Make sure, in case a sibling was restored outside this plan's count.
 	f.store.Remove(f.planDir)
 	f.planDir = ""
+	// The siblings are reported only once no collector can take this call
+	// for a dead one and undo it.
+	if err := f.call.End(); err != nil {
+		return nil, fmt.Errorf("closing the record of this fork call: %w", err)
+	}
+	f.call = nil
 	return stats, nil
 }
 
@@ -165,8 +222,20 @@ func (f *forker) checkpoint(ctx context.Context, archive string) (*plan.Plan, er
 		return nil, fmt.Errorf("leaving a fork intent for tclone (this must run on the Podman host, as root): %w", err)
 	}
 	defer f.store.RemoveIntent(f.src.ID, intent.Nonce)
+	if err := f.call.Update(func(r *calls.Record) { r.IntentNonce = intent.Nonce }); err != nil {
+		return nil, err
+	}
 
-	f.captureAsked = time.Now().UTC()
+	// A capture tclone made before the checkpoint failed is found by its
+	// time. Only a fork holding the intent lock can capture this source,
+	// so, removed before the lock is let go, it can only be this call's.
+	asked := time.Now().UTC()
+	captured := false
+	defer func() {
+		if !captured {
+			f.store.RemoveCapturedSince(f.src.ID, asked)
+		}
+	}()
 	_, err = containers.Checkpoint(ctx, f.src.ID, new(containers.CheckpointOptions).
 		WithLeaveRunning(true).WithIgnoreRootfs(true).WithExport(archive).
 		WithTCPEstablished(intent.Options.TCPEstablished).WithFileLocks(f.opts.FileLocks))
@@ -178,6 +247,10 @@ func (f *forker) checkpoint(ctx context.Context, archive string) (*plan.Plan, er
 		return nil, fmt.Errorf("capturing %s: %w", f.src.Name, err)
 	}
 	f.planDir = ref.PlanDir
+	captured = true
+	if err := f.call.Update(func(r *calls.Record) { r.PlanDir = ref.PlanDir }); err != nil {
+		return nil, err
+	}
 	p, err := plan.Read(ref.PlanDir)
 	if err != nil {
 		return nil, fmt.Errorf("capturing %s: %w", f.src.Name, err)
@@ -194,13 +267,37 @@ func (f *forker) planTTL() time.Duration {
 	return 10*time.Minute + time.Duration(f.opts.Count)*(f.opts.ReadyTimeout+time.Minute)
 }
 
-// restore makes sibling number i from the archive.
+// maxNameTries bounds how often a default name is tried again after
+// another fork took it first.
+const maxNameTries = 64
+
+// restoreNamed makes sibling number i. A default name that another call
+// took in the meantime is replaced by the next free one; a name the user
+// gave is not.
+func (f *forker) restoreNamed(ctx context.Context, archive string, i int) (*Result, error) {
+	for try := 1; ; try++ {
+		name := f.names.name(i)
+		r, err := f.restore(ctx, archive, name, i)
+		if err == nil {
+			return r, nil
+		}
+		if !nameInUse(err) || !f.names.defaulted() || try == maxNameTries {
+			return nil, fmt.Errorf("sibling %d of %d (%s): %w", i+1, f.opts.Count, name, err)
+		}
+		logrus.Debugf("name %s was taken meanwhile; trying the next one", name)
+		if err := f.names.clash(ctx, i); err != nil {
+			return nil, err
+		}
+	}
+}
+
+// restore makes sibling number i, called name, from the archive.
 func (f *forker) restore(ctx context.Context, archive, name string, i int) (*Result, error) {
 	r := &Result{Name: name}
-	if f.opts.Identity != plan.IdentityPreserve {
+	if f.opts.Identity != plan.IdentityPreserve && f.identityLimits["hostname"] == "" {
 		r.Hostname = hostnameFor(name)
 	}
-	labels := map[string]string{LabelForkedFrom: f.src.ID}
+	labels := map[string]string{LabelForkedFrom: f.src.ID, calls.LabelCall: f.nonce}
 	for k, v := range f.opts.Labels {
 		labels[k] = v
 	}
@@ -218,12 +315,18 @@ func (f *forker) restore(ctx context.Context, archive, name string, i int) (*Res
 	t := time.Now()
 	rep, err := containers.Restore(ctx, "", opts)
 	if rep != nil && rep.Id != "" {
-		f.made = append(f.made, rep.Id)
+		if uerr := f.adopt(rep.Id); uerr != nil {
+			return nil, uerr
+		}
 	}
 	if err != nil {
 		// Podman may have created the container before the restore itself
-		// failed (a port it cannot bind, say) without telling us its ID.
-		f.adoptFailed(ctx, name)
+		// failed (a port it cannot bind, say) without telling us its ID;
+		// it carries this call's label.
+		f.removeStrays(ctx)
+		if nameInUse(err) {
+			return nil, explainRestoreError(err)
+		}
 		// Asking the service for its configuration is slow (about a
 		// second), so it is done only to explain a failure.
 		if serr := checkService(ctx); serr != nil {
@@ -237,7 +340,13 @@ func (f *forker) restore(ctx context.Context, archive, name string, i int) (*Res
 	deadline := time.Now().Add(f.opts.ReadyTimeout)
 	hctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
-	if err := f.identify(hctx, r); err != nil {
+	if err := f.waitRunning(hctx, r); err != nil {
+		return nil, err
+	}
+	if err := f.verifyIdentity(r); err != nil {
+		return nil, err
+	}
+	if err := f.hooks(hctx, r); err != nil {
 		return nil, err
 	}
 	if err := f.ready(hctx, r); err != nil {
@@ -246,40 +355,78 @@ func (f *forker) restore(ctx context.Context, archive, name string, i int) (*Res
 	return r, nil
 }
 
-// adoptFailed records, for rollback, a container that a failed restore left
-// under the sibling's name, if it is one of this source's siblings.
-func (f *forker) adoptFailed(ctx context.Context, name string) {
-	data, err := containers.Inspect(context.WithoutCancel(ctx), name, nil)
-	if err != nil || data.Config == nil || data.Config.Labels[LabelForkedFrom] != f.src.ID {
-		return
-	}
-	for _, id := range f.made {
-		if id == data.ID {
-			return
+// adopt records a container this call made, for rollback, before anything
+// else happens to it.
+func (f *forker) adopt(id string) error {
+	for _, m := range f.made {
+		if m == id {
+			return nil
 		}
 	}
-	f.made = append(f.made, data.ID)
+	f.made = append(f.made, id)
+	return f.call.Update(func(r *calls.Record) { r.Siblings = append(r.Siblings, id) })
 }
 
-// rollback removes every sibling this call made and its capture.
+// removeStrays removes the containers a failed restore of this call left:
+// those with this call's label that it does not know by ID. A stray that
+// cannot be removed now is left to the rollback.
+func (f *forker) removeStrays(ctx context.Context) {
+	ctx = context.WithoutCancel(ctx)
+	pm := bindingsPodman{}
+	labelled, err := pm.Labelled(ctx, calls.LabelCall)
+	if err != nil {
+		logrus.Warnf("listing what the failed restore left: %v", err)
+		return
+	}
+	known := map[string]bool{}
+	for _, id := range f.made {
+		known[id] = true
+	}
+	for id, nonce := range labelled {
+		if nonce != f.nonce || known[id] {
+			continue
+		}
+		if err := pm.Remove(ctx, id); err != nil {
+			f.adopt(id)
+		}
+	}
+}
+
+// rollback removes every container this call made and its capture. It
+// removes by ID only: what it recorded, and what carries this call's label.
 func (f *forker) rollback(ctx context.Context) error {
 	// The caller's context may be what failed (cancelled, timed out);
 	// cleanup must still run on its connection.
+	cancelled := ctx.Err() != nil
 	ctx = context.WithoutCancel(ctx)
 	var errs []error
+	if f.call != nil {
+		f.removeStrays(ctx)
+	}
 	for _, id := range f.made {
 		// A sibling being rolled back has nothing to shut down cleanly.
 		if _, err := containers.Remove(ctx, id, new(containers.RemoveOptions).WithForce(true).WithIgnore(true).WithTimeout(0)); err != nil {
 			errs = append(errs, fmt.Errorf("removing sibling %s: %w", id, err))
 		}
 	}
-	switch {
-	case f.planDir != "":
+	if f.planDir != "" {
 		errs = append(errs, f.store.Remove(f.planDir))
-	case !f.captureAsked.IsZero():
-		errs = append(errs, f.store.RemoveCapturedSince(f.src.ID, f.captureAsked))
 	}
-	if err := errors.Join(errs...); err != nil {
+	err := errors.Join(errs...)
+	switch {
+	case f.call == nil:
+	case err != nil:
+		// The record stays: once this process is gone, the next fork or
+		// tclone gc finishes the rollback.
+		err = fmt.Errorf("%w; run tclone gc to finish the cleanup", err)
+	case cancelled:
+		// A request cut short may still be making a container in the
+		// service: the record lingers so collectors sweep its label.
+		f.call.Update(func(r *calls.Record) { r.RolledBack = time.Now().UTC() })
+	default:
+		f.call.End()
+	}
+	if err != nil {
 		return fmt.Errorf("cleaning up the failed fork: %w", err)
 	}
 	return nil
@@ -291,16 +438,25 @@ func (f *forker) cleanupFiles() {
 	}
 }
 
+var nameInUseRE = regexp.MustCompile(`name "?[^" ]+"? is (already )?in use|container already exists`)
+
+// nameInUse recognises Podman's answer to a name another container holds.
+func nameInUse(err error) bool {
+	return nameInUseRE.MatchString(err.Error())
+}
+
 // explainRestoreError adds advice to the restore failures users can fix.
 func explainRestoreError(err error) error {
-	msg := err.Error()
+	msg := strings.ToLower(err.Error())
 	switch {
+	case nameInUse(err):
+		return fmt.Errorf("%w: choose another --name, or leave --name out for SOURCE-fork-<n>", err)
 	case strings.Contains(msg, "address already in use") || strings.Contains(msg, "port is already allocated") ||
 		strings.Contains(msg, "bind: address"):
 		return fmt.Errorf("%w: a --publish host port is taken (the source or another container holds it); choose a free host port, or give only the container port so Podman picks one", err)
-	case strings.Contains(msg, "requested IP address") || strings.Contains(msg, "static IP"):
+	case strings.Contains(msg, "requested ip address") || strings.Contains(msg, "static ip"):
 		return fmt.Errorf("%w: the source has a static IP; fork with --ignore-static-ip", err)
-	case strings.Contains(msg, "MAC"):
+	case strings.Contains(msg, "mac address"):
 		return fmt.Errorf("%w: the source has a static MAC address; fork with --ignore-static-mac", err)
 	}
 	return err

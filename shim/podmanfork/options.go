@@ -19,6 +19,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/containers/podman/v5/libpod/define"
+	"github.com/containers/podman/v5/pkg/specgenutil"
+
 	"github.com/tclone/tclone/runtime/plan"
 )
 
@@ -57,7 +60,8 @@ type Options struct {
 	Hooks []string
 	// Ready says when a sibling counts as up; see ParseReady.
 	Ready Ready
-	// ReadyTimeout bounds Hooks plus Ready per sibling; 0 means 60 s.
+	// ReadyTimeout bounds Hooks plus Ready per sibling; 0 means
+	// DefaultReadyTimeout.
 	ReadyTimeout time.Duration
 	// PlanTTL bounds how long the capture is kept if the call is cut short;
 	// 0 means tclone's default.
@@ -132,15 +136,18 @@ func ParseLabels(kvs []string) (map[string]string, error) {
 		if !ok || k == "" {
 			return nil, fmt.Errorf("invalid label %q: use KEY=VALUE", kv)
 		}
-		if k == LabelForkedFrom {
-			return nil, fmt.Errorf("label %s is set by the fork itself", LabelForkedFrom)
-		}
 		labels[k] = v
 	}
-	return labels, nil
+	return labels, checkLabels(labels)
 }
 
-// normalize checks the options and fills defaults.
+// Validate checks every option, as a fork would before doing anything.
+func (o Options) Validate() error {
+	return o.normalize()
+}
+
+// normalize checks every option and fills defaults. It runs before anything
+// is asked of Podman, so a bad option never leaves anything behind.
 func (o *Options) normalize() error {
 	if o.Count == 0 {
 		o.Count = 1
@@ -154,6 +161,9 @@ func (o *Options) normalize() error {
 	if len(o.Names) > 0 && len(o.Names) != o.Count {
 		return fmt.Errorf("%d names given for %d siblings; give one name per sibling, or none", len(o.Names), o.Count)
 	}
+	if err := checkNames(o.Names); err != nil {
+		return err
+	}
 	if o.TCPEstablished && o.TCPClose {
 		return fmt.Errorf("--tcp-established and --tcp-close exclude each other")
 	}
@@ -162,11 +172,88 @@ func (o *Options) normalize() error {
 		return err
 	}
 	o.Identity = id
+	if err := o.checkPublish(); err != nil {
+		return err
+	}
+	if err := checkLabels(o.Labels); err != nil {
+		return err
+	}
+	for i, h := range o.Hooks {
+		if strings.TrimSpace(h) == "" {
+			return fmt.Errorf("hook %d is empty: give each --hook a shell command", i+1)
+		}
+	}
 	if o.Ready.Kind == "" {
 		o.Ready.Kind = ReadyRunning
 	}
+	if _, err := ParseReady(o.Ready.String()); err != nil {
+		return err
+	}
+	if o.ReadyTimeout < 0 {
+		return fmt.Errorf("ready timeout %s is negative: give how long hooks and readiness may take per sibling", o.ReadyTimeout)
+	}
 	if o.ReadyTimeout == 0 {
-		o.ReadyTimeout = 60 * time.Second
+		o.ReadyTimeout = DefaultReadyTimeout
+	}
+	return nil
+}
+
+// DefaultReadyTimeout bounds hooks plus readiness per sibling by default.
+const DefaultReadyTimeout = 60 * time.Second
+
+// CheckName refuses a container name Podman would refuse, with Podman's
+// own rule and words.
+func CheckName(name string) error {
+	if !define.NameRegex.MatchString(name) {
+		return fmt.Errorf("invalid container name %q: %w", name, define.RegexError)
+	}
+	return nil
+}
+
+func checkNames(names []string) error {
+	seen := map[string]bool{}
+	for _, n := range names {
+		if err := CheckName(n); err != nil {
+			return err
+		}
+		if seen[n] {
+			return fmt.Errorf("the name %s is given twice; each sibling needs its own", n)
+		}
+		seen[n] = true
+	}
+	return nil
+}
+
+// checkPublish parses the ports with Podman's own parser (the one its
+// restore uses), and refuses a fixed host port for several siblings: only
+// the first could bind it.
+func (o *Options) checkPublish() error {
+	for _, p := range o.Publish {
+		mappings, err := specgenutil.CreatePortBindings([]string{p})
+		if err != nil {
+			return fmt.Errorf("invalid --publish %q: %w", p, err)
+		}
+		for _, m := range mappings {
+			if o.Count > 1 && m.HostPort != 0 {
+				return fmt.Errorf("--publish %q gives all %d siblings host port %d, which only one can hold; "+
+					"leave the host port out (-p %d) so Podman picks one for each", p, o.Count, m.HostPort, m.ContainerPort)
+			}
+		}
+	}
+	return nil
+}
+
+// reservedLabelPrefix marks the labels the fork sets itself.
+const reservedLabelPrefix = "io.tclone."
+
+func checkLabels(labels map[string]string) error {
+	for k := range labels {
+		if k == "" || strings.ContainsAny(k, " \t\n") {
+			return fmt.Errorf("invalid label key %q: give KEY=VALUE with a non-empty key without spaces", k)
+		}
+		if strings.HasPrefix(k, reservedLabelPrefix) {
+			return fmt.Errorf("label %s: labels %s* are set by the fork itself", k, reservedLabelPrefix)
+		}
 	}
 	return nil
 }

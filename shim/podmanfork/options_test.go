@@ -3,11 +3,15 @@ package podmanfork
 import (
 	"archive/tar"
 	"bytes"
+	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/tclone/tclone/runtime/plan"
 )
@@ -176,5 +180,117 @@ func readTar(t *testing.T, path string) map[string][]byte {
 		}
 		data, _ := io.ReadAll(tr)
 		out[h.Name] = data
+	}
+}
+
+// Every option is checked before anything is made.
+func TestNormalizeRefuses(t *testing.T) {
+	for what, o := range map[string]Options{
+		"slash in name":       {Names: []string{"bad/x!"}},
+		"space in name":       {Names: []string{"bad x"}},
+		"leading dot":         {Names: []string{".x"}},
+		"same name twice":     {Names: []string{"a", "a"}},
+		"bad port":            {Publish: []string{"bad"}},
+		"port out of range":   {Publish: []string{"70000:80"}},
+		"one host port, two":  {Count: 2, Publish: []string{"8081:80"}},
+		"reserved label":      {Labels: map[string]string{"io.tclone.fork-call": "x"}},
+		"empty label key":     {Labels: map[string]string{"": "x"}},
+		"empty hook":          {Hooks: []string{" "}},
+		"negative timeout":    {ReadyTimeout: -time.Second},
+		"bad readiness port":  {Ready: Ready{Kind: ReadyTCP, Port: 0}},
+		"unknown readiness":   {Ready: Ready{Kind: "udp", Port: 53}},
+		"count above maximum": {Count: MaxCount + 1},
+	} {
+		if err := o.Validate(); err == nil {
+			t.Errorf("%s: %+v accepted", what, o)
+		}
+	}
+	err := (Options{Names: []string{"bad x"}}).Validate()
+	if err == nil || !strings.Contains(err.Error(), "names must match [a-zA-Z0-9][a-zA-Z0-9_.-]*") {
+		t.Errorf("a bad name is not refused in Podman's words: %v", err)
+	}
+	for _, good := range []Options{
+		{Names: []string{"ws.fork_1-a"}}, {Publish: []string{"8080", "127.0.0.1:18080:80/udp"}},
+		{Count: 3, Publish: []string{"8080"}}, {Labels: map[string]string{"task": "42"}},
+	} {
+		if err := good.Validate(); err != nil {
+			t.Errorf("%+v refused: %v", good, err)
+		}
+	}
+}
+
+func TestNamer(t *testing.T) {
+	held := []string{"ws", "ws-fork-1", "ws-fork-3"}
+	n := &namer{base: "ws", taken: map[string]bool{}, chosen: map[int]string{}, list: func(context.Context) ([]string, error) { return held, nil }}
+	ctx := context.Background()
+	n.learn(ctx)
+	if a, b := n.name(0), n.name(1); a != "ws-fork-2" || b != "ws-fork-4" {
+		t.Fatalf("names %s %s", a, b)
+	}
+	if again := n.name(0); again != "ws-fork-2" {
+		t.Fatalf("a name changed without a clash: %s", again)
+	}
+	// Another fork took ws-fork-2 first.
+	held = append(held, "ws-fork-2")
+	n.clash(ctx, 0)
+	if got := n.name(0); got != "ws-fork-5" {
+		t.Fatalf("after the clash: %s", got)
+	}
+	if got := n.name(1); got != "ws-fork-4" {
+		t.Fatalf("sibling 2's name changed: %s", got)
+	}
+	given := &namer{given: []string{"x"}}
+	if !strings.EqualFold(given.name(0), "x") || given.defaulted() {
+		t.Fatal("a given name is not kept")
+	}
+}
+
+func TestNameInUse(t *testing.T) {
+	for _, msg := range []string{
+		`creating container storage: the container name "ws-fork-1" is already in use by 4f1c. You have to remove that container to be able to reuse that name: that name is already in use`,
+		`name "ws-fork-1" is in use: container already exists`,
+	} {
+		if !nameInUse(errors.New(msg)) {
+			t.Errorf("not a name clash: %s", msg)
+		}
+	}
+	for _, msg := range []string{
+		`rootlessport listen tcp 0.0.0.0:18180: bind: address already in use`,
+		`cannot listen on the TCP port: listen tcp4 :8080: bind: address already in use`,
+	} {
+		if nameInUse(errors.New(msg)) {
+			t.Errorf("taken for a name clash: %s", msg)
+		}
+	}
+}
+
+func TestExecOutput(t *testing.T) {
+	out := "crun: executable file `true` not found in $PATH: No such file or directory: OCI runtime attempted to invoke a command that was not found\n" +
+		"Error: read unixpacket @->/proc/self/fd/14/attach: read: connection reset by peer\n"
+	clean := cleanExecOutput(out)
+	if strings.Contains(clean, "unixpacket") || strings.Contains(clean, "attach") {
+		t.Fatalf("the service's attach error was kept: %q", clean)
+	}
+	if !commandMissing(127, clean, "true") {
+		t.Fatalf("a missing command was not recognised: %q", clean)
+	}
+	if commandMissing(127, "sh: 1: foo: not found", "sh") {
+		t.Fatal("a hook's missing command was taken for a missing shell")
+	}
+	if commandMissing(0, clean, "true") {
+		t.Fatal("a command that ran was taken for a missing one")
+	}
+}
+
+func TestExplainRestoreError(t *testing.T) {
+	for msg, hint := range map[string]string{
+		"IPAM error: requested ip address 10.89.77.10 is already allocated to container ID 3aae": "--ignore-static-ip",
+		"requested MAC address 92:d0:c6:0a:29:33 is already in use":                              "--ignore-static-mac",
+		"rootlessport listen tcp 0.0.0.0:18180: bind: address already in use":                    "--publish host port",
+		`name "ws-fork-1" is in use: container already exists`:                                   "another --name",
+	} {
+		if got := explainRestoreError(errors.New(msg)).Error(); !strings.Contains(got, hint) {
+			t.Errorf("%q: %q lacks %q", msg, got, hint)
+		}
 	}
 }

@@ -1,50 +1,80 @@
 package podmanfork
 
 import (
-	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"strconv"
-	"strings"
 	"time"
 
-	"github.com/containers/podman/v5/pkg/api/handlers"
+	"github.com/containers/podman/v5/libpod/define"
 	"github.com/containers/podman/v5/pkg/bindings/containers"
-	dockerContainer "github.com/docker/docker/api/types/container"
+
+	"github.com/tclone/tclone/runtime/crun"
 )
 
-// identify runs the user's hooks in a new sibling. The sibling's own
-// hostname and machine-id are set by tclone while it is restored.
-func (f *forker) identify(ctx context.Context, r *Result) error {
-	t := time.Now()
-	for _, hook := range f.opts.Hooks {
-		code, out, err := execIn(ctx, r.ID, []string{"sh", "-c", hook})
+// waitRunning waits until both Podman and crun say the sibling runs, and
+// records what Podman knows of it. It needs nothing in the sibling's image.
+func (f *forker) waitRunning(ctx context.Context, r *Result) error {
+	for {
+		data, err := containers.Inspect(ctx, r.ID, nil)
 		if err != nil {
-			return fmt.Errorf("hook %q: %w", hook, err)
+			return fmt.Errorf("inspecting it after its restore: %w", err)
 		}
-		if code != 0 {
-			return fmt.Errorf("hook %q exited with status %d: %s", hook, code, strings.TrimSpace(out))
+		podmanSays := podmanState(data)
+		crunSays, crunErr := f.crunState(ctx, r.ID)
+		if podmanSays == define.ContainerStateRunning.String() && crunSays == crun.StatusRunning {
+			f.recordInspect(r, data)
+			r.RunningMs = ms(time.Since(f.start))
+			return nil
 		}
-		f.firstCommand(r)
+		if podmanSays == define.ContainerStateExited.String() || podmanSays == define.ContainerStateStopped.String() {
+			return fmt.Errorf("it %s right after its restore (exit code %d); see `podman logs %s`", podmanSays, data.State.ExitCode, r.Name)
+		}
+		select {
+		case <-ctx.Done():
+			if crunErr != nil {
+				crunSays = crunErr.Error()
+			}
+			return fmt.Errorf("not running within %s: Podman says %s, crun says %s", f.opts.ReadyTimeout, podmanSays, crunSays)
+		case <-time.After(20 * time.Millisecond):
+		}
 	}
-	r.HookMs = ms(time.Since(t))
-	return nil
 }
 
-// ready waits until the sibling meets the readiness condition, then records
-// the first command answered in it.
-func (f *forker) ready(ctx context.Context, r *Result) error {
-	t := time.Now()
-	data, err := containers.Inspect(ctx, r.ID, nil)
+func podmanState(data *define.InspectContainerData) string {
+	switch {
+	case data.State == nil:
+		return "unknown"
+	case data.State.Paused:
+		return define.ContainerStatePaused.String()
+	case data.State.Running:
+		return define.ContainerStateRunning.String()
+	}
+	return data.State.Status
+}
+
+// crunState is crun's own view of the sibling: tclone runs containers as
+// crun containers, so crun's state is the runtime's.
+func (f *forker) crunState(ctx context.Context, id string) (string, error) {
+	if f.crun == nil {
+		rt, err := crun.Find(crun.Global{})
+		if err != nil {
+			return "", err
+		}
+		f.crun = rt
+	}
+	st, err := f.crun.State(ctx, id)
 	if err != nil {
-		return err
+		return "", err
 	}
-	if data.State == nil || !data.State.Running {
-		return fmt.Errorf("not running after restore (state %v)", data.State)
-	}
+	return st.Status, nil
+}
+
+func (f *forker) recordInspect(r *Result, data *define.InspectContainerData) {
 	if data.NetworkSettings != nil {
 		r.IP = data.NetworkSettings.IPAddress
 		for _, n := range data.NetworkSettings.Networks {
@@ -53,44 +83,62 @@ func (f *forker) ready(ctx context.Context, r *Result) error {
 			}
 		}
 	}
-	if r.Hostname == "" {
+	if r.Hostname == "" && data.Config != nil {
 		r.Hostname = data.Config.Hostname
 	}
+	r.pid = data.State.Pid
+}
+
+// hooks runs the user's hooks in a new sibling, with sh -c.
+func (f *forker) hooks(ctx context.Context, r *Result) error {
+	t := time.Now()
+	for _, hook := range f.opts.Hooks {
+		res, err := execIn(ctx, r.ID, []string{"sh", "-c", hook})
+		var missing *missingCommandError
+		switch {
+		case errors.As(err, &missing):
+			return fmt.Errorf("hook %q: hooks run with sh -c, and the sibling's image has no sh (exit %d); fork without --hook, or use an image with a shell", hook, missing.code)
+		case ctx.Err() != nil:
+			return fmt.Errorf("hook %q did not finish within the ready timeout (%s)", hook, f.opts.ReadyTimeout)
+		case err != nil:
+			return fmt.Errorf("hook %q: %w", hook, err)
+		case res.code != 0:
+			return fmt.Errorf("hook %q exited with status %d: %s", hook, res.code, res.output)
+		}
+		f.firstCommand(r)
+	}
+	r.HookMs = ms(time.Since(t))
+	return nil
+}
+
+// readyCommand is what --ready exec runs.
+var readyCommand = []string{"true"}
+
+// ready waits until the sibling meets the readiness condition. It runs
+// after waitRunning, so `running` is already met.
+func (f *forker) ready(ctx context.Context, r *Result) error {
+	t := time.Now()
 	var check func() error
 	switch f.opts.Ready.Kind {
-	case ReadyRunning, ReadyExec:
-		check = func() error { return nil }
-	case ReadyTCP:
-		check = func() error {
-			c, err := net.DialTimeout("tcp", net.JoinHostPort(r.IP, strconv.Itoa(f.opts.Ready.Port)), time.Second)
-			if err == nil {
-				c.Close()
-			}
-			return err
+	case ReadyExec:
+		check = func() error { return f.readyExec(ctx, r) }
+	case ReadyTCP, ReadyHTTP:
+		if r.IP == "" {
+			return fmt.Errorf("readiness %s needs the sibling's IP, and it has none (no network?)", f.opts.Ready)
 		}
-	case ReadyHTTP:
-		url := fmt.Sprintf("http://%s%s", net.JoinHostPort(r.IP, strconv.Itoa(f.opts.Ready.Port)), f.opts.Ready.Path)
-		client := &http.Client{Timeout: 2 * time.Second}
-		check = func() error {
-			resp, err := client.Get(url)
-			if err != nil {
-				return err
-			}
-			io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode >= 400 {
-				return fmt.Errorf("GET %s: %s", url, resp.Status)
-			}
-			return nil
-		}
-	}
-	if (f.opts.Ready.Kind == ReadyTCP || f.opts.Ready.Kind == ReadyHTTP) && r.IP == "" {
-		return fmt.Errorf("readiness %s needs the sibling's IP, and it has none (no network?)", f.opts.Ready)
+		check = probe(f.opts.Ready, r.IP)
+	default:
+		r.ReadyMs = ms(time.Since(t))
+		return nil
 	}
 	var last error
 	for {
 		if last = check(); last == nil {
 			break
+		}
+		var fatal *fatalReadyError
+		if errors.As(last, &fatal) {
+			return fatal.err
 		}
 		select {
 		case <-ctx.Done():
@@ -98,50 +146,61 @@ func (f *forker) ready(ctx context.Context, r *Result) error {
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
-	// Every readiness kind ends with a command answered in the sibling:
-	// it is the latency the user sees, and proves exec works.
-	if r.FirstCommandMs == 0 {
-		code, out, err := execIn(ctx, r.ID, []string{"true"})
-		if err != nil {
-			return fmt.Errorf("first command: %w", err)
-		}
-		if code != 0 {
-			return fmt.Errorf("first command (true) exited %d: %s", code, out)
-		}
-		f.firstCommand(r)
-	}
 	r.ReadyMs = ms(time.Since(t))
 	return nil
 }
 
+// fatalReadyError ends the readiness wait at once: waiting cannot help.
+type fatalReadyError struct{ err error }
+
+func (e *fatalReadyError) Error() string { return e.err.Error() }
+
+func (f *forker) readyExec(ctx context.Context, r *Result) error {
+	res, err := execIn(ctx, r.ID, readyCommand)
+	var missing *missingCommandError
+	switch {
+	case errors.As(err, &missing):
+		return &fatalReadyError{fmt.Errorf("readiness exec runs %q in the sibling, and its image has none (exit %d); use --ready running, which needs nothing in the image", readyCommand[0], missing.code)}
+	case err != nil:
+		return err
+	case res.code != 0:
+		return &fatalReadyError{fmt.Errorf("readiness exec: %q exited with status %d: %s", readyCommand[0], res.code, res.output)}
+	}
+	f.firstCommand(r)
+	return nil
+}
+
+// probe checks a tcp: or http: readiness condition once.
+func probe(ready Ready, ip string) func() error {
+	addr := net.JoinHostPort(ip, strconv.Itoa(ready.Port))
+	if ready.Kind == ReadyTCP {
+		return func() error {
+			c, err := net.DialTimeout("tcp", addr, time.Second)
+			if err == nil {
+				c.Close()
+			}
+			return err
+		}
+	}
+	url := fmt.Sprintf("http://%s%s", addr, ready.Path)
+	client := &http.Client{Timeout: 2 * time.Second}
+	return func() error {
+		resp, err := client.Get(url)
+		if err != nil {
+			return err
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode >= 400 {
+			return fmt.Errorf("GET %s: %s", url, resp.Status)
+		}
+		return nil
+	}
+}
+
+// firstCommand records when the first command answered in the sibling.
 func (f *forker) firstCommand(r *Result) {
 	if r.FirstCommandMs == 0 {
 		r.FirstCommandMs = ms(time.Since(f.start))
 	}
-}
-
-// execIn runs argv in a container through the API and returns its exit
-// status and combined output.
-func execIn(ctx context.Context, id string, argv []string) (int, string, error) {
-	session, err := containers.ExecCreate(ctx, id, &handlers.ExecCreateConfig{
-		ExecConfig: dockerContainer.ExecOptions{Cmd: argv, AttachStdout: true, AttachStderr: true},
-	})
-	if err != nil {
-		return 0, "", err
-	}
-	defer containers.ExecRemove(context.WithoutCancel(ctx), session, nil)
-	var buf bytes.Buffer
-	var w io.Writer = &buf
-	attach := true
-	err = containers.ExecStartAndAttach(ctx, session, &containers.ExecStartAndAttachOptions{
-		OutputStream: &w, ErrorStream: &w, AttachOutput: &attach, AttachError: &attach,
-	})
-	if err != nil {
-		return 0, buf.String(), err
-	}
-	info, err := containers.ExecInspect(ctx, session, nil)
-	if err != nil {
-		return 0, buf.String(), err
-	}
-	return info.ExitCode, buf.String(), nil
 }

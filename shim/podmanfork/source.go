@@ -38,27 +38,77 @@ func inspectSource(ctx context.Context, source string) (*define.InspectContainer
 	return data, nil
 }
 
-// siblingNames returns the names of the siblings to make: the given ones, or
-// <source>-fork-<n> with the lowest free numbers.
-func siblingNames(ctx context.Context, source string, opts Options) ([]string, error) {
-	if len(opts.Names) > 0 {
-		return opts.Names, nil
-	}
-	list, err := containers.List(ctx, new(containers.ListOptions).WithAll(true))
-	if err != nil {
-		return nil, fmt.Errorf("listing containers to name the siblings: %w", err)
-	}
-	taken := map[string]bool{}
-	for _, c := range list {
-		for _, n := range c.Names {
-			taken[strings.TrimPrefix(n, "/")] = true
+// namer gives the siblings their names: the ones the user chose, or
+// <source>-fork-<n> with the lowest numbers free.
+type namer struct {
+	given []string
+	base  string
+	// taken are the names Podman's containers held when last listed, and
+	// those handed out here.
+	taken map[string]bool
+	// chosen are the default names handed out, by sibling.
+	chosen map[int]string
+	list   func(context.Context) ([]string, error)
+}
+
+func newNamer(ctx context.Context, source string, opts Options) (*namer, error) {
+	n := &namer{given: opts.Names, base: source, taken: map[string]bool{}, chosen: map[int]string{}, list: containerNames}
+	if n.defaulted() {
+		if err := n.learn(ctx); err != nil {
+			return nil, err
 		}
 	}
+	return n, nil
+}
+
+func (n *namer) defaulted() bool { return len(n.given) == 0 }
+
+// name returns sibling i's name. A default name stays the same until a
+// clash is reported for it.
+func (n *namer) name(i int) string {
+	if !n.defaulted() {
+		return n.given[i]
+	}
+	if name, ok := n.chosen[i]; ok {
+		return name
+	}
+	for k := 1; ; k++ {
+		name := fmt.Sprintf("%s-fork-%d", n.base, k)
+		if !n.taken[name] {
+			n.taken[name] = true
+			n.chosen[i] = name
+			return name
+		}
+	}
+}
+
+// clash records that another container took sibling i's default name
+// first, and learns the names held now, so the next name is free.
+func (n *namer) clash(ctx context.Context, i int) error {
+	delete(n.chosen, i)
+	return n.learn(ctx)
+}
+
+func (n *namer) learn(ctx context.Context) error {
+	names, err := n.list(ctx)
+	if err != nil {
+		return fmt.Errorf("listing containers to name the siblings: %w", err)
+	}
+	for _, name := range names {
+		n.taken[name] = true
+	}
+	return nil
+}
+
+func containerNames(ctx context.Context) ([]string, error) {
+	list, err := containers.List(ctx, new(containers.ListOptions).WithAll(true))
+	if err != nil {
+		return nil, err
+	}
 	var names []string
-	for n := 1; len(names) < opts.Count; n++ {
-		name := fmt.Sprintf("%s-fork-%d", source, n)
-		if !taken[name] {
-			names = append(names, name)
+	for _, c := range list {
+		for _, name := range c.Names {
+			names = append(names, strings.TrimPrefix(name, "/"))
 		}
 	}
 	return names, nil

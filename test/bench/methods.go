@@ -28,11 +28,11 @@ type forkStats struct {
 	Capture       plan.Plan `json:"capture"`
 	TotalMs       float64   `json:"total_ms"`
 	Siblings      []struct {
-		ID             string  `json:"id"`
-		Name           string  `json:"name"`
-		RestoreMs      float64 `json:"restore_ms"`
-		ReadyMs        float64 `json:"ready_ms"`
-		FirstCommandMs float64 `json:"first_command_ms"`
+		ID        string  `json:"id"`
+		Name      string  `json:"name"`
+		RestoreMs float64 `json:"restore_ms"`
+		ReadyMs   float64 `json:"ready_ms"`
+		RunningMs float64 `json:"running_ms"`
 	} `json:"siblings"`
 }
 
@@ -202,26 +202,26 @@ func (b *Bench) tcloneFork(ctx context.Context, src *Source, sib string) (*Sampl
 		return nil, sib, err
 	}
 	m := map[string]float64{
-		"pause_ms":              st.SourcePauseMs,
-		"observer_gap_ms":       gap.MaxGapMs,
-		"to_running_ms":         ms(wall),
-		"exec_ms":               ms(execD),
-		"first_command_ms":      ms(wall + execD),
-		"checkpoint_ms":         st.CheckpointMs,
-		"restore_ms":            st.Siblings[0].RestoreMs,
-		"ready_ms":              st.Siblings[0].ReadyMs,
-		"internal_total_ms":     st.TotalMs,
-		"internal_first_cmd_ms": st.Siblings[0].FirstCommandMs,
-		"capture_ms":            st.Capture.Timings.TotalMs,
-		"freeze_ms":             st.Capture.Timings.FreezeMs,
-		"dump_ms":               st.Capture.Timings.DumpMs,
-		"fs_snapshot_ms":        st.Capture.Timings.SnapshotMs,
-		"thaw_ms":               st.Capture.Timings.ThawMs,
-		"criu_frozen_ms":        st.Capture.Timings.CriuFrozenMs,
-		"pages_written":         float64(st.Capture.Pages.PagesWritten),
-		"tmpfs_bytes":           float64(st.Capture.Pages.BytesWritten),
-		"captured_processes":    float64(st.Capture.Tree.Processes),
-		"captured_threads":      float64(st.Capture.Tree.Threads),
+		"pause_ms":            st.SourcePauseMs,
+		"observer_gap_ms":     gap.MaxGapMs,
+		"to_running_ms":       ms(wall),
+		"exec_ms":             ms(execD),
+		"first_command_ms":    ms(wall + execD),
+		"checkpoint_ms":       st.CheckpointMs,
+		"restore_ms":          st.Siblings[0].RestoreMs,
+		"ready_ms":            st.Siblings[0].ReadyMs,
+		"internal_total_ms":   st.TotalMs,
+		"internal_running_ms": st.Siblings[0].RunningMs,
+		"capture_ms":          st.Capture.Timings.TotalMs,
+		"freeze_ms":           st.Capture.Timings.FreezeMs,
+		"dump_ms":             st.Capture.Timings.DumpMs,
+		"fs_snapshot_ms":      st.Capture.Timings.SnapshotMs,
+		"thaw_ms":             st.Capture.Timings.ThawMs,
+		"criu_frozen_ms":      st.Capture.Timings.CriuFrozenMs,
+		"pages_written":       float64(st.Capture.Pages.PagesWritten),
+		"tmpfs_bytes":         float64(st.Capture.Pages.BytesWritten),
+		"captured_processes":  float64(st.Capture.Tree.Processes),
+		"captured_threads":    float64(st.Capture.Tree.Threads),
 	}
 	if st.Capture.Rootfs != nil {
 		m["disk_bytes"] = float64(st.Capture.Rootfs.Stats.Bytes)

@@ -18,10 +18,10 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/tclone/tclone/runtime/calls"
 	"github.com/tclone/tclone/runtime/fork"
 	"github.com/tclone/tclone/runtime/journal"
 	"github.com/tclone/tclone/runtime/plan"
-	"github.com/tclone/tclone/runtime/tempdir"
 )
 
 // startService starts a Podman service of this test's own, with env added
@@ -340,14 +340,21 @@ func requireSiblingGone(t *testing.T, id string) {
 	})
 }
 
+// gcResult is `tclone gc`'s report: the runtime's recovery and the fork
+// calls of dead clients.
+type gcResult struct {
+	fork.Recovered
+	Calls calls.Report `json:"fork_calls"`
+}
+
 // gcReport runs `tclone gc` and decodes its report.
-func gcReport(t *testing.T) fork.Recovered {
+func gcReport(t *testing.T) gcResult {
 	t.Helper()
 	r := run(t, time.Minute, tcloneBin(), "gc")
 	if r.code != 0 {
 		t.Fatalf("tclone gc: exit %d: %s", r.code, r.stderr)
 	}
-	var rep fork.Recovered
+	var rep gcResult
 	if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil {
 		t.Fatalf("tclone gc printed %q: %v", r.stdout, err)
 	}
@@ -358,9 +365,9 @@ func gcReport(t *testing.T) fork.Recovered {
 // directory and the plans held for it.
 func clientFiles(t *testing.T, pid int) (dirs, plans []string) {
 	t.Helper()
-	matches, _ := filepath.Glob(filepath.Join(os.TempDir(), tempdir.ForkPrefix+"*"))
+	matches, _ := filepath.Glob(filepath.Join(os.TempDir(), "tclone-fork-"+"*"))
 	for _, d := range matches {
-		data, _ := os.ReadFile(filepath.Join(d, tempdir.OwnerFile))
+		data, _ := os.ReadFile(filepath.Join(d, calls.OwnerFile))
 		if bytes.Contains(data, []byte(fmt.Sprintf(`"pid":%d,`, pid))) {
 			dirs = append(dirs, d)
 		}
@@ -456,8 +463,8 @@ func TestGCCollectsOnlyWhatDeadClientsLeft(t *testing.T) {
 
 	rep = gcReport(t)
 	t.Logf("gc report: %+v", rep)
-	if !reported(rep.TempDirs, dirs[0]) || !reported(rep.TempDirs, deadDir) || reported(rep.TempDirs, liveDir) {
-		t.Errorf("temp dirs removed %v; want %s and %s, not %s", rep.TempDirs, dirs[0], deadDir, liveDir)
+	if !reported(rep.Calls.TempDirs, dirs[0]) || !reported(rep.Calls.TempDirs, deadDir) || reported(rep.Calls.TempDirs, liveDir) {
+		t.Errorf("temp dirs removed %v; want %s and %s, not %s", rep.Calls.TempDirs, dirs[0], deadDir, liveDir)
 	}
 	found := false
 	for _, p := range rep.Plans {
@@ -502,13 +509,13 @@ func ownedDir(t *testing.T, live bool) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dir, err := os.MkdirTemp("", tempdir.ServicePrefix+"tct-")
+	dir, err := os.MkdirTemp("", "podman-fork-"+"tct-")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
-	rec := fmt.Sprintf(`{"version":1,"owners":[{"pid":%d,"start_time":%d}]}`, owner.Process.Pid, start)
-	if err := os.WriteFile(filepath.Join(dir, tempdir.OwnerFile), []byte(rec), 0o600); err != nil {
+	rec := fmt.Sprintf(`{"owner":{"pid":%d,"start_time":%d}}`, owner.Process.Pid, start)
+	if err := os.WriteFile(filepath.Join(dir, calls.OwnerFile), []byte(rec), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	if live {

@@ -159,7 +159,7 @@ func TestPodmanForkCountAndForkOfFork(t *testing.T) {
 	}
 	seenIP := map[string]bool{}
 	for _, res := range results {
-		if res.FirstCommandMs <= 0 || res.ReadyMs <= 0 || res.IP == "" || seenIP[res.IP] {
+		if res.RunningMs <= 0 || res.FirstCommandMs != 0 || res.ReadyMs <= 0 || res.IP == "" || seenIP[res.IP] {
 			t.Errorf("result %+v", res)
 		}
 		seenIP[res.IP] = true
@@ -282,12 +282,53 @@ func TestPodmanForkRefusals(t *testing.T) {
 	if r := forkCLI(t, "no-such-container-x"); r.code == 0 || !strings.Contains(r.stderr, "no-such-container-x") {
 		t.Errorf("unknown source: exit %d %q", r.code, r.stderr)
 	}
-	for _, bad := range [][]string{{"--count", "0"}, {"--count", "33"}, {"--ready", "bogus"}, {"--identity", "x"}, {"--label", "novalue"}} {
-		if r := forkCLI(t, append(bad, paused)...); r.code == 0 {
-			t.Errorf("%v accepted", bad)
+	requireNoLeftovers(t)
+}
+
+// Every bad flag is refused against a running source, before anything is
+// started or made, in words that say what is wrong.
+func TestPodmanForkFlagRefusals(t *testing.T) {
+	requireStack(t)
+	src := name(t, "flags")
+	podman(t, "run", "-d", "--name", src, busybox, "sh", "-c", counterScript)
+	readCounter(t, src)
+	// What Podman itself says of a bad name.
+	podmanSays := podmanTry(t, "run", "--rm", "--name", "bad x", busybox, "true")
+	if podmanSays.code == 0 || !strings.Contains(podmanSays.stderr, "names must match") {
+		t.Fatalf("podman run --name 'bad x': %d %q", podmanSays.code, podmanSays.stderr)
+	}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--count", "0"}, "--count 0"},
+		{[]string{"--count", "33"}, "--count 33"},
+		{[]string{"--ready", "bogus"}, "readiness"},
+		{[]string{"--ready", "tcp:0"}, "port"},
+		{[]string{"--ready-timeout", "0s"}, "--ready-timeout"},
+		{[]string{"--ready-timeout", "-5s"}, "--ready-timeout"},
+		{[]string{"--identity", "x"}, "identity"},
+		{[]string{"--label", "novalue"}, "KEY=VALUE"},
+		{[]string{"--label", "io.tclone.forked-from=x"}, "io.tclone."},
+		{[]string{"--name", "bad/x!"}, "names must match"},
+		{[]string{"--name", "bad x"}, "names must match"},
+		{[]string{"--name=-x"}, "names must match"},
+		{[]string{"-p", "notaport"}, "--publish"},
+		{[]string{"-p", "70000:80"}, "--publish"},
+		{[]string{"--count", "2", "-p", "18190:80"}, "host port"},
+		{[]string{"--hook", ""}, "hook"},
+		{[]string{"--format", "yaml"}, "--format"},
+	} {
+		stderr := refused(t, append(c.args, src)...)
+		if !strings.Contains(stderr, c.want) {
+			t.Errorf("%v: error %q does not say %q", c.args, stderr, c.want)
 		}
 	}
+	if left := siblingsOf(t, src); len(left) != 0 {
+		t.Fatalf("siblings made by refused calls: %v", left)
+	}
 	requireNoLeftovers(t)
+	requireNoLiveCalls(t)
 }
 
 // Removing the source while the fork is still making siblings fails the

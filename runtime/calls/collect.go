@@ -1,0 +1,219 @@
+package calls
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/tclone/tclone/runtime/journal"
+	"github.com/tclone/tclone/runtime/plan"
+)
+
+// Podman is what a rollback needs from Podman.
+type Podman interface {
+	// Labelled maps the ID of every container carrying the label key
+	// (stopped and created ones included) to the label's value.
+	Labelled(ctx context.Context, key string) (map[string]string, error)
+	// Remove removes a container by ID, by force; one already gone is not
+	// an error.
+	Remove(ctx context.Context, id string) error
+}
+
+// Report says what a collection undid.
+type Report struct {
+	Calls    []Undone `json:"calls,omitempty"`
+	Services []int    `json:"services_stopped,omitempty"`
+	TempDirs []string `json:"temp_dirs_removed,omitempty"`
+}
+
+// Undone is one dead client's call, rolled back.
+type Undone struct {
+	Nonce    string        `json:"nonce"`
+	Owner    journal.Owner `json:"owner"`
+	Siblings []string      `json:"siblings_removed,omitempty"`
+	PlanDir  string        `json:"plan_removed,omitempty"`
+}
+
+// Collector rolls back the calls of dead clients.
+type Collector struct {
+	Dir    Dir
+	Store  plan.Store
+	Podman Podman
+	// TempRoots are searched for dead clients' temporary directories;
+	// empty means the system's temporary directory and /tmp.
+	TempRoots []string
+}
+
+// Collect rolls back, with Podman's own CLI, every fork call whose client
+// died, and removes the temporary directories dead clients left, stopping
+// first a Podman service such a client started for itself. It is what
+// `tclone gc` runs.
+//
+// It calls /usr/bin/podman, so it must never run inside a runtime verb that
+// Podman itself called (Podman may hold locks the command needs).
+func Collect(ctx context.Context, store plan.Store) (*Report, error) {
+	return Collector{Dir: DirOf(store), Store: store, Podman: PodmanCLI{}}.Collect(ctx)
+}
+
+// Collect rolls back the calls of dead clients: first their Podman services
+// are stopped (so none of them creates a container after the rollback
+// looked), then their siblings, captures and directories are removed.
+func (c Collector) Collect(ctx context.Context) (*Report, error) {
+	rep := &Report{}
+	roots := c.TempRoots
+	if len(roots) == 0 {
+		roots = []string{os.TempDir(), "/tmp"}
+	}
+	errTemp := collectTempDirs(roots, time.Now(), rep)
+	dead, err := c.Dir.claimDead()
+	if err != nil || len(dead) == 0 {
+		return rep, errors.Join(errTemp, err)
+	}
+	labelled, err := c.Podman.Labelled(ctx, LabelCall)
+	if err != nil {
+		// Without the list, a claimed call is given back for later.
+		for _, call := range dead {
+			call.release()
+		}
+		return rep, errors.Join(errTemp, fmt.Errorf("listing the containers of dead fork calls: %w", err))
+	}
+	errs := []error{errTemp}
+	for _, call := range dead {
+		u, err := c.rollback(ctx, call, labelled)
+		errs = append(errs, err)
+		if u != nil {
+			rep.Calls = append(rep.Calls, *u)
+		}
+	}
+	return rep, errors.Join(errs...)
+}
+
+// rollback undoes one claimed call, and keeps it as a tombstone for Linger,
+// or hands it back to the next collector when something could not be undone.
+func (c Collector) rollback(ctx context.Context, call *Call, labelled map[string]string) (*Undone, error) {
+	rec := call.rec
+	if !rec.RolledBack.IsZero() && time.Since(rec.RolledBack) > Linger {
+		return nil, call.End()
+	}
+	u := &Undone{Nonce: rec.Nonce, Owner: rec.Owner}
+	var errs []error
+	for _, id := range callContainers(rec, labelled) {
+		if err := c.Podman.Remove(ctx, id); err != nil {
+			errs = append(errs, fmt.Errorf("removing container %s of a dead fork call: %w", id, err))
+			continue
+		}
+		u.Siblings = append(u.Siblings, id)
+	}
+	if rec.RolledBack.IsZero() {
+		errs = append(errs, c.removeOwnFiles(rec, u))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return u, errors.Join(err, call.release())
+	}
+	if rec.RolledBack.IsZero() {
+		call.rec.RolledBack = time.Now().UTC()
+	} else if len(u.Siblings) == 0 {
+		u = nil // a tombstone that found nothing new
+	}
+	return u, call.release()
+}
+
+// removeOwnFiles removes a dead call's capture and temporary directories.
+func (c Collector) removeOwnFiles(rec Record, u *Undone) error {
+	var errs []error
+	if dir, err := c.Store.Resolve(rec.PlanDir); rec.PlanDir != "" && err == nil && dir == filepath.Clean(rec.PlanDir) {
+		if err := c.Store.Remove(dir); err != nil {
+			errs = append(errs, fmt.Errorf("removing the capture of a dead fork call: %w", err))
+		} else {
+			u.PlanDir = dir
+		}
+	}
+	for _, dir := range rec.TempDirs {
+		if isTempDir(dir) {
+			errs = append(errs, os.RemoveAll(dir))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// callContainers lists a call's containers: the IDs it recorded and those
+// labelled with its nonce, each once.
+func callContainers(rec Record, labelled map[string]string) []string {
+	seen := map[string]bool{}
+	var ids []string
+	add := func(id string) {
+		if id != "" && !seen[id] {
+			seen[id] = true
+			ids = append(ids, id)
+		}
+	}
+	if rec.RolledBack.IsZero() {
+		for _, id := range rec.Siblings {
+			add(id)
+		}
+	}
+	for id, nonce := range labelled {
+		if nonce == rec.Nonce && rec.Nonce != "" {
+			add(id)
+		}
+	}
+	return ids
+}
+
+// PodmanCLI is Podman through its own command line, for callers without a
+// connection to a service.
+type PodmanCLI struct {
+	// Path of podman; empty means /usr/bin/podman (not the tclone wrapper
+	// in /usr/local/bin).
+	Path string
+}
+
+func (p PodmanCLI) run(ctx context.Context, args ...string) ([]byte, error) {
+	path := p.Path
+	if path == "" {
+		path = "/usr/bin/podman"
+	}
+	cmd := exec.CommandContext(ctx, path, args...)
+	cmd.Env = append(os.Environ(), "PODMAN_IGNORE_CGROUPSV1_WARNING=1")
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		return nil, fmt.Errorf("%s %s: %w: %s", path, strings.Join(args, " "), err, strings.TrimSpace(stderr.String()))
+	}
+	return stdout.Bytes(), nil
+}
+
+// Labelled implements Podman.
+func (p PodmanCLI) Labelled(ctx context.Context, key string) (map[string]string, error) {
+	out, err := p.run(ctx, "ps", "--all", "--filter", "label="+key, "--format", "json")
+	if err != nil {
+		return nil, err
+	}
+	var list []struct {
+		ID     string            `json:"Id"`
+		Labels map[string]string `json:"Labels"`
+	}
+	if err := json.Unmarshal(out, &list); err != nil {
+		return nil, fmt.Errorf("decoding podman ps: %w", err)
+	}
+	m := map[string]string{}
+	for _, c := range list {
+		if v, ok := c.Labels[key]; ok {
+			m[c.ID] = v
+		}
+	}
+	return m, nil
+}
+
+// Remove implements Podman.
+func (p PodmanCLI) Remove(ctx context.Context, id string) error {
+	_, err := p.run(ctx, "rm", "--force", "--ignore", "--time", "0", id)
+	return err
+}

@@ -1,0 +1,181 @@
+package calls
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/tclone/tclone/runtime/journal"
+)
+
+// OwnerFile is written into every temporary directory a fork client makes,
+// right after making it, so a collector can tell a dead client's directory
+// from a live one's.
+const OwnerFile = "owner.json"
+
+// TempPrefixes are the name prefixes of the fork client's temporary
+// directories: its private Podman service's, and its checkpoint archives'.
+var TempPrefixes = []string{"podman-fork-", "tclone-fork-"}
+
+// DirOwner is the content of OwnerFile.
+type DirOwner struct {
+	Owner journal.Owner `json:"owner"`
+	// Service is a Podman service the client started for itself, living
+	// in this directory. It dies with the client; a collector makes sure.
+	Service *journal.Owner `json:"service,omitempty"`
+}
+
+// MkdirTemp makes a temporary directory named prefix* (one of TempPrefixes)
+// in the system's temporary directory, owned by the calling process.
+func MkdirTemp(prefix string) (string, error) {
+	dir, err := os.MkdirTemp("", prefix)
+	if err != nil {
+		return "", fmt.Errorf("creating a temporary directory: %w", err)
+	}
+	if err := writeDirOwner(dir, DirOwner{Owner: journal.Self()}); err != nil {
+		os.RemoveAll(dir)
+		return "", err
+	}
+	return dir, nil
+}
+
+// RecordService notes in dir's owner file the Podman service started there.
+func RecordService(dir string, service journal.Owner) error {
+	o, err := readDirOwner(dir)
+	if err != nil {
+		return err
+	}
+	o.Service = &service
+	return writeDirOwner(dir, *o)
+}
+
+func writeDirOwner(dir string, o DirOwner) error {
+	data, err := json.Marshal(o)
+	if err != nil {
+		return err
+	}
+	path := filepath.Join(dir, OwnerFile)
+	if err := os.WriteFile(path+".tmp", data, 0o600); err != nil {
+		return fmt.Errorf("writing %s: %w", path, err)
+	}
+	if err := os.Rename(path+".tmp", path); err != nil {
+		return fmt.Errorf("writing %s: %w", path, err)
+	}
+	return nil
+}
+
+func readDirOwner(dir string) (*DirOwner, error) {
+	data, err := os.ReadFile(filepath.Join(dir, OwnerFile))
+	if err != nil {
+		return nil, err
+	}
+	var o DirOwner
+	if err := json.Unmarshal(data, &o); err != nil {
+		return nil, fmt.Errorf("decoding %s: %w", filepath.Join(dir, OwnerFile), err)
+	}
+	return &o, nil
+}
+
+// isTempDir accepts only a fork client's temporary directory: an absolute
+// path whose name has one of TempPrefixes. A record names the directories
+// it removes, and nothing else may be removed through it.
+func isTempDir(path string) bool {
+	if !filepath.IsAbs(path) || filepath.Clean(path) != path {
+		return false
+	}
+	for _, p := range TempPrefixes {
+		if strings.HasPrefix(filepath.Base(path), p) {
+			return true
+		}
+	}
+	return false
+}
+
+// unownedAge is how old a client directory without an owner file must be
+// before it is taken for an older client's leftover. A live client writes
+// the file microseconds after making the directory.
+const unownedAge = 10 * time.Minute
+
+// collectTempDirs removes the temporary directories of dead clients under
+// roots, stopping first any Podman service such a client left running.
+func collectTempDirs(roots []string, now time.Time, rep *Report) error {
+	var errs []error
+	seen := map[string]bool{}
+	for _, root := range roots {
+		entries, err := os.ReadDir(root)
+		if err != nil {
+			continue
+		}
+		for _, de := range entries {
+			path := filepath.Join(root, de.Name())
+			if seen[path] || !de.IsDir() || !isTempDir(path) {
+				continue
+			}
+			seen[path] = true
+			if err := collectTempDir(path, now, rep); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func collectTempDir(path string, now time.Time, rep *Report) error {
+	o, err := readDirOwner(path)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		st, serr := os.Stat(path)
+		if serr != nil || now.Sub(st.ModTime()) < unownedAge {
+			return nil
+		}
+	case err != nil:
+		return err
+	case alive(o.Owner):
+		return nil
+	case o.Service != nil && alive(*o.Service):
+		if err := stopService(*o.Service); err != nil {
+			return err
+		}
+		rep.Services = append(rep.Services, o.Service.Pid)
+	}
+	if err := os.RemoveAll(path); err != nil {
+		return fmt.Errorf("removing a dead fork client's directory: %w", err)
+	}
+	rep.TempDirs = append(rep.TempDirs, path)
+	return nil
+}
+
+// stopService stops a dead client's Podman service: TERM, then KILL. Only
+// the service: a runtime it was running (tclone checkpoint, say) finishes on
+// its own, and is recovered by its own journal if it dies.
+func stopService(o journal.Owner) error {
+	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGKILL} {
+		if !alive(o) {
+			return nil
+		}
+		syscall.Kill(o.Pid, sig)
+		deadline := time.Now().Add(10 * time.Second)
+		for alive(o) && time.Now().Before(deadline) {
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	if alive(o) {
+		return fmt.Errorf("the Podman service %d of a dead fork client does not exit after SIGKILL", o.Pid)
+	}
+	return nil
+}
+
+// alive is Owner.Alive, except that a zombie counts as dead: a killed client
+// whose parent has not reaped it yet has left everything it holds.
+func alive(o journal.Owner) bool {
+	if o.Pid <= 0 {
+		return false
+	}
+	state, start, err := journal.ProcessState(o.Pid)
+	return err == nil && start == o.StartTime && state != 'Z' && state != 'X'
+}

@@ -1,0 +1,110 @@
+package podmanfork
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// reapExecConmon ends the conmon processes of a removed exec session.
+//
+// Podman's exec conmon waits five minutes (engine.exit_command_delay) after
+// the command ended before it runs `podman container cleanup --exec`, in a
+// child it forks for that; removing the session does not stop either. A
+// fork whose readiness or hooks exec would leave a pair behind for each
+// command. The session is gone, so its cleanup has nothing left to do: the
+// pair is killed, child first (a parent killed first would leave the child
+// to run the cleanup later). Only processes whose arguments name this
+// session (-u SESSION) and an exec (--exec-attach) are touched.
+func reapExecConmon(session string) {
+	deadline := time.Now().Add(3 * time.Second)
+	for {
+		pids := execConmonPids(session)
+		if len(pids) == 0 || time.Now().After(deadline) {
+			return
+		}
+		// Children (parent among the pair) before parents.
+		for _, child := range []bool{true, false} {
+			for pid, ppid := range pids {
+				_, parentMatches := pids[ppid]
+				if parentMatches == child {
+					killIfStill(pid, session)
+				}
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// execConmonPids maps the live conmon processes of the exec session to
+// their parents.
+func execConmonPids(session string) map[int]int {
+	out := map[int]int{}
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return out
+	}
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || !isExecConmon(pid, session) {
+			continue
+		}
+		if ppid, ok := liveParent(pid); ok {
+			out[pid] = ppid
+		}
+	}
+	return out
+}
+
+func isExecConmon(pid int, session string) bool {
+	data, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "cmdline"))
+	if err != nil {
+		return false
+	}
+	args := bytes.Split(data, []byte{0})
+	if len(args) == 0 || filepath.Base(string(args[0])) != "conmon" {
+		return false
+	}
+	var ours, exec bool
+	for i, a := range args {
+		ours = ours || (string(a) == "-u" && i+1 < len(args) && string(args[i+1]) == session)
+		exec = exec || string(a) == "--exec-attach"
+	}
+	return ours && exec
+}
+
+// liveParent returns the parent of a process that is not a zombie.
+func liveParent(pid int) (int, bool) {
+	data, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return 0, false
+	}
+	i := bytes.LastIndexByte(data, ')')
+	if i < 0 {
+		return 0, false
+	}
+	fields := bytes.Fields(data[i+1:])
+	if len(fields) < 2 || fields[0][0] == 'Z' || fields[0][0] == 'X' {
+		return 0, false
+	}
+	ppid, err := strconv.Atoi(string(fields[1]))
+	return ppid, err == nil
+}
+
+// killIfStill kills pid through a pidfd, after checking again, through that
+// pidfd's process, that it is the session's conmon: the PID cannot have
+// been reused in between.
+func killIfStill(pid int, session string) {
+	fd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return
+	}
+	defer unix.Close(fd)
+	if isExecConmon(pid, session) {
+		unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0)
+	}
+}
