@@ -37,13 +37,10 @@ var checkpointCommand = &cli.Command{
 		if err != nil {
 			return err
 		}
-		// Refuse before CRIU touches the container if CRIU cannot do the job.
-		check, err := criucheck.Check(c.Context)
-		if err != nil {
-			return err
-		}
 		opts := checkpointOptions(c)
 		if !opts.PreDump {
+			// A fork capture checks CRIU itself, and leaves any failure
+			// where the fork client reads it.
 			captured, err := fork.NewEngine(rt).CheckpointForIntent(c.Context, id, opts.ImagePath, opts.WorkPath, opts.LeaveRunning)
 			if err != nil {
 				return err
@@ -51,6 +48,11 @@ var checkpointCommand = &cli.Command{
 			if captured != nil {
 				return nil
 			}
+		}
+		// Refuse before CRIU touches the container if CRIU cannot do the job.
+		check, err := criucheck.Check(c.Context)
+		if err != nil {
+			return err
 		}
 		for _, kv := range check.Env() {
 			k, v, _ := strings.Cut(kv, "=")

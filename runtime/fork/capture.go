@@ -28,8 +28,10 @@ type CaptureRequest struct {
 	Uses     int
 	TTL      time.Duration
 	Identity plan.Identity
-	// TCPClose is recorded in the plan for its siblings.
-	TCPClose bool
+	// TCP is what the siblings do with the source's established TCP
+	// connections; it decides the dump's TCP options and is recorded in
+	// the plan. Empty means close.
+	TCP plan.TCPPolicy
 }
 
 // Captured is a finished capture.
@@ -120,7 +122,11 @@ func (e *Engine) capture(ctx context.Context, src *source, rfs rootfs.Source, id
 	if err := os.WriteFile(filepath.Join(images, descriptorsFile), []byte(src.status.ExternalDescriptors), 0o600); err != nil {
 		return nil, fmt.Errorf("saving the source's stdio descriptors: %w", err)
 	}
-	d, err := e.dump(ctx, src, dir, freezer, check, req.Options, entry, func(ctx context.Context) (*rootfs.Snapshot, error) {
+	opts, err := dumpTCPOptions(req.Options, req.TCP, fmt.Sprintf("/proc/%d/net", src.state.Pid))
+	if err != nil {
+		return nil, err
+	}
+	d, err := e.dump(ctx, src, dir, freezer, check, opts, entry, func(ctx context.Context) (*rootfs.Snapshot, error) {
 		return rootfs.Take(ctx, rfs, snapDir)
 	})
 	if err != nil {
@@ -136,9 +142,9 @@ func (e *Engine) capture(ctx context.Context, src *source, rfs rootfs.Source, id
 			CgroupPath: src.status.CgroupPath, Hostname: src.spec.Hostname,
 		},
 		Rootfs:   d.snapshot,
-		Capture:  req.Options,
+		Capture:  opts,
 		Identity: req.Identity,
-		TCPClose: req.TCPClose,
+		TCP:      req.TCP.OrClose(),
 		Timings:  d.timings,
 		Pages:    d.pages,
 		Criu:     check.Version.String(),
@@ -146,6 +152,8 @@ func (e *Engine) capture(ctx context.Context, src *source, rfs rootfs.Source, id
 	if path, ok := namespacePath(src.spec, "network"); ok {
 		p.Source.NetNSPath = path
 	}
+	// Unknown (0) only ever refuses a sibling that would keep connections.
+	p.Source.NetNSInode, _ = netNSInode(src.state.Pid)
 	if p.Identity == "" {
 		p.Identity = plan.IdentityUnique
 	}
@@ -304,7 +312,7 @@ func explainDumpError(id string, err error) error {
 	switch {
 	case strings.Contains(msg, "TCP") && strings.Contains(msg, "established"),
 		strings.Contains(msg, "Connected TCP socket"):
-		return fmt.Errorf("capturing %s: %w; the container has open TCP connections: fork with --tcp-established (the sibling keeps them) or --tcp-close (the sibling's copies are closed)", id, err)
+		return fmt.Errorf("capturing %s: %w; a TCP connection was opened after tclone looked for one: fork again", id, err)
 	case strings.Contains(msg, "file lock") || strings.Contains(msg, "flock"):
 		return fmt.Errorf("capturing %s: %w; the container holds file locks: fork with --file-locks", id, err)
 	case strings.Contains(msg, "Unsupported proto 262"):
