@@ -218,6 +218,9 @@ func (e *Engine) dump(ctx context.Context, src *source, dir string, freezer *cgr
 	if err != nil {
 		return nil, err
 	}
+	// Best effort, before the freeze: a watch it cannot name is for CRIU
+	// to refuse, and explainDumpError to explain.
+	primeIrmap(plan.WorkDir(dir), src.state.Pid)
 
 	guard, err := cgroups.StartGuard(freezer)
 	if err != nil {
@@ -317,6 +320,8 @@ func explainDumpError(id string, err error) error {
 		return fmt.Errorf("capturing %s: %w; the container holds file locks: fork with --file-locks", id, err)
 	case strings.Contains(msg, "Unsupported proto 262"):
 		return fmt.Errorf("capturing %s: %w; a socket uses Multipath TCP, which CRIU cannot dump (Go 1.24 and later listen with it by default: run such servers with GODEBUG=multipathtcp=0)", id, err)
+	case strings.Contains(msg, "Can't dump that handle"):
+		return fmt.Errorf("capturing %s: %w; a process has an inotify or fanotify watch on a file without a name (deleted while still open, or moved while the fork began): on an overlay root CRIU cannot reopen a watched file by its handle, only find it by its path; end that watch (restart the watching program) before forking", id, err)
 	case strings.Contains(msg, "external unix") || strings.Contains(msg, "unix socket"):
 		return fmt.Errorf("capturing %s: %w; a unix socket connects outside the container: fork with --ext-unix-sk if its peer may be shared", id, err)
 	}
