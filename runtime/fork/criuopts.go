@@ -93,6 +93,14 @@ func dumpOptions(in dumpInput) (*rpc.CriuOpts, error) {
 		// CRIU's own bound on freezing and seizing the tree.
 		Timeout: proto.Uint32(10),
 	}
+	// A file open under a name that is gone while another hard link
+	// remains has no path to record: CRIU links it back under
+	// link_remap.N in its directory. The link appears in the frozen
+	// window, so the root snapshot (post-dump) carries it to the sibling,
+	// whose restore removes it; CRIU removes it from the source before
+	// letting the tree go (delete_link_remaps, for leave_running dumps
+	// too). A watcher of that directory in the source sees it come and go.
+	o.LinkRemap = proto.Bool(true)
 	if !in.opts.TCPEstablished {
 		// CRIU's network lock drops every packet of the source's network
 		// namespace from the seizing of the tree until the dump ends

@@ -97,6 +97,9 @@ func TestDumpOptionsTCP(t *testing.T) {
 		if o.GetTcpClose() != c.opts.TCPClose || o.GetTcpEstablished() != c.opts.TCPEstablished {
 			t.Errorf("%+v: tcp_close %v tcp_established %v", c.opts, o.GetTcpClose(), o.GetTcpEstablished())
 		}
+		if !o.GetLinkRemap() {
+			t.Error("a fork cannot capture files open under a removed name without link_remap")
+		}
 		if locked := o.NetworkLock == nil; locked != c.lock {
 			t.Errorf("%+v: network lock %v, want lock %v", c.opts, o.NetworkLock, c.lock)
 		}
