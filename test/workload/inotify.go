@@ -42,13 +42,14 @@ func cmdInotifyUnlinked(args []string, stderr io.Writer) error {
 	fs.SetOutput(stderr)
 	dir := fs.String("dir", "/var/tmp/inotify", "directory of the watched file and of the reports")
 	interval := fs.Duration("interval", 100*time.Millisecond, "time between writes to the watched file")
+	keepName := fs.Bool("keep-name", false, "leave the watched file its name (a watch on an ordinary file, for comparison)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if *interval <= 0 {
 		return usagef("--interval must be positive, got %s", *interval)
 	}
-	w, err := watchUnlinked(*dir)
+	w, err := watchFile(*dir, !*keepName)
 	if err != nil {
 		return err
 	}
@@ -69,8 +70,9 @@ type unlinkedWatch struct {
 	events  int
 }
 
-// watchUnlinked creates dir/watched, opens it, watches it and unlinks it.
-func watchUnlinked(dir string) (*unlinkedWatch, error) {
+// watchFile creates dir/watched, opens it, watches it and, with unlink,
+// unlinks it.
+func watchFile(dir string, unlink bool) (*unlinkedWatch, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
@@ -87,8 +89,10 @@ func watchUnlinked(dir string) (*unlinkedWatch, error) {
 	if err != nil {
 		return nil, fmt.Errorf("watching %s: %w", path, err)
 	}
-	if err := unix.Unlink(path); err != nil {
-		return nil, fmt.Errorf("unlinking %s: %w", path, err)
+	if unlink {
+		if err := unix.Unlink(path); err != nil {
+			return nil, fmt.Errorf("unlinking %s: %w", path, err)
+		}
 	}
 	w := &unlinkedWatch{dir: dir, inotify: in, file: file, wd: wd}
 	if err := w.writeEvents(); err != nil {

@@ -15,7 +15,7 @@ import (
 // are still reported, and the count is kept in the directory.
 func TestUnlinkedWatchCountsEvents(t *testing.T) {
 	dir := t.TempDir()
-	w, err := watchUnlinked(dir)
+	w, err := watchFile(dir, true)
 	if err != nil {
 		t.Fatal(err)
 	}

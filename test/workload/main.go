@@ -66,7 +66,7 @@ const usageText = `usage:
   workload probe   [--control PATH] [--unix-socket PATH] [--state-dir DIR] [--hash] [--reset-gap]
   workload mutate  [--control PATH] --tag STRING [--mem]
   workload eventfd [--control PATH] --n N
-  workload inotify-unlinked [--dir DIR] [--interval D]
+  workload inotify-unlinked [--dir DIR] [--interval D] [--keep-name]
 
 serve runs for ever and holds the resources; the other commands ask it for a
 report over the control socket and print it as one JSON object.
