@@ -286,8 +286,9 @@ func (b *Bench) podmanFork(ctx context.Context, w Workload, src *Source, staticD
 		archiveBytes = fi.Size()
 	}
 	b.track(sib)
-	// An imported container gets the engine's default runtime, not the
-	// checkpoint's; tclone is the default here, so crun is named.
+	// The CLI would take crun from the archive (cmd/podman/root.go), but
+	// the API service would use its default, tclone here: the baseline
+	// names its runtime rather than depend on which.
 	out, rsD, err := b.tools.podman(ctx, "--runtime", stockRuntime, "container", "restore", "--import", archive, "--name", sib, "--print-stats")
 	if err != nil {
 		return nil, sib, err

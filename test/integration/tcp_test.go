@@ -444,3 +444,36 @@ func TestTCPLockPauseCost(t *testing.T) {
 	t.Logf("source pause, keep (tcp_established + network lock): %v, median %.1f ms", keepMs, median(keepMs))
 	requireRunning(t, src)
 }
+
+// An ordinary checkpoint (no fork) restored with --tcp-close: crun 1.21 has
+// no such restore flag, so tclone hands it to CRIU, and the restored copy's
+// connection is closed.
+func TestOrdinaryRestoreTCPClose(t *testing.T) {
+	requireStack(t)
+	src := talkerBundle(t, "src", true)
+	src.start(t)
+	src.counter(t)
+	eventually(t, 10*time.Second, "the loopback connection", func() error {
+		if r := src.exec(t, "cat", "/proc/net/tcp", "/proc/net/tcp6"); !strings.Contains(r.stdout, " 01 ") {
+			return fmt.Errorf("no established connection")
+		}
+		return nil
+	})
+	img := t.TempDir()
+	r := run(t, time.Minute, tcloneBin(), "checkpoint", "--leave-running", "--tcp-established", "--image-path", img, "--work-path", img, src.id)
+	if r.code != 0 {
+		t.Fatalf("checkpoint: exit %d: %s", r.code, r.stderr)
+	}
+	dst := talkerBundle(t, "rst", true)
+	res := runDetached(t, nil, tcloneBin(), "restore", "--detach", "--tcp-close", "--image-path", img, "--work-path", t.TempDir(), "--bundle", dst.dir, dst.id)
+	if res.code != 0 {
+		t.Fatalf("restore --tcp-close: exit %d: %s", res.code, res.stderr)
+	}
+	if dst.counter(t) == 0 {
+		t.Fatal("the restored container does not count")
+	}
+	if r := dst.exec(t, "cat", "/proc/net/tcp", "/proc/net/tcp6"); strings.Contains(r.stdout, " 01 ") {
+		t.Errorf("the restored copy kept an established connection:\n%s", r.stdout)
+	}
+	requireRunning(t, src)
+}
