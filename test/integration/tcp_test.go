@@ -13,6 +13,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 )
 
 // peer is a TCP server on the host, outside every container: it answers
@@ -403,6 +405,26 @@ func TestBundleForkTCPPolicy(t *testing.T) {
 	}
 	if other.counter(t) == 0 {
 		t.Fatal("the second sibling does not count")
+	}
+
+	// Into the source's own network namespace, keeping is allowed.
+	same := talkerBundle(t, "sib", false)
+	var st struct{ Pid int }
+	json.Unmarshal([]byte(run(t, time.Minute, "crun", "state", src.id).stdout), &st)
+	if st.Pid <= 0 {
+		t.Fatalf("no pid for %s", src.id)
+	}
+	for i, ns := range same.spec.Linux.Namespaces {
+		if ns.Type == specs.NetworkNamespace {
+			same.spec.Linux.Namespaces[i].Path = fmt.Sprintf("/proc/%d/ns/net", st.Pid)
+		}
+	}
+	same.save(t)
+	if r := forkBundle(t, src, same, nil, "--tcp-established"); r.code != 0 {
+		t.Fatalf("--tcp-established into the source's network namespace: exit %d: %s", r.code, r.stderr)
+	}
+	if same.counter(t) == 0 {
+		t.Fatal("the sibling in the source's namespace does not count")
 	}
 	requireRunning(t, src)
 	requireNoLeftovers(t)
