@@ -1,7 +1,9 @@
 package main
 
 import (
+	"os"
 	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/urfave/cli/v2"
@@ -42,15 +44,34 @@ func TestCheckpointArgsRoundTrip(t *testing.T) {
 	}
 }
 
+// Every restore flag reaches crun, except --tcp-close, which crun 1.21
+// does not have: CRIU gets it from a configuration file instead.
 func TestRestoreArgsRoundTrip(t *testing.T) {
 	c := parse(t, restoreCommand, "--bundle", "/b", "--pid-file", "/p", "--detach",
 		"--image-path", "/b/checkpoint", "--work-path", "/b", "--console-socket", "/s", "--tcp-close",
 		"--lsm-profile", "apparmor:x", "ID")
-	got := restoreOptions(c).crunArgs()
+	opts := restoreOptions(c)
+	got := opts.crunArgs()
 	want := []string{"--bundle", "/b", "--image-path", "/b/checkpoint", "--work-path", "/b",
-		"--tcp-close", "--detach", "--pid-file", "/p", "--console-socket", "/s", "--lsm-profile", "apparmor:x"}
+		"--detach", "--pid-file", "/p", "--console-socket", "/s", "--lsm-profile", "apparmor:x"}
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("got %q\nwant %q", got, want)
+	}
+	env, cleanup, err := opts.criuEnv()
+	if err != nil || len(env) != 1 {
+		t.Fatalf("env %q, %v", env, err)
+	}
+	conf, _ := strings.CutPrefix(env[0], "CRIU_CONFIG_FILE=")
+	if data, err := os.ReadFile(conf); err != nil || string(data) != "tcp-close\n" {
+		t.Fatalf("CRIU configuration %q: %q, %v", conf, data, err)
+	}
+	cleanup()
+	if _, err := os.Stat(conf); err == nil {
+		t.Error("the configuration outlived the restore")
+	}
+	c = parse(t, restoreCommand, "--tcp-established", "ID")
+	if env, _, _ := restoreOptions(c).criuEnv(); len(env) != 0 {
+		t.Errorf("a restore without --tcp-close got %q", env)
 	}
 }
 
@@ -67,8 +88,12 @@ func TestMaterializeRequestFromRestoreFlags(t *testing.T) {
 		"--work-path", "/w", "--console-socket", "/s", "--tcp-close", "ID")
 	req := restoreOptions(c).materializeRequest("ID", "/run/tclone/plans/x")
 	if req.ID != "ID" || req.Plan != "/run/tclone/plans/x" || req.Bundle != "/b" || !req.Detach ||
-		req.PidFile != "/p" || req.ConsoleSocket != "/s" || req.WorkPath != "/w" || !req.TCPClose {
+		req.PidFile != "/p" || req.ConsoleSocket != "/s" || req.WorkPath != "/w" || !req.TCPClose || req.TCPKeep {
 		t.Fatalf("request %+v", req)
+	}
+	c = parse(t, restoreCommand, "--tcp-established", "--image-path", "/p", "ID")
+	if req := restoreOptions(c).materializeRequest("ID", "/p"); !req.TCPKeep || req.TCPClose {
+		t.Fatalf("--tcp-established on a plan: %+v", req)
 	}
 }
 

@@ -37,15 +37,12 @@ var checkpointCommand = &cli.Command{
 		if err != nil {
 			return err
 		}
-		// Refuse before CRIU touches the container if CRIU cannot do the job.
-		check, err := criucheck.Check(c.Context)
-		if err != nil {
-			return err
-		}
 		opts := checkpointOptions(c)
 		if !opts.PreDump {
 			// Podman's stop of the call (SIGTERM) or a ^C stops CRIU at
-			// once: the source runs on and the capture is undone.
+			// once: the source runs on and the capture is undone. A fork
+			// capture checks CRIU itself, and leaves any failure where the
+			// fork client reads it.
 			ctx, stop := signalContext(c.Context)
 			defer stop()
 			captured, err := fork.NewEngine(rt).CheckpointForIntent(ctx, id, opts.ImagePath, opts.WorkPath, opts.LeaveRunning)
@@ -55,6 +52,11 @@ var checkpointCommand = &cli.Command{
 			if captured != nil {
 				return nil
 			}
+		}
+		// Refuse before CRIU touches the container if CRIU cannot do the job.
+		check, err := criucheck.Check(c.Context)
+		if err != nil {
+			return err
 		}
 		for _, kv := range check.Env() {
 			k, v, _ := strings.Cut(kv, "=")

@@ -37,8 +37,8 @@ With --plan-only, only the capture is made; its directory is printed and
 		&cli.BoolFlag{Name: "detach", Aliases: []string{"d"}, Value: true, Hidden: true},
 		&cli.StringFlag{Name: "pid-file", Usage: "where to write the sibling's PID"},
 		&cli.StringFlag{Name: "console-socket", Usage: "unix socket that receives the sibling's terminal master"},
-		&cli.BoolFlag{Name: "tcp-established", Usage: "capture open TCP connections and give the sibling copies of them"},
-		&cli.BoolFlag{Name: "tcp-close", Usage: "capture open TCP connections and close the sibling's copies"},
+		&cli.BoolFlag{Name: "tcp-established", Usage: "let the sibling keep the source's open TCP connections (only a sibling whose config.json joins the source's network namespace)"},
+		&cli.BoolFlag{Name: "tcp-close", Usage: "close the sibling's copies of the source's open TCP connections; the source keeps them (the default)"},
 		&cli.BoolFlag{Name: "file-locks", Usage: "capture and restore file locks"},
 		&cli.BoolFlag{Name: "ext-unix-sk", Usage: "allow unix sockets connected outside the container"},
 		&cli.BoolFlag{Name: "shell-job", Usage: "allow a tree attached to an outside terminal session"},
@@ -59,19 +59,19 @@ With --plan-only, only the capture is made; its directory is printed and
 			return err
 		}
 		capture := fork.CaptureOptions{
-			TCPEstablished: c.Bool("tcp-established") || c.Bool("tcp-close"),
-			FileLocks:      c.Bool("file-locks"),
-			ExtUnixSk:      c.Bool("ext-unix-sk"),
-			ShellJob:       c.Bool("shell-job"),
+			FileLocks: c.Bool("file-locks"),
+			ExtUnixSk: c.Bool("ext-unix-sk"),
+			ShellJob:  c.Bool("shell-job"),
+		}
+		tcp, err := plan.TCPPolicyFromFlags(c.Bool("tcp-established"), c.Bool("tcp-close"))
+		if err != nil {
+			return err
 		}
 		if !c.Bool("plan-only") && (c.IsSet("uses") || c.IsSet("ttl")) {
 			return fmt.Errorf("--uses and --ttl apply to --plan-only: a plain fork's plan serves its one sibling")
 		}
 		if uses := c.Int("uses"); uses == 0 || uses < plan.Unlimited {
 			return fmt.Errorf("--uses %d: give a number of siblings (1 or more), or -1 for any number until the plan expires", uses)
-		}
-		if c.Bool("tcp-established") && c.Bool("tcp-close") {
-			return fmt.Errorf("--tcp-established and --tcp-close exclude each other")
 		}
 		if c.Duration("capture-timeout") <= 0 {
 			return fmt.Errorf("--capture-timeout %s: give a positive duration, such as 60s", c.Duration("capture-timeout"))
@@ -84,6 +84,7 @@ With --plan-only, only the capture is made; its directory is printed and
 			}
 			captured, err := eng.Capture(ctx, fork.CaptureRequest{
 				Source: c.Args().First(), Options: capture, Uses: c.Int("uses"), TTL: c.Duration("ttl"), Identity: identity,
+				TCP: tcp,
 			})
 			if err != nil {
 				return err
@@ -101,12 +102,11 @@ With --plan-only, only the capture is made; its directory is printed and
 			return fmt.Errorf("fork takes SOURCE and NEW-ID (or --plan-only SOURCE); see 'tclone fork --help'")
 		}
 		report, err := eng.Fork(ctx, fork.ForkRequest{
-			Source: c.Args().Get(0), Capture: capture, Identity: identity,
+			Source: c.Args().Get(0), Capture: capture, Identity: identity, TCP: tcp,
 			Sibling: fork.MaterializeRequest{
 				ID: c.Args().Get(1), Bundle: c.String("bundle"), Detach: true,
 				PidFile: c.String("pid-file"), ConsoleSocket: c.String("console-socket"),
-				TCPClose: c.Bool("tcp-close"),
-				Stdin:    os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr,
+				Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr,
 			},
 		})
 		if err != nil {

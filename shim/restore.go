@@ -13,8 +13,8 @@ var restoreFlags = []cli.Flag{
 	&cli.StringFlag{Name: "bundle", Aliases: []string{"b"}, Value: ".", Usage: "the new container's bundle"},
 	&cli.StringFlag{Name: "image-path", Usage: "CRIU images, a fork plan, or a checkpoint directory referring to one"},
 	&cli.StringFlag{Name: "work-path", Usage: "directory for CRIU's log and work files"},
-	&cli.BoolFlag{Name: "tcp-established", Usage: "restore open TCP connections"},
-	&cli.BoolFlag{Name: "tcp-close", Usage: "close the restored copies of open TCP connections"},
+	&cli.BoolFlag{Name: "tcp-established", Usage: "restore open TCP connections (a fork plan: only one captured with --tcp-established, into the source's network namespace)"},
+	&cli.BoolFlag{Name: "tcp-close", Usage: "close the restored copies of open TCP connections (what a fork plan does by default)"},
 	&cli.BoolFlag{Name: "ext-unix-sk", Usage: "allow external unix sockets"},
 	&cli.BoolFlag{Name: "shell-job", Usage: "allow shell jobs"},
 	&cli.BoolFlag{Name: "detach", Aliases: []string{"d"}, Usage: "detach from the container's process"},
@@ -63,11 +63,34 @@ var restoreCommand = &cli.Command{
 		if err != nil {
 			return err
 		}
-		return eng.RestoreCheckpoint(c.Context, id, opts.Bundle, opts.crunArgs(), check.Env())
+		env, cleanup, err := opts.criuEnv()
+		if err != nil {
+			return err
+		}
+		defer cleanup()
+		return eng.RestoreCheckpoint(c.Context, id, opts.Bundle, opts.crunArgs(), append(check.Env(), env...))
 	},
 }
 
-// restoreOpts are crun's restore flags plus --tcp-close.
+// criuEnv is the environment that gives CRIU the options crun's restore
+// has no flag for: --tcp-close (crun 1.21 would refuse the flag).
+func (o restoreOpts) criuEnv() (env []string, cleanup func(), err error) {
+	if !o.TCPClose {
+		return nil, func() {}, nil
+	}
+	dir, err := os.MkdirTemp("", "tclone-restore-")
+	if err != nil {
+		return nil, nil, err
+	}
+	conf, err := fork.TCPCloseConfig(dir)
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, nil, err
+	}
+	return []string{conf}, func() { os.RemoveAll(dir) }, nil
+}
+
+// restoreOpts are crun's restore flags plus --tcp-close, which crun lacks.
 type restoreOpts struct {
 	Bundle, ImagePath, WorkPath, PidFile, ConsoleSocket     string
 	ManageCgroupsMode, NetworkLock, LSMProfile, LSMMountCtx string
@@ -94,7 +117,6 @@ func (o restoreOpts) crunArgs() []string {
 	a.str("--image-path", o.ImagePath)
 	a.str("--work-path", o.WorkPath)
 	a.flag("--tcp-established", o.TCPEstablished)
-	a.flag("--tcp-close", o.TCPClose)
 	a.flag("--ext-unix-sk", o.ExtUnixSk)
 	a.flag("--shell-job", o.ShellJob)
 	a.flag("--detach", o.Detach)
@@ -113,7 +135,7 @@ func (o restoreOpts) materializeRequest(id, planDir string) fork.MaterializeRequ
 	return fork.MaterializeRequest{
 		Plan: planDir, ID: id, Bundle: o.Bundle,
 		Detach: o.Detach, PidFile: o.PidFile, ConsoleSocket: o.ConsoleSocket, WorkPath: o.WorkPath,
-		TCPClose: o.TCPClose, ManageCgroupsMode: o.ManageCgroupsMode,
+		TCPClose: o.TCPClose, TCPKeep: o.TCPEstablished, ManageCgroupsMode: o.ManageCgroupsMode,
 		LSMProfile: o.LSMProfile, LSMMountContext: o.LSMMountCtx,
 		Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr,
 	}

@@ -29,8 +29,10 @@ type CaptureRequest struct {
 	Uses     int
 	TTL      time.Duration
 	Identity plan.Identity
-	// TCPClose is recorded in the plan for its siblings.
-	TCPClose bool
+	// TCP is what the siblings do with the source's established TCP
+	// connections; it decides the dump's TCP options and is recorded in
+	// the plan. Empty means close.
+	TCP plan.TCPPolicy
 }
 
 // Captured is a finished capture.
@@ -137,7 +139,11 @@ func (e *Engine) capture(ctx context.Context, src *source, rfs rootfs.Source, id
 	if err := os.WriteFile(filepath.Join(images, descriptorsFile), []byte(src.status.ExternalDescriptors), 0o600); err != nil {
 		return nil, fmt.Errorf("saving the source's stdio descriptors: %w", err)
 	}
-	d, err := e.dump(ctx, src, dir, check, req.Options, entry, func(ctx context.Context) (*rootfs.Snapshot, error) {
+	opts, err := dumpTCPOptions(req.Options, req.TCP, fmt.Sprintf("/proc/%d/net", src.state.Pid))
+	if err != nil {
+		return nil, err
+	}
+	d, err := e.dump(ctx, src, dir, check, opts, entry, func(ctx context.Context) (*rootfs.Snapshot, error) {
 		return rootfs.Take(ctx, rfs, snapDir)
 	})
 	if err != nil {
@@ -153,9 +159,9 @@ func (e *Engine) capture(ctx context.Context, src *source, rfs rootfs.Source, id
 			CgroupPath: src.status.CgroupPath, Hostname: src.spec.Hostname,
 		},
 		Rootfs:   d.snapshot,
-		Capture:  req.Options,
+		Capture:  opts,
 		Identity: req.Identity,
-		TCPClose: req.TCPClose,
+		TCP:      req.TCP.OrClose(),
 		Timings:  d.timings,
 		Pages:    d.pages,
 		Criu:     check.Version.String(),
@@ -163,6 +169,8 @@ func (e *Engine) capture(ctx context.Context, src *source, rfs rootfs.Source, id
 	if path, ok := namespacePath(src.spec, "network"); ok {
 		p.Source.NetNSPath = path
 	}
+	// Unknown (0) only ever refuses a sibling that would keep connections.
+	p.Source.NetNSInode, _ = netNSInode(src.state.Pid)
 	if p.Identity == "" {
 		p.Identity = plan.IdentityUnique
 	}
@@ -214,6 +222,9 @@ func (e *Engine) dump(ctx context.Context, src *source, dir string, check *criuc
 		return nil, err
 	}
 	defer closeDirs()
+	// Best effort, before CRIU seizes the tree: a watch it cannot name is
+	// for CRIU to refuse, and explainDumpError to explain.
+	primeIrmap(plan.WorkDir(dir), src.state.Pid)
 
 	hooks := newCaptureNotify(ctx, src, entry, snapshot)
 	logPath := filepath.Join(plan.WorkDir(dir), dumpLogName)
@@ -379,11 +390,13 @@ func explainDumpError(id string, err error, timeout time.Duration) error {
 		return fmt.Errorf("capturing %s: cancelled; CRIU was stopped and the source runs on: %w", id, err)
 	case strings.Contains(msg, "TCP") && strings.Contains(msg, "established"),
 		strings.Contains(msg, "Connected TCP socket"):
-		return fmt.Errorf("capturing %s: %w; the container has open TCP connections: fork with --tcp-established (the sibling keeps them) or --tcp-close (the sibling's copies are closed)", id, err)
+		return fmt.Errorf("capturing %s: %w; a TCP connection was opened after tclone looked for one: fork again", id, err)
 	case strings.Contains(msg, "file lock") || strings.Contains(msg, "flock"):
 		return fmt.Errorf("capturing %s: %w; the container holds file locks: fork with --file-locks", id, err)
 	case strings.Contains(msg, "Unsupported proto 262"):
 		return fmt.Errorf("capturing %s: %w; a socket uses Multipath TCP, which CRIU cannot dump (Go 1.24 and later listen with it by default: run such servers with GODEBUG=multipathtcp=0)", id, err)
+	case strings.Contains(msg, "Can't dump that handle"):
+		return fmt.Errorf("capturing %s: %w; a process has an inotify or fanotify watch on a file without a name (deleted while still open, or moved while the fork began): on an overlay root CRIU cannot reopen a watched file by its handle, only find it by its path; end that watch (restart the watching program) before forking", id, err)
 	case strings.Contains(msg, "external unix") || strings.Contains(msg, "unix socket"):
 		return fmt.Errorf("capturing %s: %w; a unix socket connects outside the container: fork with --ext-unix-sk if its peer may be shared", id, err)
 	}

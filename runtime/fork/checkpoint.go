@@ -2,6 +2,7 @@ package fork
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -20,6 +21,20 @@ func (e *Engine) CheckpointForIntent(ctx context.Context, id, imagePath, workPat
 	if err != nil || intent == nil {
 		return nil, err
 	}
+	c, err := e.checkpointForIntent(ctx, intent, imagePath, workPath, leaveRunning)
+	if err != nil {
+		// Podman keeps neither this process's stderr nor a log of it; the
+		// client that left the intent reads the reason here.
+		if werr := e.Store.WriteIntentResult(intent, err); werr != nil {
+			err = errors.Join(err, fmt.Errorf("leaving the failure for the fork client: %w", werr))
+		}
+		return nil, err
+	}
+	return c, nil
+}
+
+func (e *Engine) checkpointForIntent(ctx context.Context, intent *plan.Intent, imagePath, workPath string, leaveRunning bool) (*Captured, error) {
+	id := intent.ContainerID
 	// A fork never stops its source; a checkpoint that would (Podman marks
 	// the container stopped and tears down its network) is refused.
 	if !leaveRunning {
@@ -30,7 +45,7 @@ func (e *Engine) CheckpointForIntent(ctx context.Context, id, imagePath, workPat
 	}
 	c, err := e.Capture(ctx, CaptureRequest{
 		Source: id, Options: intent.Options, Uses: intent.Uses, TTL: intent.TTL, Identity: intent.Identity,
-		TCPClose: intent.TCPClose,
+		TCP: intent.TCP,
 	})
 	if err != nil {
 		return nil, err

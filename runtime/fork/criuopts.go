@@ -13,7 +13,40 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/tclone/tclone/runtime/cgroups"
+	"github.com/tclone/tclone/runtime/plan"
 )
+
+// dumpTCPOptions sets how the dump treats the source's established TCP
+// connections for siblings with policy. Close dumps with tcp_close (the
+// connections are left alone; see dumpOptions on the network lock). Keep
+// needs tcp_established and the lock, both costly in the frozen window, so
+// they are asked for only when the source's network namespace, seen
+// through netDir (/proc/PID/net), has a connection at all.
+func dumpTCPOptions(opts CaptureOptions, policy plan.TCPPolicy, netDir string) (CaptureOptions, error) {
+	opts.TCPEstablished, opts.TCPClose = false, false
+	if policy.OrClose() == plan.TCPClose {
+		opts.TCPClose = true
+		return opts, nil
+	}
+	connected, err := hasConnectedTCP(netDir)
+	if err != nil {
+		return opts, err
+	}
+	opts.TCPEstablished = connected
+	return opts, nil
+}
+
+// TCPCloseConfig writes a CRIU configuration file asking for tcp_close into
+// dir and returns the environment entry that makes CRIU read it. crun 1.21
+// has no restore flag for it, and CRIU reads CRIU_CONFIG_FILE in every mode,
+// the RPC one crun uses included.
+func TCPCloseConfig(dir string) (string, error) {
+	conf := filepath.Join(dir, "tclone-criu.conf")
+	if err := os.WriteFile(conf, []byte("tcp-close\n"), 0o600); err != nil {
+		return "", fmt.Errorf("writing CRIU's tcp-close configuration: %w", err)
+	}
+	return "CRIU_CONFIG_FILE=" + conf, nil
+}
 
 // External keys crun gives namespaces joined by path. Images dumped by tclone
 // are restored by crun, so the keys must be crun's.
@@ -50,6 +83,7 @@ func dumpOptions(in dumpInput) (*rpc.CriuOpts, error) {
 		ExtUnixSk:         proto.Bool(in.opts.ExtUnixSk),
 		ShellJob:          proto.Bool(in.opts.ShellJob),
 		TcpEstablished:    proto.Bool(in.opts.TCPEstablished),
+		TcpClose:          proto.Bool(in.opts.TCPClose),
 		FileLocks:         proto.Bool(in.opts.FileLocks),
 		OrphanPtsMaster:   proto.Bool(true),
 		ManageCgroups:     proto.Bool(true),
@@ -59,11 +93,35 @@ func dumpOptions(in dumpInput) (*rpc.CriuOpts, error) {
 		// CRIU's own bound on seizing the tree.
 		Timeout: proto.Uint32(10),
 	}
+	// A file open under a name that is gone while another hard link
+	// remains has no path to record: CRIU links it back under
+	// link_remap.N in its directory. The link appears in the frozen
+	// window, so the root snapshot (post-dump) carries it to the sibling,
+	// whose restore removes it; CRIU removes it from the source before
+	// letting the tree go (delete_link_remaps, for leave_running dumps
+	// too). A watcher of that directory in the source sees it come and go.
+	o.LinkRemap = proto.Bool(true)
 	if !in.opts.TCPEstablished {
-		// The network lock keeps packets from changing established TCP
-		// connections while they are dumped. Without them there is nothing
-		// to protect, and the lock costs two iptables runs inside the frozen
-		// window.
+		// CRIU's network lock drops every packet of the source's network
+		// namespace from the seizing of the tree until the dump ends
+		// (criu/net.c). It exists for dumps that put connections into
+		// TCP_REPAIR to read their state (criu/sk-tcp.c): so that no packet
+		// changes the queues and sequence numbers being read, and so that
+		// no peer gets a RST from a namespace whose sockets are gone while
+		// the copy is made elsewhere.
+		//
+		// A fork that closes the siblings' copies dumps with tcp_close: CRIU
+		// never puts the source's connections into repair mode, records
+		// only their addresses, and the source's sockets stay as they are
+		// (leave_running), answering their peers the whole time. Nothing
+		// needs protecting, and the lock would only cost the source: two
+		// iptables runs in the frozen window, and every packet its peers
+		// send meanwhile dropped and retransmitted later.
+		//
+		// Only a dump for siblings that keep the connections (same network
+		// namespace, see checkKeepTCP) reads their state, and there the
+		// copy depends on that state being consistent: CRIU's default
+		// lock stays.
 		o.NetworkLock = rpc.CriuNetworkLockMethod_SKIP.Enum()
 	}
 	if !in.unified && hasMountType(in.spec, "cgroup") {

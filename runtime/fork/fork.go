@@ -15,7 +15,9 @@ type ForkRequest struct {
 	Source   string
 	Capture  CaptureOptions
 	Identity plan.Identity
-	Sibling  MaterializeRequest
+	// TCP is what the sibling does with the source's TCP connections.
+	TCP     plan.TCPPolicy
+	Sibling MaterializeRequest
 }
 
 // Report is the result of a fork, in the shape `--print-stats` prints.
@@ -44,17 +46,24 @@ func (e *Engine) Fork(ctx context.Context, req ForkRequest) (*Report, error) {
 		return nil, err
 	}
 	req.Sibling.Detach = true
-	if _, err := e.checkSibling(req.Sibling); err != nil {
-		return nil, err
-	}
-	c, err := e.captureSource(ctx, src, CaptureRequest{Source: req.Source, Options: req.Capture, Uses: 1, Identity: req.Identity})
+	sib, err := e.checkSibling(req.Sibling)
 	if err != nil {
 		return nil, err
 	}
-	sib := req.Sibling
-	sib.Plan = c.Dir
-	sib.ownsPlan = true
-	m, err := e.Materialize(ctx, sib)
+	if req.TCP == plan.TCPKeep {
+		srcNetNS, _ := netNSInode(src.state.Pid)
+		if err := checkKeepTCP(srcNetNS, sib.spec, req.Sibling.ID); err != nil {
+			return nil, err
+		}
+	}
+	c, err := e.captureSource(ctx, src, CaptureRequest{Source: req.Source, Options: req.Capture, Uses: 1, Identity: req.Identity, TCP: req.TCP})
+	if err != nil {
+		return nil, err
+	}
+	mreq := req.Sibling
+	mreq.Plan = c.Dir
+	mreq.ownsPlan = true
+	m, err := e.Materialize(ctx, mreq)
 	if err != nil {
 		// The failed use went back to the plan; nobody else will use it.
 		return nil, errors.Join(err, e.Store.Remove(c.Dir))

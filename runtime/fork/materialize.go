@@ -32,8 +32,11 @@ type MaterializeRequest struct {
 	ConsoleSocket string
 	WorkPath      string
 
-	// TCPClose closes the sibling's copies of established TCP connections.
+	// TCPClose closes the sibling's copies of the source's established TCP
+	// connections whatever the plan says; TCPKeep asks to keep them, which
+	// only a plan captured for keeping them allows (see siblingTCPPolicy).
 	TCPClose bool
+	TCPKeep  bool
 	// Pass-through crun restore options.
 	ManageCgroupsMode string
 	LSMProfile        string
@@ -49,6 +52,8 @@ type MaterializeRequest struct {
 	// watch is the watchdog that undoes the sibling if this tclone dies
 	// before committing it; crun's restore is reported to it.
 	watch *restoreWatch
+	// tcp is the policy decided for this sibling.
+	tcp plan.TCPPolicy
 }
 
 // Materialized reports a sibling that is up.
@@ -95,6 +100,9 @@ func (e *Engine) Materialize(ctx context.Context, req MaterializeRequest) (*Mate
 		if path, _ := namespacePath(spec, "network"); path == "" {
 			return nil, fmt.Errorf("the source joined network namespace %s by path, so the sibling's config.json must name a network namespace path too (Podman does this); create one (ip netns add NAME) and set linux.namespaces[network].path", p.Source.NetNSPath)
 		}
+	}
+	if req.tcp, err = siblingTCPPolicy(p, req, spec); err != nil {
+		return nil, err
 	}
 	root := rootPath(bundle, spec)
 	// Refuse a root that is not ours to fill before making anything:
@@ -258,8 +266,8 @@ func (e *Engine) crunRestore(ctx context.Context, req MaterializeRequest, p *pla
 		args = append(args, "--console-socket", req.ConsoleSocket)
 	}
 	// The restore must declare what the dump allowed.
-	tcpClose := req.TCPClose || p.TCPClose
-	if p.Capture.TCPEstablished && !tcpClose {
+	keep := req.tcp == plan.TCPKeep
+	if p.Capture.TCPEstablished && keep {
 		args = append(args, "--tcp-established")
 	}
 	if p.Capture.FileLocks {
@@ -283,14 +291,14 @@ func (e *Engine) crunRestore(ctx context.Context, req MaterializeRequest, p *pla
 	args = append(args, req.ID)
 
 	env := append(os.Environ(), check.Env()...)
-	if tcpClose {
-		// crun has no --tcp-close for restore; CRIU takes it from a
-		// configuration file named in its environment.
-		conf := filepath.Join(siblingDir, "criu.conf")
-		if err := os.WriteFile(conf, []byte("tcp-close\n"), 0o600); err != nil {
+	// CRIU refuses images dumped with tcp_close unless the restore says it
+	// too; images with connection state are closed on request.
+	if p.Capture.TCPClose || (p.Capture.TCPEstablished && !keep) {
+		conf, err := TCPCloseConfig(siblingDir)
+		if err != nil {
 			return err
 		}
-		env = append(env, "CRIU_CONFIG_FILE="+conf)
+		env = append(env, conf)
 	}
 	ctx, cancel := context.WithTimeout(ctx, e.criuTimeout())
 	defer cancel()

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/tclone/tclone/runtime/journal"
@@ -30,7 +31,7 @@ type Intent struct {
 	TTL       time.Duration  `json:"ttl"`
 	Identity  Identity       `json:"identity"`
 	Options   CaptureOptions `json:"options"`
-	TCPClose  bool           `json:"tcp_close,omitempty"`
+	TCP       TCPPolicy      `json:"tcp_policy,omitempty"`
 	// Client is the process that asked for the fork, by PID and start time
 	// (WriteIntent records the caller). The plan's uses are held for it:
 	// once it has died the plan is removed as soon as no restore holds a
@@ -109,6 +110,69 @@ func (s Store) RemoveIntent(containerID, nonce string) error {
 		return nil
 	}
 	return err
+}
+
+// IntentResult is what tclone leaves for the fork client when the capture
+// an intent asked for fails. Podman runs the runtime's checkpoint without
+// --log and discards its stderr, so its own error says only that the
+// runtime exited with status 1; the client reads tclone's reason here.
+type IntentResult struct {
+	Version int    `json:"version"`
+	Nonce   string `json:"nonce"`
+	Error   string `json:"error"`
+}
+
+func (s Store) intentResultPath(containerID, nonce string) (string, error) {
+	if nonce == "" || strings.ContainsAny(nonce, "/\x00") || nonce == "." || nonce == ".." {
+		return "", fmt.Errorf("fork intent for %s has an unusable nonce %q", containerID, nonce)
+	}
+	return filepath.Join(s.Root, "intents", containerID+"."+nonce+".result.json"), nil
+}
+
+// WriteIntentResult records why the capture in intent failed, for the
+// client that left the intent. Results nobody collected (their client
+// died) are removed once they are older than IntentTTL.
+func (s Store) WriteIntentResult(in *Intent, failure error) error {
+	path, err := s.intentResultPath(in.ContainerID, in.Nonce)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return fmt.Errorf("creating intent directory: %w", err)
+	}
+	s.removeStaleResults()
+	return writeJSONAtomic(path, IntentResult{Version: FormatVersion, Nonce: in.Nonce, Error: failure.Error()})
+}
+
+// TakeIntentResult returns and removes the failure tclone recorded for the
+// intent with this nonce, or "" when it recorded none.
+func (s Store) TakeIntentResult(containerID, nonce string) (string, error) {
+	path, err := s.intentResultPath(containerID, nonce)
+	if err != nil {
+		return "", err
+	}
+	data, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return "", nil
+	}
+	if err != nil {
+		return "", err
+	}
+	os.Remove(path)
+	var r IntentResult
+	if err := json.Unmarshal(data, &r); err != nil {
+		return "", fmt.Errorf("decoding tclone's result for the fork of %s: %w", containerID, err)
+	}
+	return r.Error, nil
+}
+
+func (s Store) removeStaleResults() {
+	stale, _ := filepath.Glob(filepath.Join(s.Root, "intents", "*.result.json"))
+	for _, path := range stale {
+		if st, err := os.Stat(path); err == nil && time.Since(st.ModTime()) > IntentTTL {
+			os.Remove(path)
+		}
+	}
 }
 
 // LockIntents serialises fork requests for one container across processes:

@@ -45,13 +45,13 @@ type Plan struct {
 	// Identity says how siblings differ from the source: "unique" gives
 	// each its own hostname and machine-id, "preserve" keeps the source's.
 	Identity Identity `json:"identity"`
-	// TCPClose makes every sibling close its copies of the source's
+	// TCP is what every sibling does with its copies of the source's
 	// established TCP connections. It is a restore option, but Podman's
 	// restore call cannot carry it, so the plan does.
-	TCPClose bool      `json:"tcp_close,omitempty"`
-	Timings  Timings   `json:"timings"`
-	Pages    PageStats `json:"pages"`
-	Criu     string    `json:"criu_version"`
+	TCP     TCPPolicy `json:"tcp_policy"`
+	Timings Timings   `json:"timings"`
+	Pages   PageStats `json:"pages"`
+	Criu    string    `json:"criu_version"`
 }
 
 // Source is what the plan remembers of the container it was captured from.
@@ -65,6 +65,9 @@ type Source struct {
 	// NetNSPath is set when the source joined a network namespace by path;
 	// its sibling then needs one too.
 	NetNSPath string `json:"netns_path,omitempty"`
+	// NetNSInode identifies the source's network namespace: only a sibling
+	// in that very namespace may keep the source's TCP connections.
+	NetNSInode uint64 `json:"netns_inode,omitempty"`
 }
 
 // Tree summarises the captured process tree.
@@ -86,10 +89,15 @@ type Process struct {
 
 // CaptureOptions are the CRIU options the dump used; a restore must match.
 type CaptureOptions struct {
+	// TCPEstablished: the dump holds the state of established TCP
+	// connections (CRIU's tcp_established), for siblings that keep them.
 	TCPEstablished bool `json:"tcp_established"`
-	FileLocks      bool `json:"file_locks"`
-	ExtUnixSk      bool `json:"ext_unix_sk"`
-	ShellJob       bool `json:"shell_job"`
+	// TCPClose: the dump left established connections alone (CRIU's
+	// tcp_close); CRIU then insists on tcp_close at restore too.
+	TCPClose  bool `json:"tcp_close,omitempty"`
+	FileLocks bool `json:"file_locks"`
+	ExtUnixSk bool `json:"ext_unix_sk"`
+	ShellJob  bool `json:"shell_job"`
 }
 
 // Timings of the capture, in milliseconds.
@@ -142,6 +150,43 @@ func ParseIdentity(s string) (Identity, error) {
 		return Identity(s), nil
 	}
 	return "", fmt.Errorf("unknown identity policy %q (use unique, best-effort or preserve)", s)
+}
+
+// TCPPolicy is what a sibling does with its copies of the source's
+// established TCP connections.
+type TCPPolicy string
+
+const (
+	// TCPClose closes the sibling's copies: its processes read end of file
+	// and their writes fail, while the source keeps its connections and
+	// its peers see nothing of the fork. The default.
+	TCPClose TCPPolicy = "close"
+	// TCPKeep lets the sibling carry on the source's connections, with the
+	// source's addresses and sequence numbers. Only a sibling in the
+	// source's own network namespace may: from anywhere else its packets
+	// would reach the source's peers as if the source sent them.
+	TCPKeep TCPPolicy = "keep"
+)
+
+// TCPPolicyFromFlags reads the --tcp-established/--tcp-close pair every
+// fork command takes; neither means close.
+func TCPPolicyFromFlags(established, close bool) (TCPPolicy, error) {
+	switch {
+	case established && close:
+		return "", errors.New("--tcp-established and --tcp-close exclude each other")
+	case established:
+		return TCPKeep, nil
+	}
+	return TCPClose, nil
+}
+
+// OrClose is the policy, with close for none given (and for plans from
+// before the policy was recorded).
+func (p TCPPolicy) OrClose() TCPPolicy {
+	if p == "" {
+		return TCPClose
+	}
+	return p
 }
 
 // NewID returns a fresh plan ID.

@@ -205,11 +205,9 @@ func (f *forker) checkpoint(ctx context.Context, archive string) (*plan.Plan, er
 		Uses:        f.opts.Count,
 		TTL:         f.planTTL(),
 		Identity:    f.opts.Identity,
-		Options: plan.CaptureOptions{
-			TCPEstablished: f.opts.TCPEstablished || f.opts.TCPClose,
-			FileLocks:      f.opts.FileLocks,
-		},
-		TCPClose: f.opts.TCPClose,
+		Options:     plan.CaptureOptions{FileLocks: f.opts.FileLocks},
+		// A sibling has its own address: it never keeps the connections.
+		TCP: plan.TCPClose,
 	}
 	// Another fork of this source between our intent and our checkpoint
 	// would take or replace the intent.
@@ -238,8 +236,13 @@ func (f *forker) checkpoint(ctx context.Context, archive string) (*plan.Plan, er
 	}()
 	_, err = containers.Checkpoint(ctx, f.src.ID, new(containers.CheckpointOptions).
 		WithLeaveRunning(true).WithIgnoreRootfs(true).WithExport(archive).
-		WithTCPEstablished(intent.Options.TCPEstablished).WithFileLocks(f.opts.FileLocks))
+		WithFileLocks(f.opts.FileLocks))
 	if err != nil {
+		// Podman's error says only that the runtime failed; tclone left
+		// its reason for the fork it could not capture.
+		if why, rerr := f.store.TakeIntentResult(f.src.ID, intent.Nonce); rerr == nil && why != "" {
+			return nil, fmt.Errorf("capturing %s: %s", f.src.Name, strings.TrimPrefix(why, "capturing "+f.src.ID+": "))
+		}
 		return nil, fmt.Errorf("capturing %s: %w", f.src.Name, err)
 	}
 	ref, err := readReference(archive)
@@ -308,7 +311,7 @@ func (f *forker) restore(ctx context.Context, archive, name string, i int) (*Res
 	}
 	opts := new(containers.RestoreOptions).WithImportArchive(own).WithName(name).
 		WithIgnoreRootfs(true).WithIgnoreStaticIP(f.opts.IgnoreStaticIP).WithIgnoreStaticMAC(f.opts.IgnoreStaticMAC).
-		WithTCPEstablished(f.opts.TCPEstablished || f.opts.TCPClose).WithFileLocks(f.opts.FileLocks)
+		WithFileLocks(f.opts.FileLocks)
 	if len(f.opts.Publish) > 0 {
 		opts = opts.WithPublishPorts(f.opts.Publish)
 	}

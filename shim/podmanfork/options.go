@@ -13,6 +13,7 @@
 package podmanfork
 
 import (
+	"errors"
 	"fmt"
 	"regexp"
 	"strconv"
@@ -44,8 +45,11 @@ type Options struct {
 	// static address get fresh ones instead of failing.
 	IgnoreStaticIP  bool
 	IgnoreStaticMAC bool
-	// TCPEstablished gives siblings copies of the source's open TCP
-	// connections; TCPClose captures them but closes the siblings' copies.
+	// TCPClose closes the siblings' copies of the source's open TCP
+	// connections while the source keeps them; it is what a fork always
+	// does. TCPEstablished, keeping them in the siblings, is refused: a
+	// sibling has its own IP, and its copies would talk to the source's
+	// peers with the source's address and sequence numbers.
 	TCPEstablished bool
 	TCPClose       bool
 	// FileLocks captures and restores file locks.
@@ -164,8 +168,8 @@ func (o *Options) normalize() error {
 	if err := checkNames(o.Names); err != nil {
 		return err
 	}
-	if o.TCPEstablished && o.TCPClose {
-		return fmt.Errorf("--tcp-established and --tcp-close exclude each other")
+	if o.TCPEstablished {
+		return errTCPEstablished
 	}
 	id, err := plan.ParseIdentity(string(o.Identity))
 	if err != nil {
@@ -257,6 +261,9 @@ func checkLabels(labels map[string]string) error {
 	}
 	return nil
 }
+
+// errTCPEstablished refuses to let Podman siblings keep connections.
+var errTCPEstablished = errors.New("--tcp-established cannot be used with podman container fork: each sibling gets its own IP address and network namespace, and its copies of the source's TCP connections would send packets carrying the source's address and sequence numbers to the source's peers. Leave it out: a fork closes the siblings' copies (their processes see the connections end) and the source keeps its connections")
 
 var hostnameBad = regexp.MustCompile(`[^a-zA-Z0-9-]+`)
 

@@ -57,15 +57,35 @@ func TestNormalize(t *testing.T) {
 	}
 	for _, bad := range []Options{
 		{Count: 33}, {Count: -1}, {Count: 2, Names: []string{"a"}},
-		{TCPEstablished: true, TCPClose: true}, {Identity: "clone"},
+		{TCPEstablished: true}, {TCPEstablished: true, TCPClose: true}, {Identity: "clone"},
 	} {
 		if err := bad.normalize(); err == nil {
 			t.Errorf("%+v accepted", bad)
 		}
 	}
+	o = Options{TCPClose: true}
+	if err := o.normalize(); err != nil {
+		t.Fatalf("--tcp-close, the default said out loud, refused: %v", err)
+	}
 	o = Options{Names: []string{"a", "b"}}
 	if err := o.normalize(); err != nil || o.Count != 2 {
 		t.Fatalf("names imply the count: %+v %v", o, err)
+	}
+}
+
+// Keeping the source's connections in a sibling with its own IP would let
+// it talk to the source's peers as the source: refused, saying why and what
+// the default does.
+func TestTCPEstablishedRefused(t *testing.T) {
+	o := Options{TCPEstablished: true}
+	err := o.normalize()
+	if err == nil {
+		t.Fatal("--tcp-established accepted")
+	}
+	for _, want := range []string{"own IP", "source's address and sequence numbers", "closes the siblings' copies"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("the refusal does not say %q: %v", want, err)
+		}
 	}
 }
 

@@ -131,5 +131,9 @@ func (b *Bench) fanOutOnce(ctx context.Context, src *Source, name string, n int)
 		"restore_max_ms":        restoreMax,
 		"tmpfs_bytes":           float64(st.Capture.Pages.BytesWritten),
 	}
-	return &Sample{Sibling: fmt.Sprintf("%s (%d)", name, n), Metrics: m}, names, nil
+	rt, err := b.ociRuntime(ctx, last)
+	if err != nil {
+		return nil, names, err
+	}
+	return &Sample{Sibling: fmt.Sprintf("%s (%d)", name, n), RestoreRuntime: rt, Metrics: m}, names, nil
 }

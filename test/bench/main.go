@@ -78,7 +78,24 @@ type Bench struct {
 }
 
 func main() {
+	closeInheritedFds()
 	os.Exit(run())
+}
+
+// closeInheritedFds keeps descriptors this process inherited (beyond
+// stdio) from reaching what it starts. Run under `flock LOCK go run ...`,
+// the lock's descriptor would otherwise be open in the raw CRIU host tree,
+// and CRIU refuses to dump a tree holding a file lock.
+func closeInheritedFds() {
+	fds, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return
+	}
+	for _, e := range fds {
+		if fd, err := strconv.Atoi(e.Name()); err == nil && fd > 2 {
+			syscall.CloseOnExec(fd)
+		}
+	}
 }
 
 func intList(s string) ([]int, error) {
@@ -522,7 +539,10 @@ func sanitize(r *Results) {
 	h := &r.Headline
 	for _, v := range []*float64{&h.TclonePauseMs, &h.PodmanPauseMs, &h.TcloneGapMs, &h.PodmanGapMs,
 		&h.TcloneFirstCommandMs, &h.PodmanFirstCommandMs, &h.PauseRatio, &h.GapRatio, &h.FirstCommandRatio,
-		&h.TcloneMsPerProcess, &h.TclonePauseMsPerProcess, &h.PodmanMsPerProcess, &h.MarginalMsPerChild} {
+		&h.TcloneMsPerProcess, &h.TclonePauseMsPerProcess, &h.PodmanMsPerProcess, &h.MarginalMsPerChild,
+		&h.Cold.TclonePauseMs, &h.Cold.PodmanPauseMs, &h.Cold.TcloneGapMs, &h.Cold.PodmanGapMs,
+		&h.Cold.TcloneFirstCommandMs, &h.Cold.PodmanFirstCommandMs, &h.Cold.PauseRatio, &h.Cold.GapRatio, &h.Cold.FirstCommandRatio,
+		&h.TclonePauseRange[0], &h.TclonePauseRange[1], &h.PodmanPauseRange[0], &h.PodmanPauseRange[1]} {
 		fix(v)
 	}
 	if r.FanOut != nil {
@@ -557,6 +577,18 @@ func headline(r *Results) Headline {
 		h.PauseRatio = h.PodmanPauseMs / h.TclonePauseMs
 		h.GapRatio = h.PodmanGapMs / h.TcloneGapMs
 		h.FirstCommandRatio = h.PodmanFirstCommandMs / h.TcloneFirstCommandMs
+		h.TclonePauseRange = mem.warmRange(MethodTclone, "pause_ms")
+		h.PodmanPauseRange = mem.warmRange(MethodPodman, "pause_ms")
+		c := &h.Cold
+		c.TclonePauseMs = mem.coldValue(MethodTclone, "pause_ms")
+		c.PodmanPauseMs = mem.coldValue(MethodPodman, "pause_ms")
+		c.TcloneGapMs = mem.coldValue(MethodTclone, "observer_gap_ms")
+		c.PodmanGapMs = mem.coldValue(MethodPodman, "observer_gap_ms")
+		c.TcloneFirstCommandMs = mem.coldValue(MethodTclone, "first_command_ms")
+		c.PodmanFirstCommandMs = mem.coldValue(MethodPodman, "first_command_ms")
+		c.PauseRatio = c.PodmanPauseMs / c.TclonePauseMs
+		c.GapRatio = c.PodmanGapMs / c.TcloneGapMs
+		c.FirstCommandRatio = c.PodmanFirstCommandMs / c.TcloneFirstCommandMs
 	}
 	h.TcloneMsPerProcess = procSlope(r, MethodTclone, "to_running_ms")
 	h.TclonePauseMsPerProcess = procSlope(r, MethodTclone, "pause_ms")
@@ -588,6 +620,7 @@ func standardNotes(cfg Config) []string {
 		"Cold is the first fork after the source started (one sample per workload and method); warm statistics are over the following repetitions.",
 		"p95 interpolates linearly between order statistics; with 5 samples it lies between the two largest.",
 		"tclone is driven through `podman container fork` (podman-fork) against a Podman API service this run starts; stock Podman through the podman CLI. Both timings include their client's start-up.",
+		"tclone is Podman's default runtime on this machine. The podman CLI restores an imported checkpoint with the runtime its archive names (crun here) unless told otherwise, while Podman's API service uses its default runtime; the stock restore names crun explicitly (`podman --runtime crun container restore --import`), and every sample records the runtime Podman says the copy has (`podman inspect --format {{.OCIRuntime}}`) as restore_runtime.",
 		"Stock Podman's pause is CRIU's freezing_time + frozen_time from `--print-stats`; raw CRIU's the same from its stats-dump; tclone's is its own freeze-to-thaw figure. The observer gap is measured the same way for all three.",
 		"Stock Podman's tmpfs bytes are the export archive (written to " + cfg.ArchiveDir + " here); its disk bytes are CRIU's image directory in the source container's storage; `restore --import` writes those images once more under the new container (not counted).",
 		"The fork() floor is fork() of one process holding as much anonymous memory as the whole source tree, plus one fork() of a tiny process for each other process of the tree.",

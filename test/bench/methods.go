@@ -135,7 +135,7 @@ func (b *Bench) runContainerMethod(ctx context.Context, w Workload, wr *Workload
 	wr.Methods[method] = mr
 	rt, tag := "tclone", "tc"
 	if method == MethodPodman {
-		rt, tag = "crun", "pd"
+		rt, tag = stockRuntime, "pd"
 	}
 	prefix := fmt.Sprintf("tcb-%s-%s-%s", b.runID, w.Name, tag)
 	src, err := b.startSource(ctx, w, prefix+"-src", rt)
@@ -231,7 +231,21 @@ func (b *Bench) tcloneFork(ctx context.Context, src *Source, sib string) (*Sampl
 	if err := b.readMem(ctx, m, src.InitPid, sib); err != nil {
 		return nil, sib, err
 	}
-	return &Sample{Sibling: sib, Metrics: m}, sib, nil
+	rt, err := b.ociRuntime(ctx, sib)
+	if err != nil {
+		return nil, sib, err
+	}
+	return &Sample{Sibling: sib, RestoreRuntime: rt, Metrics: m}, sib, nil
+}
+
+// ociRuntime is the runtime Podman records for a container: for a copy, the
+// one its restore ran with.
+func (b *Bench) ociRuntime(ctx context.Context, name string) (string, error) {
+	out, _, err := b.tools.podman(ctx, "inspect", "--format", "{{.OCIRuntime}}", name)
+	if err != nil {
+		return "", fmt.Errorf("reading the runtime of %s: %w", name, err)
+	}
+	return strings.TrimSpace(out), nil
 }
 
 // readMem records the source's and the sibling container's memory.
@@ -272,7 +286,10 @@ func (b *Bench) podmanFork(ctx context.Context, w Workload, src *Source, staticD
 		archiveBytes = fi.Size()
 	}
 	b.track(sib)
-	out, rsD, err := b.tools.podman(ctx, "container", "restore", "--import", archive, "--name", sib, "--print-stats")
+	// The CLI would take crun from the archive (cmd/podman/root.go), but
+	// the API service would use its default, tclone here: the baseline
+	// names its runtime rather than depend on which.
+	out, rsD, err := b.tools.podman(ctx, "--runtime", stockRuntime, "container", "restore", "--import", archive, "--name", sib, "--print-stats")
 	if err != nil {
 		return nil, sib, err
 	}
@@ -315,8 +332,18 @@ func (b *Bench) podmanFork(ctx context.Context, w Workload, src *Source, staticD
 	if err := b.readMem(ctx, m, src.InitPid, sib); err != nil {
 		return nil, sib, err
 	}
-	return &Sample{Sibling: sib, Metrics: m}, sib, nil
+	rt, err := b.ociRuntime(ctx, sib)
+	if err != nil {
+		return nil, sib, err
+	}
+	if rt != stockRuntime {
+		return nil, sib, fmt.Errorf("the stock restore of %s ran with %q, not %s: the baseline would not be stock Podman with crun", sib, rt, stockRuntime)
+	}
+	return &Sample{Sibling: sib, RestoreRuntime: rt, Metrics: m}, sib, nil
 }
+
+// stockRuntime is the runtime of the stock Podman baseline, source and copy.
+const stockRuntime = "crun"
 
 // hostTree is a holder tree running on the host in its own PID namespace,
 // so that CRIU can restore a copy next to it.
@@ -491,7 +518,7 @@ func (b *Bench) criuFork(ctx context.Context, w Workload, t *hostTree, rep int) 
 	}
 	addMem(m, "source", s)
 	addMem(m, "sibling", c)
-	return &Sample{Sibling: "pid " + copy, Metrics: m}, copy, nil
+	return &Sample{Sibling: "pid " + copy, RestoreRuntime: "criu", Metrics: m}, copy, nil
 }
 
 func openStats[T any](dir string, get func(*os.File) (T, error)) (T, error) {

@@ -5,6 +5,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 )
@@ -136,11 +137,19 @@ func writeMarkdown(r *Results, path, outDir string) error {
 		if w != nil {
 			desc = fmt.Sprintf("%d MiB of touched memory in %d processes (`%s`)", w.MemMiB, w.Procs, w.Name)
 		}
-		p("At %s, warm medians:\n\n", desc)
-		p("| | tclone | stock Podman | stock / tclone |\n| --- | ---: | ---: | ---: |\n")
-		p("| source pause, measured by the runtime (ms) | %s | %s | **%s** |\n", fmtMs(h.TclonePauseMs), fmtMs(h.PodmanPauseMs), fmtRatio(h.PauseRatio, true))
-		p("| source pause, seen by a 1 ms ticker inside the source (ms) | %s | %s | **%s** |\n", fmtMs(h.TcloneGapMs), fmtMs(h.PodmanGapMs), fmtRatio(h.GapRatio, true))
-		p("| time to the first command answered in the sibling (ms) | %s | %s | **%s** |\n\n", fmtMs(h.TcloneFirstCommandMs), fmtMs(h.PodmanFirstCommandMs), fmtRatio(h.FirstCommandRatio, true))
+		c := h.Cold
+		p("At %s. *Cold* is the first fork after the source started, *warm* the median of the repetitions after it:\n\n", desc)
+		p("| ms | tclone cold | tclone warm | stock Podman cold | stock Podman warm | stock / tclone cold | stock / tclone warm |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+		p("| source pause, measured by the runtime | %s | %s | %s | %s | **%s** | **%s** |\n",
+			fmtMs(c.TclonePauseMs), fmtMs(h.TclonePauseMs), fmtMs(c.PodmanPauseMs), fmtMs(h.PodmanPauseMs), fmtRatio(c.PauseRatio, true), fmtRatio(h.PauseRatio, true))
+		p("| source pause, seen by a 1 ms ticker inside the source | %s | %s | %s | %s | **%s** | **%s** |\n",
+			fmtMs(c.TcloneGapMs), fmtMs(h.TcloneGapMs), fmtMs(c.PodmanGapMs), fmtMs(h.PodmanGapMs), fmtRatio(c.GapRatio, true), fmtRatio(h.GapRatio, true))
+		p("| time to the first command answered in the sibling | %s | %s | %s | %s | **%s** | **%s** |\n\n",
+			fmtMs(c.TcloneFirstCommandMs), fmtMs(h.TcloneFirstCommandMs), fmtMs(c.PodmanFirstCommandMs), fmtMs(h.PodmanFirstCommandMs), fmtRatio(c.FirstCommandRatio, true), fmtRatio(h.FirstCommandRatio, true))
+		p("Warm source pauses ranged from %s to %s ms for tclone and from %s to %s ms for stock Podman. ",
+			fmtMs(h.TclonePauseRange[0]), fmtMs(h.TclonePauseRange[1]), fmtMs(h.PodmanPauseRange[0]), fmtMs(h.PodmanPauseRange[1]))
+		p("The copies were restored by %s (tclone) and %s (stock Podman), as Podman recorded them.\n\n",
+			runtimesOf(r, MethodTclone), runtimesOf(r, MethodPodman))
 	}
 	p("- Process count: a tclone fork takes **%.2f ms more per process** to the sibling running (least-squares slope of warm medians over %s processes), its source pause %.2f ms more per process; stock Podman %.2f ms per process.",
 		h.TcloneMsPerProcess, joinInts(r.Config.ProcCounts), h.TclonePauseMsPerProcess, h.PodmanMsPerProcess)
@@ -190,7 +199,7 @@ func writeMarkdown(r *Results, path, outDir string) error {
 	p("Every workload runs in a fresh source container started through Podman: with `--runtime tclone` for tclone, with `--runtime crun` for stock Podman (same image, same command). Each method makes one cold copy (the first after the source started) and %d warm ones (%d for memory workloads of %d MiB and more); tables show warm **median (p95)** unless marked cold.\n\n",
 		r.Config.WarmReps, r.Config.LargeWarmReps, r.Config.LargeFromMiB)
 	p("- **tclone**: `podman container fork --print-stats SRC` (podman-fork, through a Podman API service), then `podman exec SIBLING true`.\n")
-	p("- **stock Podman**: `podman container checkpoint --leave-running --export %s/….tar --compress none --print-stats SRC`, then `podman container restore --import … --name SIBLING --print-stats`, then `podman exec SIBLING true`, all with crun and CRIU %s (it detects by itself that hardware breakpoints do not work in this VM); nothing else is tuned.\n", r.Config.ArchiveDir, m.Criu)
+	p("- **stock Podman**: `podman container checkpoint --leave-running --export %s/….tar --compress none --print-stats SRC`, then `podman --runtime crun container restore --import … --name SIBLING --print-stats`, then `podman exec SIBLING true`, all with crun and CRIU %s (it detects by itself that hardware breakpoints do not work in this VM); nothing else is tuned. tclone is Podman's default runtime here: the CLI would restore with the runtime the archive names, the API service with its default, so the restore names crun; every sample records the runtime Podman reports for the copy (`restore_runtime` in results.json): %s here.\n", r.Config.ArchiveDir, m.Criu, runtimesOf(r, MethodPodman))
 	p("- **raw CRIU**: the same process tree run on the host in its own PID namespace (`unshare --pid --fork holder serve …`), `criu dump --leave-running` to %s, then `criu restore -d` of the images (a fresh PID namespace, next to the running source). No container, no rootfs, no exec.\n", r.Config.CriuImageDir)
 	p("- **fork() floor**: `fork()` of one process holding as much touched anonymous memory as the source tree (the child exits at once), plus one `fork()` of a tiny process per other process of the tree.\n")
 	p("- **source pause**: what the runtime reports (tclone's freeze-to-thaw; CRIU's freezing + frozen time for the others), and the **observer gap**: the largest gap between two ticks of a 1 ms ticker in the source's root process, reset right before the fork and read after the first command answered.\n")
@@ -408,6 +417,25 @@ func writeMarkdown(r *Results, path, outDir string) error {
 		return err
 	}
 	return os.WriteFile(path, []byte(b.String()), 0o644)
+}
+
+// runtimesOf lists the runtimes that restored a method's copies over the
+// whole run.
+func runtimesOf(r *Results, method string) string {
+	var seen []string
+	for _, w := range r.Workloads {
+		if m := w.Methods[method]; m != nil {
+			for _, rt := range m.RestoreRuntimes {
+				if !slices.Contains(seen, rt) {
+					seen = append(seen, rt)
+				}
+			}
+		}
+	}
+	if len(seen) == 0 {
+		return "–"
+	}
+	return "`" + strings.Join(seen, "`, `") + "`"
 }
 
 // sweepEnds returns the smallest and the largest workload of a sweep.

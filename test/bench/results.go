@@ -2,12 +2,14 @@ package main
 
 import (
 	"math"
+	"slices"
 	"sort"
 	"time"
 )
 
-// SchemaVersion is the layout version of results.json.
-const SchemaVersion = 1
+// SchemaVersion is the layout version of results.json. Version 2 records
+// the runtime of every restore and the headline's cold numbers.
+const SchemaVersion = 2
 
 // Methods, in the order they are reported.
 const (
@@ -89,8 +91,11 @@ type MethodResult struct {
 	NotMeasured string `json:"not_measured,omitempty"`
 	// IdleGapMs is the observer's largest gap over one second with no fork:
 	// the noise floor of observer_gap_ms.
-	IdleGapMs float64   `json:"idle_gap_ms,omitempty"`
-	Samples   []*Sample `json:"samples"`
+	IdleGapMs float64 `json:"idle_gap_ms,omitempty"`
+	// RestoreRuntimes lists the runtimes that made this method's copies,
+	// from its samples.
+	RestoreRuntimes []string  `json:"restore_runtimes,omitempty"`
+	Samples         []*Sample `json:"samples"`
 	// Cold is the first fork after the source started; Warm summarises the
 	// others.
 	Cold  map[string]float64 `json:"cold"`
@@ -100,10 +105,14 @@ type MethodResult struct {
 
 // Sample is one fork (one repetition).
 type Sample struct {
-	Rep     int                `json:"rep"`
-	Cold    bool               `json:"cold"`
-	Sibling string             `json:"sibling,omitempty"`
-	Metrics map[string]float64 `json:"metrics"`
+	Rep     int    `json:"rep"`
+	Cold    bool   `json:"cold"`
+	Sibling string `json:"sibling,omitempty"`
+	// RestoreRuntime is what made the copy: the OCI runtime Podman
+	// recorded for the restored container (podman inspect .OCIRuntime), or
+	// "criu" for raw CRIU.
+	RestoreRuntime string             `json:"restore_runtime,omitempty"`
+	Metrics        map[string]float64 `json:"metrics"`
 }
 
 // LaterMem is memory of the source and of the cold fork's sibling some
@@ -147,7 +156,32 @@ type Headline struct {
 	// MemWorkload is the memory-sweep workload the ratios are taken at
 	// (mem-1024 in a full run).
 	MemWorkload string `json:"mem_workload"`
-	// Warm medians at MemWorkload.
+	// Warm medians at MemWorkload, and below the cold (first) fork's
+	// values, which can differ a lot: the headline shows both.
+	TclonePauseMs        float64      `json:"tclone_pause_ms"`
+	PodmanPauseMs        float64      `json:"podman_pause_ms"`
+	TcloneGapMs          float64      `json:"tclone_observer_gap_ms"`
+	PodmanGapMs          float64      `json:"podman_observer_gap_ms"`
+	TcloneFirstCommandMs float64      `json:"tclone_first_command_ms"`
+	PodmanFirstCommandMs float64      `json:"podman_first_command_ms"`
+	PauseRatio           float64      `json:"pause_ratio_podman_over_tclone"`
+	GapRatio             float64      `json:"observer_gap_ratio_podman_over_tclone"`
+	FirstCommandRatio    float64      `json:"first_command_ratio_podman_over_tclone"`
+	Cold                 HeadlineCold `json:"cold"`
+	// Warm ranges (min, max) at MemWorkload: a median hides a drift over
+	// the repetitions.
+	TclonePauseRange [2]float64 `json:"tclone_pause_range_ms"`
+	PodmanPauseRange [2]float64 `json:"podman_pause_range_ms"`
+	// Least-squares slopes over the process-count sweep (warm medians).
+	TcloneMsPerProcess      float64 `json:"tclone_ms_per_process"`
+	TclonePauseMsPerProcess float64 `json:"tclone_pause_ms_per_process"`
+	PodmanMsPerProcess      float64 `json:"podman_ms_per_process"`
+	// MarginalMsPerChild is the fan-out's marginal cost per extra sibling.
+	MarginalMsPerChild float64 `json:"marginal_ms_per_child"`
+}
+
+// HeadlineCold is the headline's numbers for the cold fork.
+type HeadlineCold struct {
 	TclonePauseMs        float64 `json:"tclone_pause_ms"`
 	PodmanPauseMs        float64 `json:"podman_pause_ms"`
 	TcloneGapMs          float64 `json:"tclone_observer_gap_ms"`
@@ -157,17 +191,17 @@ type Headline struct {
 	PauseRatio           float64 `json:"pause_ratio_podman_over_tclone"`
 	GapRatio             float64 `json:"observer_gap_ratio_podman_over_tclone"`
 	FirstCommandRatio    float64 `json:"first_command_ratio_podman_over_tclone"`
-	// Least-squares slopes over the process-count sweep (warm medians).
-	TcloneMsPerProcess      float64 `json:"tclone_ms_per_process"`
-	TclonePauseMsPerProcess float64 `json:"tclone_pause_ms_per_process"`
-	PodmanMsPerProcess      float64 `json:"podman_ms_per_process"`
-	// MarginalMsPerChild is the fan-out's marginal cost per extra sibling.
-	MarginalMsPerChild float64 `json:"marginal_ms_per_child"`
 }
 
 // summarize fills Cold and Warm from the samples.
 func (m *MethodResult) summarize() {
 	m.Cold = map[string]float64{}
+	m.RestoreRuntimes = nil
+	for _, s := range m.Samples {
+		if s.RestoreRuntime != "" && !slices.Contains(m.RestoreRuntimes, s.RestoreRuntime) {
+			m.RestoreRuntimes = append(m.RestoreRuntimes, s.RestoreRuntime)
+		}
+	}
 	warm := map[string][]float64{}
 	for _, s := range m.Samples {
 		if s.Cold {
@@ -230,6 +264,32 @@ func slope(x, y []float64) float64 {
 		return math.NaN()
 	}
 	return (n*sxy - sx*sy) / d
+}
+
+// coldValue returns the cold fork's metric, or NaN.
+func (w *WorkloadResult) coldValue(method, metric string) float64 {
+	m := w.Methods[method]
+	if m == nil {
+		return math.NaN()
+	}
+	v, ok := m.Cold[metric]
+	if !ok {
+		return math.NaN()
+	}
+	return v
+}
+
+// warmRange returns the smallest and largest warm value of metric.
+func (w *WorkloadResult) warmRange(method, metric string) [2]float64 {
+	m := w.Methods[method]
+	if m == nil {
+		return [2]float64{math.NaN(), math.NaN()}
+	}
+	st, ok := m.Warm[metric]
+	if !ok || st.N == 0 {
+		return [2]float64{math.NaN(), math.NaN()}
+	}
+	return [2]float64{st.Min, st.Max}
 }
 
 // warmMedian returns the warm median of metric, or NaN.

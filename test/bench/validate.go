@@ -34,6 +34,10 @@ var requiredMetrics = map[string]struct{ positive, present []string }{
 	},
 }
 
+// wantRuntime is what must have restored each method's copies: a stock
+// baseline restored by tclone would not be stock.
+var wantRuntime = map[string]string{MethodTclone: "tclone", MethodPodman: stockRuntime, MethodCriu: "criu"}
+
 var requiredFanOut = []string{"to_running_ms", "last_first_command_ms", "per_sibling_ms", "checkpoint_ms", "pause_ms", "observer_gap_ms", "restore_mean_ms", "tmpfs_bytes"}
 
 // validate checks that a run's outputs are well formed: results.json
@@ -139,6 +143,9 @@ func validate(dir, markdown string, want *Results) []string {
 					continue
 				}
 				for _, s := range fc.Samples {
+					if s.RestoreRuntime != wantRuntime[MethodTclone] {
+						bad("fan-out %d rep %d: restored by %q, want %q", fc.Count, s.Rep, s.RestoreRuntime, wantRuntime[MethodTclone])
+					}
 					for _, k := range requiredFanOut {
 						if v, ok := s.Metrics[k]; !ok || v <= 0 {
 							bad("fan-out %d rep %d: %s missing or not positive", fc.Count, s.Rep, k)
@@ -171,8 +178,12 @@ func validate(dir, markdown string, want *Results) []string {
 		if h.MemWorkload == "" {
 			bad("headline: no memory workload")
 		}
+		c := h.Cold
 		for name, v := range map[string]float64{"pause_ratio": h.PauseRatio, "observer_gap_ratio": h.GapRatio, "first_command_ratio": h.FirstCommandRatio,
-			"tclone_pause_ms": h.TclonePauseMs, "podman_pause_ms": h.PodmanPauseMs, "tclone_first_command_ms": h.TcloneFirstCommandMs, "podman_first_command_ms": h.PodmanFirstCommandMs} {
+			"tclone_pause_ms": h.TclonePauseMs, "podman_pause_ms": h.PodmanPauseMs, "tclone_first_command_ms": h.TcloneFirstCommandMs, "podman_first_command_ms": h.PodmanFirstCommandMs,
+			"cold.pause_ratio": c.PauseRatio, "cold.observer_gap_ratio": c.GapRatio, "cold.first_command_ratio": c.FirstCommandRatio,
+			"cold.tclone_pause_ms": c.TclonePauseMs, "cold.podman_pause_ms": c.PodmanPauseMs, "cold.tclone_first_command_ms": c.TcloneFirstCommandMs,
+			"cold.podman_first_command_ms": c.PodmanFirstCommandMs, "tclone_pause_range_ms max": h.TclonePauseRange[1], "podman_pause_range_ms max": h.PodmanPauseRange[1]} {
 			if v <= 0 {
 				bad("headline: %s missing or not positive", name)
 			}
@@ -241,6 +252,9 @@ func validateMethod(workload string, mr *MethodResult) []string {
 	req := requiredMetrics[mr.Method]
 	var cold, warm int
 	for _, s := range mr.Samples {
+		if want, ok := wantRuntime[mr.Method]; ok && s.RestoreRuntime != want {
+			bad("rep %d: restored by %q, want %q", s.Rep, s.RestoreRuntime, want)
+		}
 		if s.Cold {
 			cold++
 		} else {

@@ -66,9 +66,12 @@ const usageText = `usage:
   workload probe   [--control PATH] [--unix-socket PATH] [--state-dir DIR] [--hash] [--reset-gap]
   workload mutate  [--control PATH] --tag STRING [--mem]
   workload eventfd [--control PATH] --n N
+  workload inotify-unlinked [--dir DIR] [--interval D] [--keep-name]
 
 serve runs for ever and holds the resources; the other commands ask it for a
 report over the control socket and print it as one JSON object.
+inotify-unlinked runs for ever too: it watches a file it has unlinked, keeps
+writing to it, and counts the events in DIR/events.
 `
 
 func main() {
@@ -93,6 +96,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = cmdMutate(rest, stdout, stderr)
 	case "eventfd":
 		err = cmdEventfd(rest, stdout, stderr)
+	case "inotify-unlinked":
+		err = cmdInotifyUnlinked(rest, stderr)
 	case childSubcommand:
 		err = childMain(rest)
 	case "help", "-h", "-help", "--help":
