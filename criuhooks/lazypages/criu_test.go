@@ -2,6 +2,7 @@ package lazypages
 
 import (
 	"bufio"
+	"context"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -161,12 +162,27 @@ func (e *criuEnv) dumpTree(t *testing.T, mib, children int) (string, string) {
 	}
 	images := filepath.Join(e.scratch, fmt.Sprintf("images-%d", mib))
 	os.MkdirAll(images, 0o755)
-	out, err := exec.Command(e.criu, "dump", "-t", strconv.Itoa(cmd.Process.Pid), "-D", images,
+	out, err := criuCommand(e.criu, "dump", "-t", strconv.Itoa(cmd.Process.Pid), "-D", images,
 		"--leave-running", "-o", "dump.log", "-v4").CombinedOutput()
 	if err != nil {
 		t.Fatalf("criu dump: %v: %s\n%s", err, out, criuErrors(filepath.Join(images, "dump.log")))
 	}
 	return images, string(hash)
+}
+
+// criuStepTimeout bounds one criu dump or restore of a test: a CRIU that
+// waits forever (on a daemon that never answers, say) fails the test
+// instead of hanging the whole run.
+const criuStepTimeout = 2 * time.Minute
+
+// criuCommand is criu with args, killed when criuStepTimeout passes.
+func criuCommand(criu string, args ...string) *exec.Cmd {
+	ctx, cancel := context.WithTimeout(context.Background(), criuStepTimeout)
+	cmd := exec.CommandContext(ctx, criu, args...)
+	// The context lives as long as the process: cancel once it is reaped.
+	cmd.Cancel = func() error { defer cancel(); return cmd.Process.Kill() }
+	time.AfterFunc(criuStepTimeout+time.Second, cancel)
+	return cmd
 }
 
 func criuErrors(log string) string {
@@ -190,7 +206,7 @@ func (e *criuEnv) restore(images, work string, lazy bool) (memProc, error) {
 	if lazy {
 		args = append(args, "--lazy-pages")
 	}
-	if out, err := exec.Command(e.criu, args...).CombinedOutput(); err != nil {
+	if out, err := criuCommand(e.criu, args...).CombinedOutput(); err != nil {
 		return memProc{}, fmt.Errorf("criu restore: %v: %s\n%s", err, out, criuErrors(filepath.Join(work, "restore.log")))
 	}
 	b, err := os.ReadFile(pidfile)
