@@ -47,7 +47,7 @@ unit-test:
 integration-test: setup
 	@if hack/podman-service.sh status >/dev/null 2>&1; then started=0; else started=1; hack/podman-service.sh start; fi; \
 	TCLONE_REQUIRE_INTEGRATION=1 TCLONE_BINDIR=$(CURDIR)/$(BIN) \
-		$(GOTEST) -count=1 -timeout 25m -v ./test/integration/...; status=$$?; \
+		$(GOTEST) -count=1 -timeout 40m -v ./test/integration/...; status=$$?; \
 	if [ $$started = 1 ]; then hack/podman-service.sh stop; fi; exit $$status
 
 demo: setup
