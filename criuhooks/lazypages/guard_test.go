@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/tclone/tclone/test/inheritfd"
 )
 
 // The guard tests run a daemon stand-in (this test binary, re-executed) that
@@ -30,6 +32,7 @@ func TestMain(m *testing.M) {
 	case "sender":
 		senderHelper(os.Args[len(os.Args)-1])
 	}
+	inheritfd.CloseOnExec()
 	code := m.Run()
 	if helpersDir != "" {
 		os.RemoveAll(helpersDir) // built by the CRIU tests

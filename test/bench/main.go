@@ -36,6 +36,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/tclone/tclone/test/inheritfd"
 )
 
 // Config is the command line.
@@ -78,24 +80,8 @@ type Bench struct {
 }
 
 func main() {
-	closeInheritedFds()
+	inheritfd.CloseOnExec()
 	os.Exit(run())
-}
-
-// closeInheritedFds keeps descriptors this process inherited (beyond
-// stdio) from reaching what it starts. Run under `flock LOCK go run ...`,
-// the lock's descriptor would otherwise be open in the raw CRIU host tree,
-// and CRIU refuses to dump a tree holding a file lock.
-func closeInheritedFds() {
-	fds, err := os.ReadDir("/proc/self/fd")
-	if err != nil {
-		return
-	}
-	for _, e := range fds {
-		if fd, err := strconv.Atoi(e.Name()); err == nil && fd > 2 {
-			syscall.CloseOnExec(fd)
-		}
-	}
 }
 
 func intList(s string) ([]int, error) {

@@ -7,12 +7,15 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/tclone/tclone/test/inheritfd"
 )
 
 // TestMain fails the run if the tests, once all cleanups have run, left
 // anything of theirs on the machine: containers, crun state, cgroups, fork
 // plans or journal entries. A test that leaks is a test that fails.
 func TestMain(m *testing.M) {
+	inheritfd.CloseOnExec()
 	code := m.Run()
 	if rootfsDir != "" {
 		os.RemoveAll(rootfsDir)
