@@ -90,7 +90,7 @@ func (e *Engine) captureSource(ctx context.Context, src *source, req CaptureRequ
 			return nil, fmt.Errorf("recording where the snapshot goes: %w", err)
 		}
 	}
-	refs, err := sourceRefs(src, req.Options)
+	refs, err := sourceRefs(src, req.TCP)
 	if err != nil {
 		e.Store.Remove(dir)
 		return nil, err

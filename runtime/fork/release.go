@@ -12,6 +12,7 @@ import (
 	"github.com/tclone/tclone/runtime/cgroups"
 	"github.com/tclone/tclone/runtime/journal"
 	"github.com/tclone/tclone/runtime/netlock"
+	"github.com/tclone/tclone/runtime/plan"
 )
 
 // sourceHeldError is a capture whose source may still be held by what its
@@ -31,10 +32,12 @@ func (e *sourceHeldError) Unwrap() error { return e.err }
 
 // sourceRefs records where the source's processes and network live, for
 // undoing what a CRIU that died left there.
-func sourceRefs(src *source, opts CaptureOptions) (*journal.SourceRefs, error) {
+func sourceRefs(src *source, tcp plan.TCPPolicy) (*journal.SourceRefs, error) {
 	refs := &journal.SourceRefs{
 		CgroupDir: cgroups.ProcsDir(src.status.CgroupPath),
-		TCPRepair: opts.TCPEstablished,
+		// Only a capture that keeps connections dumps them, putting the
+		// source's sockets in repair mode meanwhile.
+		TCPRepair: tcp.OrClose() == plan.TCPKeep,
 	}
 	path, own := namespacePath(src.spec, "network")
 	if !own {
