@@ -19,6 +19,8 @@ const (
 	gib = 1024 * mib
 	// thpSize is the x86-64 PMD size.
 	thpSize = 2 * mib
+	// testTimeout bounds one test, so that a hang names its test.
+	testTimeout = 120 * time.Second
 )
 
 type suite struct {
@@ -68,12 +70,24 @@ func runSuite(only []string) int {
 
 	tests := []testCase{
 		{"version", testVersion},
+		{"prototypes", testPrototypes},
 		{"content-256m-holes", testContent256},
 		{"several-destinations-source-exits", testSeveralDestinations},
 		{"destination-forks", testDestinationForks},
 		{"thp", testTHP},
 		{"file-private", testFilePrivate},
 		{"refusals", testRefusals},
+		{"user-namespace", testUserNamespace},
+		{"uprobes", testUprobes},
+		{"lock-held-elsewhere", testLockHeldElsewhere},
+		{"memcg", testMemcg},
+		{"ksm", testKSM},
+		{"mlocked", testMlocked},
+		{"clone-vm-sibling", testCloneVMSibling},
+		{"freezer", testFreezer},
+		{"concurrent", testConcurrent},
+		{"pinned", testPinned},
+		{"rmap", testRmap},
 		{"benchmark-1g", testBenchmark1G},
 		{"stress", testStress},
 	}
@@ -83,7 +97,12 @@ func runSuite(only []string) int {
 			continue
 		}
 		start := time.Now()
+		watchdog := time.AfterFunc(testTimeout, func() {
+			fmt.Printf("FAIL %s: still running after %v; giving up on the suite\n", tc.name, testTimeout)
+			os.Exit(3)
+		})
 		err := tc.fn(s)
+		watchdog.Stop()
 		took := time.Since(start).Round(time.Millisecond)
 		if err != nil {
 			failed++
