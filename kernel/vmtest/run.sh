@@ -17,6 +17,7 @@
 #   VCP_TIMEOUT    seconds one VM may run (default: 300)
 #   VCP_MEM        guest memory (default: 3G)
 #   VCP_TESTS      run only these suite tests (space-separated names)
+#   VCP_SRC        module sources to test (default: kernel/vma_cherrypick)
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -32,6 +33,7 @@ build=${VCP_BUILD:-$top/kernel/_build}
 timeout_s=${VCP_TIMEOUT:-300}
 mem=${VCP_MEM:-3G}
 GO=${GO:-go}
+src=${VCP_SRC:-$top/kernel/vma_cherrypick}
 
 log() { printf 'kernel-test: %s\n' "$*"; }
 die() { printf 'kernel-test: error: %s\n' "$*" >&2; exit 1; }
@@ -65,14 +67,14 @@ run_one() {
 	rm -rf "$mod" "$initrd"
 	mkdir -p "$initrd/bin" "$initrd/proc" "$initrd/sys" "$initrd/dev" "$initrd/tmp"
 	log "$v: building the module (trixie root's gcc-14 and headers)"
-	"$here/build-module.sh" "$root" "$v" "$top/kernel/vma_cherrypick" "$mod" ||
+	"$here/build-module.sh" "$root" "$v" "$src" "$mod" ||
 		die "$v: the module did not build cleanly"
 	# The same module built to believe this kernel's series untested, for
 	# the allowlist check in init.sh.
 	local untested=$dir/untested-src
 	rm -rf "$untested"
 	mkdir -p "$untested"
-	cp "$top/kernel/vma_cherrypick"/*.[chS] "$top/kernel/vma_cherrypick/Makefile" "$untested/"
+	cp "$src"/*.[chS] "$src/Makefile" "$untested/"
 	echo 'ccflags-y += -DVCP_PRETEND_UNTESTED' >>"$untested/Makefile"
 	"$here/build-module.sh" "$root" "$v" "$untested" "$dir/untested" ||
 		die "$v: the untested-series build of the module failed"

@@ -49,12 +49,18 @@ func exitsWithin(pid int, d time.Duration) bool {
 	return false
 }
 
+// lockPartners is how many processes are paired with the one whose lock is
+// held. Which of a pair's two locks a call takes first depends on where the
+// kernel allocated the two mm_structs, which userspace cannot see or choose;
+// a lock order that blocks on the second lock while holding the first is
+// caught when the held process's mm sorts after its partner's, that is, by
+// at least one of n partners with probability n/(n+1).
+const lockPartners = 4
+
 // testLockHeldElsewhere: a third party holds one process's mmap lock and does
 // not let go (a /proc/PID/mem read stuck in a FUSE fault). A cherrypick
 // between that process and another must wait for it without locking the
-// other process's memory map meanwhile, and must die when killed. Both
-// directions are tried: the module orders the two locks by address, and the
-// held one must be met both first and second.
+// other process's memory map meanwhile, and must die when killed.
 func testLockHeldElsewhere(s *suite) error {
 	const size = 2 * mib
 	fs, err := startFUSE("/tmp/vcpfuse")
@@ -62,20 +68,26 @@ func testLockHeldElsewhere(s *suite) error {
 		return err
 	}
 	defer fs.stop()
-	a, b := mustSpawn(), mustSpawn()
-	defer a.release()
+	b := mustSpawn()
 	defer b.release()
+	partners := make([]*proc, lockPartners)
+	for i := range partners {
+		partners[i] = mustSpawn()
+		defer partners[i].release()
+	}
 	addr, fuseAddr := s.region(size), s.region(fuseFileSize)
-	if err := mapBoth(addr, size, 0, a, b); err != nil {
+	if err := mapBoth(addr, size, 0, append([]*proc{b}, partners...)...); err != nil {
 		return err
 	}
-	if _, err := a.do("fill %d %d 5 0", addr, size); err != nil {
-		return err
+	for _, a := range partners {
+		if _, err := a.do("fill %d %d 5 0", addr, size); err != nil {
+			return err
+		}
+		if err := a.stop(); err != nil {
+			return err
+		}
 	}
 	if _, err := b.do("map %d %d file r /tmp/vcpfuse/f", fuseAddr, fuseFileSize); err != nil {
-		return err
-	}
-	if err := a.stop(); err != nil {
 		return err
 	}
 	if err := b.stop(); err != nil {
@@ -93,17 +105,27 @@ func testLockHeldElsewhere(s *suite) error {
 	if err := fs.waitRead(10 * time.Second); err != nil {
 		return err
 	}
-	for _, dir := range [][2]*proc{{a, b}, {b, a}} {
-		if err := callerWaitsKillably(dir[0], dir[1], a, addr, size); err != nil {
-			fs.release()
-			reader.Wait()
-			return err
+	var callers []*proc
+	var failed error
+	for _, a := range partners {
+		caller := mustSpawn()
+		callers = append(callers, caller)
+		if failed = callerWaitsKillably(caller, a, b, a, addr, size); failed != nil {
+			break
 		}
 	}
+	// A caller that failed the test may still wait for the lock; only the
+	// release lets it finish, so it is reaped after.
 	fs.release()
 	reader.Wait()
-	// With the lock free again, the same pair works.
-	if _, _, err := s.cherrypick(a, b, addr, size); err != nil {
+	for _, c := range callers {
+		c.release()
+	}
+	if failed != nil {
+		return failed
+	}
+	// With the lock free again, the same call works.
+	if _, _, err := s.cherrypick(partners[0], b, addr, size); err != nil {
 		return fmt.Errorf("after the lock was released: %w", err)
 	}
 	return expectPattern(b, addr, size, 5, 0)
@@ -112,9 +134,7 @@ func testLockHeldElsewhere(s *suite) error {
 // callerWaitsKillably has a helper call cherrypick(src, dst) while dst's or
 // src's lock is held elsewhere, and checks that it waits, that free's memory
 // map stays readable meanwhile, and that SIGKILL ends the wait.
-func callerWaitsKillably(src, dst, free *proc, addr, size uint64) error {
-	caller := mustSpawn()
-	defer caller.release()
+func callerWaitsKillably(caller, src, dst, free *proc, addr, size uint64) error {
 	answer := caller.asyncDo("cherrypick %d %d %d %d", src.pid, dst.pid, addr, size)
 	select {
 	case err := <-answer:
@@ -125,12 +145,12 @@ func callerWaitsKillably(src, dst, free *proc, addr, size uint64) error {
 	if !readsWithin(fmt.Sprintf("/proc/%d/cmdline", free.pid), 3*time.Second) {
 		return fmt.Errorf("cherrypick %d -> %d, waiting for a lock held elsewhere, kept helper %d's memory map locked", src.pid, dst.pid, free.pid)
 	}
-	caller.alive = false // reaped below, not by release
 	unix.Kill(caller.pid, unix.SIGKILL)
 	if !exitsWithin(caller.pid, 3*time.Second) {
 		state, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", caller.pid))
 		return fmt.Errorf("cherrypick %d -> %d, waiting for a lock, did not die of SIGKILL (stat: %s)", src.pid, dst.pid, strings.TrimSpace(string(state)))
 	}
+	caller.alive = false // reaped already
 	caller.in.Close()
 	caller.outF.Close()
 	return nil

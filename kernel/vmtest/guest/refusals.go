@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"strings"
 	"unsafe"
 
 	"github.com/tclone/tclone/kernel/cherrypick"
@@ -303,10 +304,13 @@ func testRefusals(s *suite) error {
 		}
 		cases = append(cases, refusal{"[vvar] (PFN map)", cherrypick.ErrUnsupportedArea, call(sfd, dfd, vvar.start, vvar.end-vvar.start)})
 	}
+	// Every case runs, and every mismatch is reported, not only the first.
+	var failed []string
 	for _, c := range cases {
 		err := c.run()
 		if !errors.Is(err, c.want) {
-			return fmt.Errorf("%s: got %v, want %v", c.what, err, c.want)
+			failed = append(failed, fmt.Sprintf("%s: got %v, want %v", c.what, err, c.want))
+			continue
 		}
 		var op *cherrypick.OpError
 		name := err.Error()
@@ -314,6 +318,9 @@ func testRefusals(s *suite) error {
 			name = unix.ErrnoName(op.Errno)
 		}
 		fmt.Printf("  refused as expected: %-46s %s\n", c.what, name)
+	}
+	if len(failed) > 0 {
+		return fmt.Errorf("%d of %d refusals wrong:\n  %s", len(failed), len(cases), strings.Join(failed, "\n  "))
 	}
 	// The same pair, with a valid request, works: the refusals were not
 	// side effects of a broken setup.
