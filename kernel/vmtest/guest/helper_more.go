@@ -35,6 +35,20 @@ func helperCommandMore(cmd string, args []string) (string, error) {
 			return "", err
 		}
 		return "", uffdRegister(v[0], v[1])
+	case "shstk": // shstk ADDR LEN: map a shadow stack there
+		v, err := parseArgs(args, 2)
+		if err != nil {
+			return "", err
+		}
+		const sysMapShadowStack = 453
+		got, _, errno := unix.Syscall(sysMapShadowStack, uintptr(v[0]), uintptr(v[1]), 0)
+		if errno != 0 {
+			return "", fmt.Errorf("map_shadow_stack: %w", errno)
+		}
+		if uint64(got) != v[0] {
+			return "", fmt.Errorf("map_shadow_stack returned %#x, want %#x", got, v[0])
+		}
+		return "", nil
 	case "pkey": // pkey ADDR LEN: a fresh protection key on the range
 		v, err := parseArgs(args, 2)
 		if err != nil {

@@ -123,7 +123,7 @@ func testRefusals(s *suite) error {
 	smaller, readonly, srcOnly, kind := s.region(size), s.region(size), s.region(size), s.region(size)
 	extra, written, touched := s.region(2*size), s.region(size), s.region(size)
 	uffd, pkey, locked, noreserve := s.region(size), s.region(size), s.region(size), s.region(size)
-	readSmall := s.region(size)
+	readSmall, shstk := s.region(size), s.region(size)
 
 	steps := [][2]string{}
 	both := func(format string, args ...any) {
@@ -187,6 +187,17 @@ func testRefusals(s *suite) error {
 		fmt.Printf("  protection key %s on the source's area\n", key)
 	} else {
 		fmt.Printf("  NOT TESTED: protection keys (%v)\n", pkeyErr)
+	}
+	// Shadow stacks need CET, which qemu's TCG does not emulate.
+	shstkErr := func() error {
+		if _, err := src.do("shstk %d %d", shstk, size); err != nil {
+			return err
+		}
+		_, err := dst.do("map %d %d anon rw", shstk, size)
+		return err
+	}()
+	if shstkErr != nil {
+		fmt.Printf("  NOT TESTED: shadow stack twin check (%v)\n", shstkErr)
 	}
 	vdso, haveVdso, err := src.areaNamed("[vdso]")
 	if err != nil || !haveVdso {
@@ -297,6 +308,9 @@ func testRefusals(s *suite) error {
 	}
 	if pkeyErr == nil {
 		cases = append(cases, refusal{"protection key differs", cherrypick.ErrLayoutMismatch, call(sfd, dfd, pkey, size)})
+	}
+	if shstkErr == nil {
+		cases = append(cases, refusal{"shadow stack against plain memory", cherrypick.ErrLayoutMismatch, call(sfd, dfd, shstk, size)})
 	}
 	if haveVvar {
 		if !vvar.hasFlag("pf") && !vvar.hasFlag("io") && !vvar.hasFlag("mm") {
