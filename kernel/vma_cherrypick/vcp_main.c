@@ -542,7 +542,22 @@ static int vcp_count_ksm_zero(pte_t *pte, unsigned long addr,
 	return 0;
 }
 
+/*
+ * KSM zero pages are PTE-level. Without this, the walk would split every
+ * huge PMD it meets to look at its PTEs: the destination's shared THPs.
+ */
+static int vcp_skip_huge_pmd(pmd_t *pmd, unsigned long addr,
+			     unsigned long next, struct mm_walk *walk)
+{
+	pmd_t entry = pmdp_get(pmd);
+
+	if (vcp_pmd_is_huge(entry))
+		walk->action = ACTION_CONTINUE;
+	return 0;
+}
+
 static const struct mm_walk_ops vcp_ksm_zero_ops = {
+	.pmd_entry = vcp_skip_huge_pmd,
 	.pte_entry = vcp_count_ksm_zero,
 	.walk_lock = PGWALK_WRLOCK_VERIFY,
 };

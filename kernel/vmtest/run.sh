@@ -18,6 +18,11 @@
 #   VCP_MEM        guest memory (default: 3G)
 #   VCP_TESTS      run only these suite tests (space-separated names)
 #   VCP_SRC        module sources to test (default: kernel/vma_cherrypick)
+#   VCP_ROOT       a build root that already holds the kernels and their
+#                  build trees (build-debug-kernel.sh's); default: make the
+#                  trixie root with build-root.sh
+#   VCP_SLOW       N > 1 stretches the suite's time limits N times (passed to
+#                  the guest as the kernel parameter vcpslow=N)
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -39,7 +44,13 @@ log() { printf 'kernel-test: %s\n' "$*"; }
 die() { printf 'kernel-test: error: %s\n' "$*" >&2; exit 1; }
 
 "$here/install-deps.sh"
-root=$(KVERS="$root_kvers" VCP_BUILD="$build" "$here/build-root.sh")
+if [ -n "${VCP_ROOT:-}" ]; then
+	root=$VCP_ROOT
+else
+	root=$(KVERS="$root_kvers" VCP_BUILD="$build" "$here/build-root.sh")
+fi
+append="console=ttyS0 panic=-1 rdinit=/init loglevel=6"
+[ -n "${VCP_SLOW:-}" ] && append="$append vcpslow=$VCP_SLOW"
 
 # The build check must catch what it is there to catch: a compiler warning
 # and a modpost warning each fail a build (a few seconds per kernel).
@@ -101,7 +112,7 @@ run_one() {
 		-kernel "$kernel" -initrd "$dir/initramfs.gz" \
 		-drive "file=$dir/swap.img,if=none,id=swap,format=raw" \
 		-device nvme,drive=swap,serial=vcpswap \
-		-append "console=ttyS0 panic=-1 rdinit=/init loglevel=6" \
+		-append "$append" \
 		-nographic -no-reboot </dev/null >"$console" 2>&1 || rc=$?
 	tr -d '\r' <"$console" >"$console.txt"
 	rm -f "$dir/swap.img"

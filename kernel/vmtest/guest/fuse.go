@@ -65,7 +65,7 @@ func (f *fuseServer) waitRead(timeout time.Duration) error {
 	select {
 	case <-f.read:
 		return nil
-	case <-time.After(timeout):
+	case <-time.After(slow(timeout)):
 		return fmt.Errorf("no read reached the FUSE file within %v", timeout)
 	}
 }

@@ -62,6 +62,7 @@ func writeFile(path, value string) error {
 
 // waitFor polls cond until it holds or timeout passes.
 func waitFor(timeout time.Duration, cond func() (bool, error)) error {
+	timeout = slow(timeout)
 	deadline := time.Now().Add(timeout)
 	for {
 		ok, err := cond()
@@ -234,8 +235,14 @@ func testKSM(s *suite) error {
 	src, dst := mustSpawn(), mustSpawn()
 	defer src.release()
 	defer dst.release()
-	addr := s.region(2 * half)
+	addr, huge := s.region(2*half), s.region(2*half)
 	if err := mapBoth(addr, 2*half, madvNoHugepage, src, dst); err != nil {
+		return err
+	}
+	if err := mapBoth(huge, 2*half, madvHugepage, src, dst); err != nil {
+		return err
+	}
+	if _, err := src.do("fill %d %d 15 0", huge, 2*half); err != nil {
 		return err
 	}
 	const same = 0x5A5A5A5A5A5A5A5A
@@ -279,6 +286,10 @@ func testKSM(s *suite) error {
 	if got != zeroPages || global != globalBefore+2*zeroPages {
 		return fmt.Errorf("destination counts %d KSM zero pages and the system %d; want %d and %d", got, global, zeroPages, globalBefore+2*zeroPages)
 	}
+	// Counting them must not cost the destination its huge pages elsewhere.
+	if err := hugeStaysHuge(s, src, dst, huge, 2*half); err != nil {
+		return err
+	}
 	if err := ksmDiverge(src, dst, addr, half, same); err != nil {
 		return err
 	}
@@ -292,6 +303,26 @@ func testKSM(s *suite) error {
 	if err != nil {
 		g, _ := readInt(ksmSys + "ksm_zero_pages")
 		return fmt.Errorf("with both processes gone the system counts %d KSM zero pages, want %d", g, globalBefore)
+	}
+	return nil
+}
+
+// hugeStaysHuge shares a THP area of a source that has KSM zero pages: the
+// destination must map it with huge pages, as the source does.
+func hugeStaysHuge(s *suite, src, dst *proc, addr, size uint64) error {
+	if _, _, err := s.cherrypick(src, dst, addr, size); err != nil {
+		return err
+	}
+	a, err := src.areaAt(addr)
+	if err != nil {
+		return err
+	}
+	b, err := dst.areaAt(addr)
+	if err != nil {
+		return err
+	}
+	if a.anonHuge == 0 || b.anonHuge != a.anonHuge {
+		return fmt.Errorf("huge pages: source %d kB, destination %d kB; want the same, not 0", a.anonHuge, b.anonHuge)
 	}
 	return nil
 }
@@ -541,6 +572,7 @@ func checkRaceWinner(raced []error, c *proc, race, size uint64) error {
 }
 
 func waitGroupWithin(wg *sync.WaitGroup, d time.Duration) bool {
+	d = slow(d)
 	done := make(chan struct{})
 	go func() {
 		wg.Wait()

@@ -23,6 +23,7 @@ func (p *proc) asyncDo(format string, args ...any) <-chan error {
 // readsWithin reports whether reading path completes within d. A read that
 // does not is left running; it ends when whatever blocks it goes away.
 func readsWithin(path string, d time.Duration) bool {
+	d = slow(d)
 	done := make(chan struct{})
 	go func() {
 		os.ReadFile(path)
@@ -38,7 +39,7 @@ func readsWithin(path string, d time.Duration) bool {
 
 // exitsWithin reports whether the child pid has been reaped within d.
 func exitsWithin(pid int, d time.Duration) bool {
-	deadline := time.Now().Add(d)
+	deadline := time.Now().Add(slow(d))
 	for time.Now().Before(deadline) {
 		var ws unix.WaitStatus
 		if got, _ := unix.Wait4(pid, &ws, unix.WNOHANG, nil); got == pid {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math/rand"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -22,6 +23,19 @@ const (
 	// testTimeout bounds one test, so that a hang names its test.
 	testTimeout = 120 * time.Second
 )
+
+// slowFactor stretches every time limit of the suite: the kernel parameter
+// vcpslow=N, which the kernel hands to init as an environment variable, is
+// set for kernels that run far slower than the stock ones under TCG (the
+// KASAN + lockdep debug kernel).
+var slowFactor = func() time.Duration {
+	if n, err := strconv.Atoi(os.Getenv("vcpslow")); err == nil && n > 1 {
+		return time.Duration(n)
+	}
+	return 1
+}()
+
+func slow(d time.Duration) time.Duration { return d * slowFactor }
 
 type suite struct {
 	dev      *cherrypick.Device
@@ -93,12 +107,12 @@ func runSuite(only []string) int {
 	}
 	passed, failed := 0, 0
 	for _, tc := range tests {
-		if len(only) > 0 && !contains(only, tc.name) {
+		if !selected(only, tc.name) {
 			continue
 		}
 		start := time.Now()
-		watchdog := time.AfterFunc(testTimeout, func() {
-			fmt.Printf("FAIL %s: still running after %v; giving up on the suite\n", tc.name, testTimeout)
+		watchdog := time.AfterFunc(slow(testTimeout), func() {
+			fmt.Printf("FAIL %s: still running after %v; giving up on the suite\n", tc.name, slow(testTimeout))
 			os.Exit(3)
 		})
 		err := tc.fn(s)
@@ -117,6 +131,26 @@ func runSuite(only []string) int {
 		return 1
 	}
 	return 0
+}
+
+// selected says whether the command line asks for a test: no names means
+// all, names run only those, and names prefixed with "-" run all but those.
+func selected(args []string, name string) bool {
+	if len(args) == 0 {
+		return true
+	}
+	var only, skip []string
+	for _, a := range args {
+		if rest, ok := strings.CutPrefix(a, "-"); ok {
+			skip = append(skip, rest)
+		} else {
+			only = append(only, a)
+		}
+	}
+	if contains(skip, name) {
+		return false
+	}
+	return len(only) == 0 || contains(only, name)
 }
 
 func contains(list []string, s string) bool {

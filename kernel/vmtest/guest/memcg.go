@@ -126,14 +126,12 @@ func charges(s *suite, src, dst *proc, addr, size, tables uint64) error {
 	}
 	// memory.stat is flushed lazily (at most every 2 s).
 	var dstAfter, callerAfter uint64
-	for try := 0; try < 40; try++ {
-		if dstAfter, err = memStat("vcp-dst", "pagetables"); err != nil {
-			return err
-		}
-		if dstAfter >= dstBefore+tables {
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
+	waitFor(4*time.Second, func() (bool, error) {
+		dstAfter, err = memStat("vcp-dst", "pagetables")
+		return dstAfter >= dstBefore+tables, err
+	})
+	if err != nil {
+		return err
 	}
 	if callerAfter, err = memStat("vcp-caller", "pagetables"); err != nil {
 		return err
