@@ -5,7 +5,7 @@ KERNEL_DIR := kernel
 # The kernels the module is built and tested against (see kernel/README.md).
 KERNEL_VERSIONS ?= 6.12.117+deb13-cloud-amd64 7.3.4+deb13-cloud-amd64
 
-.PHONY: kernel-test kernel-root kernel-module kernel-unit-test kernel-clean
+.PHONY: kernel-test kernel-test-debug kernel-root kernel-module kernel-unit-test kernel-clean
 
 # Boots each kernel under qemu with the module and the Go suite. The module is
 # built in a Debian trixie root under kernel/_build (made once by mmdebstrap,
@@ -13,6 +13,21 @@ KERNEL_VERSIONS ?= 6.12.117+deb13-cloud-amd64 7.3.4+deb13-cloud-amd64
 # only gets qemu, busybox-static, cpio and mmdebstrap from its own suite (root).
 kernel-test: kernel-unit-test
 	KVERS="$(KERNEL_VERSIONS)" GO="$(GO)" $(KERNEL_DIR)/vmtest/run.sh
+
+# The suite on a kernel built from Debian's 6.12 linux-source with lockdep,
+# KASAN, DEBUG_VM and DEBUG_PAGEALLOC (kernel/vmtest/build-debug-kernel.sh,
+# cached in kernel/_build/debug-root). Not part of `make test`: the kernel
+# build alone takes far longer than the rest. Time limits are stretched
+# (KERNEL_DEBUG_SLOW), the debug kernel has no BTF (no pahole in its root),
+# and timings mean nothing under KASAN, hence the skipped tests.
+KERNEL_DEBUG_SLOW ?= 6
+KERNEL_DEBUG_SKIP ?= -prototypes -benchmark-1g
+kernel-test-debug: kernel-unit-test
+	$(KERNEL_DIR)/vmtest/install-deps.sh
+	set -e; out=$$($(KERNEL_DIR)/vmtest/build-debug-kernel.sh); \
+	root=$$(echo "$$out" | sed -n 1p); release=$$(echo "$$out" | sed -n 2p); \
+	VCP_ROOT=$$root VCP_SLOW=$(KERNEL_DEBUG_SLOW) VCP_TIMEOUT=$$((300 * $(KERNEL_DEBUG_SLOW))) \
+	VCP_TESTS="$(KERNEL_DEBUG_SKIP)" GO="$(GO)" $(KERNEL_DIR)/vmtest/run.sh $$release
 
 # Only the trixie build root (kernel/_build/trixie-root).
 kernel-root:

@@ -4,10 +4,10 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"strconv"
 	"testing"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -40,30 +40,85 @@ func headerDefine(t *testing.T, header, name string) uint64 {
 	return v
 }
 
-func TestStructLayoutMatchesKernel(t *testing.T) {
-	// The kernel structs are all fixed-width fields with no padding.
-	if got := unsafe.Sizeof(versionArgs{}); got != 16 {
-		t.Errorf("struct vcp_version: %d bytes, want 16", got)
-	}
-	if got := unsafe.Sizeof(cherrypickArgs{}); got != 56 {
-		t.Errorf("struct vcp_cherrypick: %d bytes, want 56", got)
-	}
-	if got := unsafe.Offsetof(cherrypickArgs{}.Start); got != 8 {
-		t.Errorf("vcp_cherrypick.start at offset %d, want 8", got)
-	}
-	if got := unsafe.Offsetof(cherrypickArgs{}.SwapEntries); got != 48 {
-		t.Errorf("vcp_cherrypick.swap_entries at offset %d, want 48", got)
-	}
+// cField is one member of a uapi struct as the header declares it.
+type cField struct {
+	name   string
+	size   uintptr
+	offset uintptr
 }
 
-func TestIoctlNumbers(t *testing.T) {
-	// Values as the C preprocessor computes _IOR(0xE4, 0, 16) and
-	// _IOWR(0xE4, 1, 56) on x86-64.
-	if iocVersion != 0x8010E400 {
-		t.Errorf("VCP_IOC_VERSION = %#x, want 0x8010e400", iocVersion)
+var uapiSizes = map[string]uintptr{"__u8": 1, "__s8": 1, "__u16": 2, "__s16": 2, "__u32": 4, "__s32": 4, "__u64": 8, "__s64": 8}
+
+// headerStruct lays out `struct name` from the header with the x86-64 C
+// rules (each member aligned to its size, the struct to its largest member).
+func headerStruct(t *testing.T, header, name string) ([]cField, uintptr) {
+	t.Helper()
+	m := regexp.MustCompile(`(?s)struct\s+` + name + `\s*\{(.*?)\};`).FindStringSubmatch(header)
+	if m == nil {
+		t.Fatalf("struct %s not found in %s", name, headerPath)
 	}
-	if iocCherrypick != 0xC038E401 {
-		t.Errorf("VCP_IOC_CHERRYPICK = %#x, want 0xc038e401", iocCherrypick)
+	var fields []cField
+	var off, align uintptr = 0, 1
+	for _, fm := range regexp.MustCompile(`(?m)^\s*(\w+)\s+(\w+);`).FindAllStringSubmatch(m[1], -1) {
+		size, ok := uapiSizes[fm[1]]
+		if !ok {
+			t.Fatalf("struct %s member %s has type %s, which this test cannot size", name, fm[2], fm[1])
+		}
+		off = (off + size - 1) / size * size
+		fields = append(fields, cField{name: fm[2], size: size, offset: off})
+		off += size
+		align = max(align, size)
+	}
+	return fields, (off + align - 1) / align * align
+}
+
+// checkGoStruct compares a Go mirror with the header's struct member by member.
+func checkGoStruct(t *testing.T, header, name string, goValue any) uintptr {
+	t.Helper()
+	fields, size := headerStruct(t, header, name)
+	typ := reflect.TypeOf(goValue)
+	if typ.NumField() != len(fields) {
+		t.Fatalf("struct %s has %d members in the header, %s has %d", name, len(fields), typ.Name(), typ.NumField())
+	}
+	for i, f := range fields {
+		g := typ.Field(i)
+		if g.Offset != f.offset || g.Type.Size() != f.size {
+			t.Errorf("struct %s.%s: header offset %d size %d; Go %s.%s offset %d size %d",
+				name, f.name, f.offset, f.size, typ.Name(), g.Name, g.Offset, g.Type.Size())
+		}
+	}
+	if typ.Size() != size {
+		t.Errorf("struct %s: header %d bytes, Go %s %d bytes", name, size, typ.Name(), typ.Size())
+	}
+	return size
+}
+
+func TestStructLayoutMatchesHeader(t *testing.T) {
+	h := readHeader(t)
+	checkGoStruct(t, h, "vcp_version", versionArgs{})
+	checkGoStruct(t, h, "vcp_cherrypick", cherrypickArgs{})
+}
+
+// The ioctl numbers are computed from the header's _IOR/_IOWR lines and the
+// struct sizes the header implies, not from the Go definitions.
+func TestIoctlNumbersMatchHeader(t *testing.T) {
+	h := readHeader(t)
+	magic := headerDefine(t, h, "VCP_IOC_MAGIC")
+	for name, got := range map[string]uintptr{"VCP_IOC_VERSION": iocVersion, "VCP_IOC_CHERRYPICK": iocCherrypick} {
+		m := regexp.MustCompile(`(?m)^#define\s+` + name + `\s+_IO(R|W|WR)\(VCP_IOC_MAGIC,\s*(0x[0-9A-Fa-f]+|\d+),\s*struct\s+(\w+)\)`).FindStringSubmatch(h)
+		if m == nil {
+			t.Fatalf("%s is not an _IOR/_IOW/_IOWR of VCP_IOC_MAGIC in %s", name, headerPath)
+		}
+		nr, _ := strconv.ParseUint(m[2], 0, 8)
+		_, size := headerStruct(t, h, m[3])
+		dir := map[string]uintptr{"R": iocRead, "W": iocWrite, "WR": iocRead | iocWrite}[m[1]]
+		if want := ioc(dir, uintptr(magic), uintptr(nr), size); got != want {
+			t.Errorf("%s: Go %#x, header %#x", name, got, want)
+		}
+	}
+	// And the values the C preprocessor computes on x86-64, as a fixed point.
+	if iocVersion != 0x8010E400 || iocCherrypick != 0xC038E401 {
+		t.Errorf("ioctl numbers %#x, %#x; want 0x8010e400, 0xc038e401", iocVersion, iocCherrypick)
 	}
 }
 
@@ -137,8 +192,8 @@ func TestErrorValuesAreDistinct(t *testing.T) {
 
 func TestOpErrorMatchesNameAndErrno(t *testing.T) {
 	err := opError(0x1000, 0x2000, unix.EBUSY)
-	if !errors.Is(err, ErrSourceRunning) {
-		t.Errorf("%v does not match ErrSourceRunning", err)
+	if !errors.Is(err, ErrNotParked) {
+		t.Errorf("%v does not match ErrNotParked", err)
 	}
 	if !errors.Is(err, unix.EBUSY) {
 		t.Errorf("%v does not match EBUSY", err)
@@ -150,7 +205,7 @@ func TestOpErrorMatchesNameAndErrno(t *testing.T) {
 	if !errors.As(err, &op) || op.Start != 0x1000 || op.Len != 0x2000 {
 		t.Errorf("errors.As(%v) = %+v", err, op)
 	}
-	want := "cherrypick [0x1000, 0x3000): a thread using the source's memory is neither stopped nor frozen (EBUSY)"
+	want := "cherrypick [0x1000, 0x3000): a thread using the source's or the destination's memory is neither stopped nor frozen (EBUSY)"
 	if err.Error() != want {
 		t.Errorf("message %q, want %q", err.Error(), want)
 	}

@@ -90,8 +90,7 @@ func (d *Device) queryVersion() (Version, error) {
 
 // Cherrypick maps [start, start+length) of the destination onto the pages
 // of the same range in the source, copy-on-write. srcPidfd and dstPidfd are
-// pidfds (pidfd_open(2)); every thread of the source must be stopped or
-// frozen. On failure the error is an *OpError that matches one of the Err*
+// pidfds (pidfd_open(2)); every thread of both must be stopped or frozen. On failure the error is an *OpError that matches one of the Err*
 // values with errors.Is.
 func (d *Device) Cherrypick(srcPidfd, dstPidfd int, start, length uint64) (Result, error) {
 	args := cherrypickArgs{

@@ -11,18 +11,18 @@ import (
 // Test them with errors.Is; the underlying unix.Errno matches as well.
 var (
 	ErrInvalid         = errors.New("malformed request (alignment, length or flags)")
-	ErrFault           = errors.New("argument structure not readable or writable")
+	ErrFault           = errors.New("argument structure not readable or not writable")
 	ErrNotPermitted    = errors.New("caller lacks CAP_SYS_ADMIN or CAP_CHECKPOINT_RESTORE in the initial user namespace")
-	ErrNotPidfd        = errors.New("descriptor is not a pidfd")
-	ErrProcessExited   = errors.New("process has exited")
+	ErrNotPidfd        = errors.New("descriptor is not a pidfd, or the device is not open for writing")
+	ErrProcessExited   = errors.New("process has exited, or the source is being reaped by the OOM killer")
 	ErrPtraceDenied    = errors.New("ptrace access to the source or destination is denied")
 	ErrSameMM          = errors.New("source and destination share one address space")
-	ErrSourceRunning   = errors.New("a thread using the source's memory is neither stopped nor frozen")
-	ErrUnsupportedArea = errors.New("area cannot be shared (shared, I/O, PFN-mapped, hugetlb, DONTFORK/WIPEONFORK, userfaultfd or special)")
-	ErrLayoutMismatch  = errors.New("source and destination areas differ in bounds, protection, kind or file offset")
+	ErrNotParked       = errors.New("a thread using the source's or the destination's memory is neither stopped nor frozen")
+	ErrUnsupportedArea = errors.New("area cannot be shared (shared, I/O, PFN-mapped, hugetlb, DONTFORK/WIPEONFORK, userfaultfd, special, or the source has uprobes)")
+	ErrLayoutMismatch  = errors.New("source and destination areas differ in bounds, protection, protection key, shadow stack, mlock, accounting, kind or file offset")
 	ErrNotEmpty        = errors.New("destination area already has memory or page tables of its own")
-	ErrInterrupted     = errors.New("interrupted by a fatal signal while waiting for a memory map lock")
-	ErrNoMemory        = errors.New("out of memory; the destination areas were emptied and must be recreated before a retry")
+	ErrInterrupted     = errors.New("interrupted by a fatal signal while waiting for a lock")
+	ErrNoMemory        = errors.New("out of memory; the destination is unchanged and the call can be retried")
 )
 
 // errnoErrors maps each documented errno to its error value.
@@ -34,7 +34,7 @@ var errnoErrors = map[unix.Errno]error{
 	unix.ESRCH:      ErrProcessExited,
 	unix.EACCES:     ErrPtraceDenied,
 	unix.ELOOP:      ErrSameMM,
-	unix.EBUSY:      ErrSourceRunning,
+	unix.EBUSY:      ErrNotParked,
 	unix.EOPNOTSUPP: ErrUnsupportedArea,
 	unix.ENXIO:      ErrLayoutMismatch,
 	unix.EEXIST:     ErrNotEmpty,

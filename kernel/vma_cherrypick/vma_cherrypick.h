@@ -49,40 +49,55 @@ struct vcp_cherrypick {
 #define VCP_IOC_CHERRYPICK	_IOWR(VCP_IOC_MAGIC, 0x01, struct vcp_cherrypick)
 
 /*
- * VCP_IOC_CHERRYPICK returns 0, or -1 with errno set to exactly one of these.
- * Each refusal has its own errno so the caller can tell them apart without
- * parsing logs. Nothing has changed in either process when any of them is
- * returned, except where noted.
+ * VCP_IOC_CHERRYPICK returns 0 after sharing, or -1 with errno set to exactly
+ * one of these. Each refusal has its own errno so the caller can tell them
+ * apart without parsing logs. With every one of them, nothing observable has
+ * changed in either process: a failure is never reported after the
+ * destination changed, and success is reported only with the out fields
+ * written. (A source whose page-cache pages were unmapped, and whose PTEs
+ * were write-protected, for a call that then failed sees neither; both
+ * refault or copy on write as usual.)
  *
  * EINVAL      malformed request: unaligned start or len, len == 0, the range
  *             wraps or leaves user space, or flags != 0.
- * EFAULT      the argument structure could not be read or written.
+ * EFAULT      the argument structure could not be read, or is not writable
+ *             (checked before anything is done).
  * EPERM       the caller lacks CAP_SYS_ADMIN or CAP_CHECKPOINT_RESTORE in the
  *             initial user namespace.
- * EBADF       a pidfd is not an open file descriptor, or not a pidfd.
- * ESRCH       a pidfd's process has exited (or is exiting and has no memory).
+ * EBADF       a pidfd is not an open file descriptor or not a pidfd, or the
+ *             device was not opened for writing.
+ * ESRCH       a pidfd's process has exited (or is exiting and has no memory),
+ *             or the source's memory is being torn down by the OOM reaper.
  * EACCES      ptrace_may_access(PTRACE_MODE_ATTACH_REALCREDS) fails for the
- *             source or the destination.
+ *             source or the destination (checked under the task's
+ *             exec_update_lock, against the image whose memory is used).
  * ELOOP       source and destination share one address space.
- * EBUSY       a thread of the source (or another process sharing its memory)
- *             is neither stopped (SIGSTOP, ptrace-stop) nor frozen (cgroup
- *             freezer).
+ * EBUSY       a thread of the source or of the destination (or of another
+ *             process sharing either's memory) is neither stopped (SIGSTOP,
+ *             ptrace-stop) nor frozen (cgroup freezer), or a kernel thread is
+ *             using either's memory.
  * EOPNOTSUPP  an area of the source in the range is shared (VM_SHARED), I/O
  *             or PFN-mapped (VM_IO, VM_PFNMAP, VM_MIXEDMAP), hugetlb, excluded
  *             from fork (MADV_DONTFORK, MADV_WIPEONFORK), registered with
- *             userfaultfd, or a special mapping (vDSO and the like).
+ *             userfaultfd, or a special mapping (vDSO and the like); or the
+ *             source has uprobes installed.
  * ENXIO       the layouts differ: the range holds no area of the source,
  *             it cuts through an area of either process, an area of one has
  *             no twin with the same bounds in the other, twins differ in
- *             protection, in kind (anonymous or file) or in file offset, or
- *             the destination's twin is of a kind EOPNOTSUPP lists.
- * EEXIST      the destination already has anonymous memory (an anon_vma) or
- *             page tables of its own in an area of the range.
- * EINTR       a fatal signal arrived while waiting for a memory map lock.
- * ENOMEM      out of memory while copying page tables. The destination areas
- *             processed so far have been emptied again; they stay linked to
- *             the source's anon_vma, so unmap and recreate them before a
- *             retry (a retry on them returns EEXIST).
+ *             protection, protection key, shadow stack, mlock mode, commit
+ *             accounting (MAP_NORESERVE), kind (anonymous or file) or file
+ *             offset, or the destination's twin is of a kind EOPNOTSUPP lists.
+ * EEXIST      the destination already has anonymous memory (an anon_vma) in
+ *             an area of the range, or a page table where the source maps a
+ *             huge page (it read from that part of its area before, say).
+ * EINTR       a fatal signal arrived while waiting for a lock (exec_update_lock,
+ *             a memory map lock or an area's lock).
+ * ENOMEM      out of memory while linking or copying page tables, in the
+ *             destination's memory cgroup or the system. Every destination
+ *             area is back as it was (no pages, no anon_vma), so the same call
+ *             can be retried. copy_page_range() also reports a hardware-
+ *             poisoned source page and a device-exclusive entry it could not
+ *             restore as ENOMEM; those fail the same way.
  */
 
 #endif /* _UAPI_VMA_CHERRYPICK_H */

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Tests build-module.sh's check itself: for each kernel, a module with a
 # compiler warning and one with a modpost warning (a section mismatch) must
-# each be refused, and a clean module must build.
+# each be refused, and a clean module must build. Also tests vma_cherrypick's
+# own build-time check: a copy of it that calls a kernel function with the
+# wrong prototype must not build.
 #
 #   kernel/vmtest/buildcheck-test.sh ROOT WORK_DIR
 #
@@ -56,6 +58,15 @@ static void __exit mismatch_exit(void) { }
 module_init(mismatch_init);
 module_exit(mismatch_exit);'
 
+# vma_cherrypick calling ptrace_may_access(task, unsigned long): the kernel
+# declares unsigned int.
+mkdir -p "$work/src/badproto"
+cp "$here/../vma_cherrypick"/*.[chS] "$here/../vma_cherrypick/Makefile" "$work/src/badproto/"
+sed -i 's/^VCP_FN(bool, ptrace_may_access, struct task_struct \*, unsigned int)$/VCP_FN(bool, ptrace_may_access, struct task_struct *, unsigned long)/' \
+	"$work/src/badproto/vcp_syms.h"
+grep -q 'ptrace_may_access, struct task_struct \*, unsigned long' "$work/src/badproto/vcp_syms.h" ||
+	{ log "FAIL: could not plant a wrong prototype in a copy of vcp_syms.h"; exit 1; }
+
 failed=0
 expect() {
 	local v=$1 name=$2 want=$3 rc=0
@@ -76,6 +87,9 @@ for v in $KVERS; do
 	expect "$v" mismatch 2
 	grep -q '^WARNING: modpost: .*section mismatch' "$work/$v/mismatch/build.log" ||
 		{ log "FAIL: $v: mismatch's log lacks modpost's section-mismatch WARNING"; failed=$((failed + 1)); }
+	expect "$v" badproto 1
+	grep -q 'ptrace_may_access() differs from the prototype' "$work/$v/badproto/build.log" ||
+		{ log "FAIL: $v: the wrong prototype was not reported by vcp_protocheck.c"; failed=$((failed + 1)); }
 done
 [ "$failed" = 0 ] || { log "the build check does not catch what it must ($failed failures)"; exit 1; }
-log "the build check refuses compiler and modpost warnings on: $KVERS"
+log "the build check refuses compiler and modpost warnings, and vma_cherrypick a wrong prototype, on: $KVERS"

@@ -17,22 +17,40 @@
 #   VCP_TIMEOUT    seconds one VM may run (default: 300)
 #   VCP_MEM        guest memory (default: 3G)
 #   VCP_TESTS      run only these suite tests (space-separated names)
+#   VCP_SRC        module sources to test (default: kernel/vma_cherrypick)
+#   VCP_ROOT       a build root that already holds the kernels and their
+#                  build trees (build-debug-kernel.sh's); default: make the
+#                  trixie root with build-root.sh
+#   VCP_SLOW       N > 1 stretches the suite's time limits N times (passed to
+#                  the guest as the kernel parameter vcpslow=N)
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 top=$(cd "$here/../.." && pwd)
-KVERS=${KVERS:-"6.12.117+deb13-cloud-amd64 7.3.4+deb13-cloud-amd64"}
+supported="6.12.117+deb13-cloud-amd64 7.3.4+deb13-cloud-amd64"
+KVERS=${KVERS:-$supported}
 [ $# -gt 0 ] && KVERS="$*"
+# The build root always holds every supported kernel (and any other asked
+# for), so that running one kernel does not make the root again without the
+# others.
+root_kvers=$(printf '%s\n' $supported $KVERS | sort -u | tr '\n' ' ')
 build=${VCP_BUILD:-$top/kernel/_build}
 timeout_s=${VCP_TIMEOUT:-300}
 mem=${VCP_MEM:-3G}
 GO=${GO:-go}
+src=${VCP_SRC:-$top/kernel/vma_cherrypick}
 
 log() { printf 'kernel-test: %s\n' "$*"; }
 die() { printf 'kernel-test: error: %s\n' "$*" >&2; exit 1; }
 
 "$here/install-deps.sh"
-root=$(KVERS="$KVERS" VCP_BUILD="$build" "$here/build-root.sh")
+if [ -n "${VCP_ROOT:-}" ]; then
+	root=$VCP_ROOT
+else
+	root=$(KVERS="$root_kvers" VCP_BUILD="$build" "$here/build-root.sh")
+fi
+append="console=ttyS0 panic=-1 rdinit=/init loglevel=6"
+[ -n "${VCP_SLOW:-}" ] && append="$append vcpslow=$VCP_SLOW"
 
 # The build check must catch what it is there to catch: a compiler warning
 # and a modpost warning each fail a build (a few seconds per kernel).
@@ -50,9 +68,9 @@ vmlinuz_of() {
 	die "no kernel image for $v in $root (looked in /boot and /usr/lib/modules)"
 }
 
-# The same patterns the guest checks in dmesg, applied to the whole console
+# The same check the guest makes on dmesg, applied to the whole console
 # log, so a guest that dies before it can check is still caught.
-bad_kernel_log='BUG:|WARNING:|Oops|[Bb]ad page|rcu: INFO|detected stall|RCU stall|general protection fault|Call Trace|Kernel panic|list_(add|del) corruption'
+. "$here/logcheck.sh"
 
 run_one() {
 	local v=$1 dir=$build/$1
@@ -60,13 +78,24 @@ run_one() {
 	rm -rf "$mod" "$initrd"
 	mkdir -p "$initrd/bin" "$initrd/proc" "$initrd/sys" "$initrd/dev" "$initrd/tmp"
 	log "$v: building the module (trixie root's gcc-14 and headers)"
-	"$here/build-module.sh" "$root" "$v" "$top/kernel/vma_cherrypick" "$mod" ||
+	"$here/build-module.sh" "$root" "$v" "$src" "$mod" ||
 		die "$v: the module did not build cleanly"
+	# The same module built to believe this kernel's series untested, for
+	# the allowlist check in init.sh.
+	local untested=$dir/untested-src
+	rm -rf "$untested"
+	mkdir -p "$untested"
+	cp "$src"/*.[chS] "$src/Makefile" "$untested/"
+	echo 'ccflags-y += -DVCP_PRETEND_UNTESTED' >>"$untested/Makefile"
+	"$here/build-module.sh" "$root" "$v" "$untested" "$dir/untested" ||
+		die "$v: the untested-series build of the module failed"
 
 	cp /bin/busybox "$initrd/bin/busybox"
 	cp "$here/init.sh" "$initrd/init"
 	cp "$build/vcptest" "$initrd/vcptest"
 	cp "$mod/vma_cherrypick.ko" "$initrd/vma_cherrypick.ko"
+	cp "$dir/untested/vma_cherrypick.ko" "$initrd/vcp_untested.ko"
+	cp "$here/logcheck.sh" "$initrd/logcheck.sh"
 	if [ -n "${VCP_TESTS:-}" ]; then
 		sed -i "s|^/vcptest\$|/vcptest $VCP_TESTS|" "$initrd/init"
 	fi
@@ -74,23 +103,29 @@ run_one() {
 
 	local kernel console=$dir/console.log rc=0 start=$SECONDS
 	kernel=$(vmlinuz_of "$v")
+	# A sparse disk for swap, on an NVMe controller (built into the kernel).
+	rm -f "$dir/swap.img"
+	truncate -s 512M "$dir/swap.img"
 	log "$v: booting under qemu (TCG, timeout ${timeout_s}s)"
 	timeout --kill-after=10 "$timeout_s" qemu-system-x86_64 \
 		-machine pc -cpu max -smp 2 -m "$mem" \
 		-kernel "$kernel" -initrd "$dir/initramfs.gz" \
-		-append "console=ttyS0 panic=-1 rdinit=/init loglevel=6" \
+		-drive "file=$dir/swap.img,if=none,id=swap,format=raw" \
+		-device nvme,drive=swap,serial=vcpswap \
+		-append "$append" \
 		-nographic -no-reboot </dev/null >"$console" 2>&1 || rc=$?
 	tr -d '\r' <"$console" >"$console.txt"
+	rm -f "$dir/swap.img"
 	local took=$((SECONDS - start))
 
-	grep -E '^(PASS|FAIL|TIMING|PSS|THP|stress:|vcptest:|  refused)' "$console.txt" | sed "s/^/  [$v] /" || true
+	grep -E '^(PASS|FAIL|TIMING|PSS|THP|stress:|vcptest:|VCP-(ALLOWLIST|SWAP|BTF)|  )' "$console.txt" | sed "s/^/  [$v] /" || true
 	if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
 		tail -40 "$console.txt" >&2
 		log "$v: FAIL: the VM did not finish within ${timeout_s}s (log: $console.txt)"
 		return 1
 	fi
-	if grep -Eq "$bad_kernel_log" "$console.txt"; then
-		grep -En "$bad_kernel_log" "$console.txt" | head -20 >&2
+	if vcp_log_bad "$console.txt" >/dev/null; then
+		vcp_log_bad "$console.txt" | head -20 >&2
 		log "$v: FAIL: the kernel log shows a BUG, WARNING, Oops, bad page or RCU stall (log: $console.txt)"
 		return 1
 	fi

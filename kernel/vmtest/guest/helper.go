@@ -157,7 +157,7 @@ func helperCommand(f []string) (string, error) {
 	case "exit":
 		os.Exit(0)
 	}
-	return "", fmt.Errorf("unknown command %q", cmd)
+	return helperCommandMore(cmd, args)
 }
 
 func mapRegion(addr, length uint64, kind, prot string, rest []string) error {
@@ -170,6 +170,8 @@ func mapRegion(addr, length uint64, kind, prot string, rest []string) error {
 	switch kind {
 	case "anon":
 		flags |= unix.MAP_PRIVATE | unix.MAP_ANONYMOUS
+	case "anon-noreserve": // no commit charge: VM_ACCOUNT clear
+		flags |= unix.MAP_PRIVATE | unix.MAP_ANONYMOUS | unix.MAP_NORESERVE
 	case "shared":
 		flags |= unix.MAP_SHARED | unix.MAP_ANONYMOUS
 	case "hugetlb":
@@ -178,7 +180,7 @@ func mapRegion(addr, length uint64, kind, prot string, rest []string) error {
 		if len(rest) != 1 {
 			return fmt.Errorf("map file needs a path")
 		}
-		f, err := os.Open(rest[0])
+		f, err := os.OpenFile(rest[0], os.O_RDONLY, 0)
 		if err != nil {
 			return err
 		}

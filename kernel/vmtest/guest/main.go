@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math/rand"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -19,7 +20,22 @@ const (
 	gib = 1024 * mib
 	// thpSize is the x86-64 PMD size.
 	thpSize = 2 * mib
+	// testTimeout bounds one test, so that a hang names its test.
+	testTimeout = 120 * time.Second
 )
+
+// slowFactor stretches every time limit of the suite: the kernel parameter
+// vcpslow=N, which the kernel hands to init as an environment variable, is
+// set for kernels that run far slower than the stock ones under TCG (the
+// KASAN + lockdep debug kernel).
+var slowFactor = func() time.Duration {
+	if n, err := strconv.Atoi(os.Getenv("vcpslow")); err == nil && n > 1 {
+		return time.Duration(n)
+	}
+	return 1
+}()
+
+func slow(d time.Duration) time.Duration { return d * slowFactor }
 
 type suite struct {
 	dev      *cherrypick.Device
@@ -68,22 +84,39 @@ func runSuite(only []string) int {
 
 	tests := []testCase{
 		{"version", testVersion},
+		{"prototypes", testPrototypes},
 		{"content-256m-holes", testContent256},
 		{"several-destinations-source-exits", testSeveralDestinations},
 		{"destination-forks", testDestinationForks},
 		{"thp", testTHP},
 		{"file-private", testFilePrivate},
 		{"refusals", testRefusals},
+		{"user-namespace", testUserNamespace},
+		{"uprobes", testUprobes},
+		{"lock-held-elsewhere", testLockHeldElsewhere},
+		{"memcg", testMemcg},
+		{"ksm", testKSM},
+		{"mlocked", testMlocked},
+		{"clone-vm-sibling", testCloneVMSibling},
+		{"freezer", testFreezer},
+		{"concurrent", testConcurrent},
+		{"pinned", testPinned},
+		{"rmap", testRmap},
 		{"benchmark-1g", testBenchmark1G},
 		{"stress", testStress},
 	}
 	passed, failed := 0, 0
 	for _, tc := range tests {
-		if len(only) > 0 && !contains(only, tc.name) {
+		if !selected(only, tc.name) {
 			continue
 		}
 		start := time.Now()
+		watchdog := time.AfterFunc(slow(testTimeout), func() {
+			fmt.Printf("FAIL %s: still running after %v; giving up on the suite\n", tc.name, slow(testTimeout))
+			os.Exit(3)
+		})
 		err := tc.fn(s)
+		watchdog.Stop()
 		took := time.Since(start).Round(time.Millisecond)
 		if err != nil {
 			failed++
@@ -98,6 +131,26 @@ func runSuite(only []string) int {
 		return 1
 	}
 	return 0
+}
+
+// selected says whether the command line asks for a test: no names means
+// all, names run only those, and names prefixed with "-" run all but those.
+func selected(args []string, name string) bool {
+	if len(args) == 0 {
+		return true
+	}
+	var only, skip []string
+	for _, a := range args {
+		if rest, ok := strings.CutPrefix(a, "-"); ok {
+			skip = append(skip, rest)
+		} else {
+			only = append(only, a)
+		}
+	}
+	if contains(skip, name) {
+		return false
+	}
+	return len(only) == 0 || contains(only, name)
 }
 
 func contains(list []string, s string) bool {

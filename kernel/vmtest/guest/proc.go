@@ -21,12 +21,17 @@ type proc struct {
 	outF  *os.File
 	mem   *os.File
 	alive bool
+	// stopped: the suite stopped it (SIGSTOP) and has not continued it.
+	stopped bool
 }
 
 // spawn starts a helper; uid/gid 0 keep root. No parent-death signal: it
 // follows the forking OS thread, and the suite discards threads (see
 // onThreadWithout), which would kill helpers at random.
-func spawn(uid, gid uint32) (*proc, error) {
+func spawn(uid, gid uint32) (*proc, error) { return spawnWith(uid, gid, nil) }
+
+// spawnWith is spawn with further process attributes (namespaces, say).
+func spawnWith(uid, gid uint32, sys func(*syscall.SysProcAttr)) (*proc, error) {
 	inR, inW, err := os.Pipe()
 	if err != nil {
 		return nil, err
@@ -43,6 +48,9 @@ func spawn(uid, gid uint32) (*proc, error) {
 	}
 	if uid != 0 || gid != 0 {
 		attr.Sys.Credential = &syscall.Credential{Uid: uid, Gid: gid}
+	}
+	if sys != nil {
+		sys(attr.Sys)
 	}
 	self, err := os.Executable()
 	if err != nil {
@@ -98,8 +106,12 @@ func (p *proc) doUint(format string, args ...any) (uint64, error) {
 	return strconv.ParseUint(s, 10, 64)
 }
 
-// stop sends SIGSTOP and waits until every thread has stopped.
+// stop sends SIGSTOP and waits until every thread has stopped; a helper the
+// suite already stopped is left as it is.
 func (p *proc) stop() error {
+	if p.stopped {
+		return nil
+	}
 	if err := unix.Kill(p.pid, unix.SIGSTOP); err != nil {
 		return err
 	}
@@ -113,13 +125,20 @@ func (p *proc) stop() error {
 			return fmt.Errorf("wait for helper %d to stop: %w", p.pid, err)
 		}
 		if ws.Stopped() {
+			p.stopped = true
 			return nil
 		}
 		return fmt.Errorf("helper %d did not stop: %v", p.pid, ws)
 	}
 }
 
-func (p *proc) cont() error { return unix.Kill(p.pid, unix.SIGCONT) }
+func (p *proc) cont() error {
+	if err := unix.Kill(p.pid, unix.SIGCONT); err != nil {
+		return err
+	}
+	p.stopped = false
+	return nil
+}
 
 // kill ends the helper and reaps it; its pidfd stays open until release.
 func (p *proc) kill() {

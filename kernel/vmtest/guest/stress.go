@@ -25,6 +25,10 @@ func testStress(s *suite) error {
 	if err != nil {
 		return err
 	}
+	kernelBefore, err := kernelMemory()
+	if err != nil {
+		return err
+	}
 	pool := make([]*proc, stressPool)
 	for i := range pool {
 		pool[i] = mustSpawn()
@@ -60,7 +64,93 @@ func testStress(s *suite) error {
 	if anonAfter > anonBefore+leakSlackKiB {
 		return fmt.Errorf("anonymous memory outside the suite grew from %d to %d kB with every helper gone: pages leaked", anonBefore, anonAfter)
 	}
+	var kernelAfter kernelMem
+	for try := 0; try < 50; try++ {
+		if kernelAfter, err = kernelMemory(); err != nil {
+			return err
+		}
+		if kernelAfter.within(kernelBefore) == nil {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	fmt.Printf("stress: page tables outside the suite %d kB before, %d kB after; unreclaimable slab %d kB, %d kB; anon_vma objects %d, %d\n",
+		kernelBefore.pageTables, kernelAfter.pageTables, kernelBefore.slab, kernelAfter.slab, kernelBefore.anonVMAs, kernelAfter.anonVMAs)
+	return kernelAfter.within(kernelBefore)
+}
+
+// kernelMem is what the kernel allocates for processes' memory maps, less
+// the suite's own page tables: with every helper gone it must be back.
+type kernelMem struct {
+	pageTables, slab, anonVMAs uint64
+}
+
+// Slack for what the rest of the system does meanwhile (kB, objects).
+const (
+	pageTableSlackKiB = 256
+	slabSlackKiB      = 4096
+	anonVMASlack      = 64
+)
+
+func (k kernelMem) within(before kernelMem) error {
+	switch {
+	case k.pageTables > before.pageTables+pageTableSlackKiB:
+		return fmt.Errorf("page tables outside the suite grew from %d to %d kB with every helper gone: page tables leaked", before.pageTables, k.pageTables)
+	case k.slab > before.slab+slabSlackKiB:
+		return fmt.Errorf("unreclaimable slab grew from %d to %d kB with every helper gone", before.slab, k.slab)
+	case k.anonVMAs > before.anonVMAs+anonVMASlack:
+		return fmt.Errorf("anon_vma objects grew from %d to %d with every helper gone: anon_vmas leaked", before.anonVMAs, k.anonVMAs)
+	}
 	return nil
+}
+
+func kernelMemory() (kernelMem, error) {
+	var k kernelMem
+	var err error
+	if k.pageTables, err = meminfo("PageTables"); err != nil {
+		return k, err
+	}
+	if k.slab, err = meminfo("SUnreclaim"); err != nil {
+		return k, err
+	}
+	own, err := selfStatus("VmPTE")
+	if err != nil {
+		return k, err
+	}
+	k.pageTables -= min(k.pageTables, own)
+	k.anonVMAs, err = slabObjects("anon_vma")
+	return k, err
+}
+
+func selfStatus(key string) (uint64, error) {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == key+":" {
+			return strconv.ParseUint(f[1], 10, 64)
+		}
+	}
+	return 0, fmt.Errorf("no %s in /proc/self/status", key)
+}
+
+// slabObjects is a slab cache's active object count from /proc/slabinfo.
+// anon_vma has a constructor, so SLUB never merges it into another cache.
+// SLUB counts the objects of per-CPU slabs as active, free or not; shrinking
+// the cache first flushes those, which makes the count exact.
+func slabObjects(cache string) (uint64, error) {
+	writeFile("/sys/kernel/slab/"+cache+"/shrink", "1")
+	b, err := os.ReadFile("/proc/slabinfo")
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == cache {
+			return strconv.ParseUint(f[1], 10, 64)
+		}
+	}
+	return 0, fmt.Errorf("no %s cache in /proc/slabinfo", cache)
 }
 
 func stressOnce(s *suite, pool []*proc, it int) error {
@@ -92,7 +182,7 @@ func stressOnce(s *suite, pool []*proc, it int) error {
 		return err
 	}
 	for _, d := range dsts {
-		res, err := s.dev.Cherrypick(src.pidfd, d.pidfd, addr, size)
+		res, _, err := s.cherrypick(src, d, addr, size)
 		if err != nil {
 			return err
 		}
@@ -171,20 +261,11 @@ func othersAnon() (uint64, error) {
 	if err != nil {
 		return 0, err
 	}
-	b, err := os.ReadFile("/proc/self/status")
+	own, err := selfStatus("RssAnon")
 	if err != nil {
 		return 0, err
 	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(line); len(f) >= 2 && f[0] == "RssAnon:" {
-			own, err := strconv.ParseUint(f[1], 10, 64)
-			if err != nil {
-				return 0, err
-			}
-			return total - min(total, own), nil
-		}
-	}
-	return 0, fmt.Errorf("no RssAnon in /proc/self/status")
+	return total - min(total, own), nil
 }
 
 func readWord(p *proc, at uint64) (uint64, error) {

@@ -130,7 +130,17 @@ func checkShared(p *proc, addr uint64, mappers uint64) (area, error) {
 	return a, nil
 }
 
+// cherrypick shares [addr, addr+size) of a stopped source with dst. The
+// module wants the destination parked too: a running destination is
+// stopped for the call and continued after it (one the test stopped itself
+// stays stopped). The duration excludes stopping and continuing.
 func (s *suite) cherrypick(src, dst *proc, addr, size uint64) (cherrypick.Result, time.Duration, error) {
+	if !dst.stopped {
+		if err := dst.stop(); err != nil {
+			return cherrypick.Result{}, 0, err
+		}
+		defer dst.cont()
+	}
 	start := time.Now()
 	res, err := s.dev.Cherrypick(src.pidfd, dst.pidfd, addr, size)
 	return res, time.Since(start), err
