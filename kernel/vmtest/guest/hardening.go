@@ -28,14 +28,6 @@ func mountFS(source, target, fstype string) error {
 	return nil
 }
 
-func readUint(path string) (uint64, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return 0, err
-	}
-	return strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
-}
-
 func readInt(path string) (int64, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
