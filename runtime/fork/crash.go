@@ -69,7 +69,7 @@ func crashWhenSeized(pid, criuPid int) {
 	}
 	go func() {
 		for {
-			if tracerOf(pid) == criuPid {
+			if TracerOf(pid) == criuPid {
 				crashPoint(CrashSourceSeized)
 			}
 			time.Sleep(time.Millisecond)
@@ -77,8 +77,9 @@ func crashWhenSeized(pid, criuPid int) {
 	}()
 }
 
-// tracerOf returns the PID of the process tracing pid (0: none).
-func tracerOf(pid int) int {
+// TracerOf returns the PID of the process tracing pid (0: none); the tests
+// use it to see when CRIU holds a tree.
+func TracerOf(pid int) int {
 	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
 		return 0

@@ -1,7 +1,6 @@
 package integration
 
 import (
-	"bufio"
 	"fmt"
 	"os"
 	"os/exec"
@@ -11,29 +10,14 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/tclone/tclone/runtime/fork"
 )
 
 // A capture holds its source with CRIU's ptrace only. These tests kill or
 // interrupt captures of a Podman container holding 300 MiB at several
 // moments while CRIU holds it, and check that the source runs on at once,
 // with nobody's help: no tclone gc, no thaw.
-
-// tracerOf returns the PID tracing pid, 0 for none.
-func tracerOf(pid int) int {
-	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), "TracerPid:"); ok {
-			n, _ := strconv.Atoi(strings.TrimSpace(v))
-			return n
-		}
-	}
-	return 0
-}
 
 // treePids lists pid and its descendants.
 func treePids(pid int) []int {
@@ -56,7 +40,7 @@ func requireUntraced(t *testing.T, pid int, timeout time.Duration) {
 	t.Helper()
 	eventually(t, timeout, "source released by CRIU", func() error {
 		for _, p := range treePids(pid) {
-			if tr := tracerOf(p); tr != 0 {
+			if tr := fork.TracerOf(p); tr != 0 {
 				return fmt.Errorf("process %d is traced by %d", p, tr)
 			}
 		}
@@ -122,7 +106,7 @@ func startCapture(t *testing.T, id string, pid int, extra ...string) (*exec.Cmd,
 	}
 	deadline := time.Now().Add(30 * time.Second)
 	for time.Now().Before(deadline) {
-		if tr := tracerOf(pid); tr != 0 {
+		if tr := fork.TracerOf(pid); tr != 0 {
 			return cmd, &stderr, tr
 		}
 		time.Sleep(time.Millisecond)
@@ -171,7 +155,7 @@ func TestKilledCaptureLeavesSourceRunning(t *testing.T) {
 		t.Run(round.name, func(t *testing.T) {
 			cmd, stderr, criu := startCapture(t, id, pid)
 			round.wait()
-			if tracerOf(pid) == 0 {
+			if fork.TracerOf(pid) == 0 {
 				cmd.Wait()
 				t.Skipf("the capture finished first: %s", stderr.String())
 			}
