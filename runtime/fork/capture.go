@@ -33,6 +33,9 @@ type CaptureRequest struct {
 	// connections; it decides the dump's TCP options and is recorded in
 	// the plan. Empty means close.
 	TCP plan.TCPPolicy
+	// Client is the fork client the plan's uses are held for (see
+	// plan.Uses.Client); nil for a plan kept until it expires.
+	Client *journal.Owner
 }
 
 // Captured is a finished capture.
@@ -128,7 +131,7 @@ func (e *Engine) captureSource(ctx context.Context, src *source, req CaptureRequ
 	if uses == 0 {
 		uses = 1
 	}
-	if err := plan.SetUses(dir, uses); err != nil {
+	if err := plan.SetUses(dir, uses, req.Client); err != nil {
 		return fail(fmt.Errorf("writing plan uses: %w", err))
 	}
 	return &Captured{Plan: p, Dir: dir}, entry.End()

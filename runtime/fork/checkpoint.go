@@ -43,20 +43,20 @@ func (e *Engine) checkpointForIntent(ctx context.Context, intent *plan.Intent, i
 	if imagePath == "" {
 		return nil, fmt.Errorf("a fork checkpoint of %s needs --image-path", id)
 	}
-	c, err := e.Capture(ctx, CaptureRequest{
+	// The plan's uses are kept for the client that asked for them; if it
+	// dies, the plan goes at the next sweep instead of at its expiry. The
+	// capture records it with the uses, before its journal entry ends.
+	req := CaptureRequest{
 		Source: id, Options: intent.Options, Uses: intent.Uses, TTL: intent.TTL, Identity: intent.Identity,
 		TCP: intent.TCP,
-	})
+	}
+	if intent.Client.Pid != 0 {
+		client := intent.Client
+		req.Client = &client
+	}
+	c, err := e.Capture(ctx, req)
 	if err != nil {
 		return nil, err
-	}
-	// The plan's uses are kept for the client that asked for them; if it
-	// dies, the plan goes at the next sweep instead of at its expiry.
-	if intent.Client.Pid != 0 {
-		if err := plan.HoldFor(c.Dir, intent.Client); err != nil {
-			e.Store.Remove(c.Dir)
-			return nil, fmt.Errorf("recording the fork client of plan %s: %w", c.Dir, err)
-		}
 	}
 	if err := writeCheckpointDir(c, imagePath, workPath); err != nil {
 		e.Store.Remove(c.Dir)

@@ -231,10 +231,13 @@ const Unlimited = -1
 
 func usesPath(dir string) string { return filepath.Join(dir, "uses") }
 
-// SetUses records how many siblings plan dir may still make.
-func SetUses(dir string, n int) error {
+// SetUses records how many siblings plan dir may still make, and the fork
+// client they are held for (nil: none, the plan lives until it expires).
+// Both are written at once, so that no crash can leave a plan made for a
+// client without its client recorded.
+func SetUses(dir string, n int, client *journal.Owner) error {
 	return withLock(dir, func() error {
-		return writeJSONAtomic(usesPath(dir), Uses{Remaining: n})
+		return writeJSONAtomic(usesPath(dir), Uses{Remaining: n, Client: client})
 	})
 }
 

@@ -33,7 +33,7 @@ func newPlan(t *testing.T, s Store, uses int) string {
 	if err := p.Write(dir); err != nil {
 		t.Fatal(err)
 	}
-	if err := SetUses(dir, uses); err != nil {
+	if err := SetUses(dir, uses, nil); err != nil {
 		t.Fatal(err)
 	}
 	return dir

@@ -15,6 +15,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -77,10 +78,19 @@ func run(t *testing.T, timeout time.Duration, name string, args ...string) resul
 	cmd.Env = append(os.Environ(), "PODMAN_IGNORE_CGROUPSV1_WARNING=1")
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
+	// On a timeout, say what the command was waiting for: the processes it
+	// started, and (for Go programs) every goroutine's stack, which SIGQUIT
+	// prints to stderr before the process exits.
+	var tree string
+	cmd.Cancel = func() error {
+		tree = processTree(cmd.Process.Pid)
+		return cmd.Process.Signal(syscall.SIGQUIT)
+	}
+	cmd.WaitDelay = 10 * time.Second
 	err := cmd.Run()
 	r := result{stdout: out.String(), stderr: errb.String()}
 	if ctx.Err() != nil {
-		t.Fatalf("%s %s: timed out after %s\nstderr: %s", name, strings.Join(args, " "), timeout, r.stderr)
+		t.Fatalf("%s %s: timed out after %s\nprocesses:\n%s\nstderr: %s", name, strings.Join(args, " "), timeout, tree, r.stderr)
 	}
 	if ee, ok := err.(*exec.ExitError); ok {
 		r.code = ee.ExitCode()
@@ -186,3 +196,40 @@ func readCounter(t *testing.T, name string) int {
 }
 
 func errorf(format string, args ...any) error { return fmt.Errorf(format, args...) }
+
+// processTree lists pid and its descendants, and every process of the stack,
+// with their command lines and wait channels, as ps shows them.
+func processTree(pid int) string {
+	out, err := exec.Command("ps", "-e", "-o", "pid,ppid,stat,wchan:24,args", "--forest").Output()
+	if err != nil {
+		return fmt.Sprintf("(ps: %v)", err)
+	}
+	lines := strings.Split(strings.TrimRight(string(out), "\n"), "\n")
+	want := map[string]bool{fmt.Sprint(pid): true}
+	var keep []string
+	if len(lines) > 0 {
+		keep = append(keep, lines[0])
+	}
+	for _, l := range lines[1:] { // --forest lists children after parents
+		f := strings.Fields(l)
+		if len(f) < 2 {
+			continue
+		}
+		if want[f[0]] || want[f[1]] || stackTool(l) {
+			want[f[0]] = true
+			keep = append(keep, l)
+		}
+	}
+	return strings.Join(keep, "\n")
+}
+
+// stackTool reports whether a ps line is one of the stack's own processes,
+// which a stuck command may be waiting for even though it did not start it.
+func stackTool(line string) bool {
+	for _, tool := range []string{"podman", "conmon", "crun", "criu", "tclone"} {
+		if strings.Contains(line, tool) {
+			return true
+		}
+	}
+	return false
+}
