@@ -9,6 +9,8 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/tclone/tclone/runtime/crun"
+	"github.com/tclone/tclone/runtime/forkopts"
+	"github.com/tclone/tclone/shim/forkflags"
 )
 
 // parse runs args through a copy of cmd inside a real app, as main would,
@@ -33,7 +35,11 @@ func parse(t *testing.T, cmd *cli.Command, args ...string) *cli.Context {
 func TestCheckpointArgsRoundTrip(t *testing.T) {
 	c := parse(t, checkpointCommand, "--image-path", "/b/checkpoint", "--work-path", "/b",
 		"--leave-running", "--leave-running", "--tcp-established", "--file-locks", "--manage-cgroups-mode", "ignore", "ID")
-	got := checkpointOptions(c).crunArgs()
+	capture, err := forkflags.ReadCapture(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := crunCheckpointArgs(c, capture)
 	want := []string{"--image-path", "/b/checkpoint", "--work-path", "/b", "--leave-running",
 		"--tcp-established", "--file-locks", "--manage-cgroups-mode", "ignore"}
 	if !reflect.DeepEqual(got, want) {
@@ -50,14 +56,17 @@ func TestRestoreArgsRoundTrip(t *testing.T) {
 	c := parse(t, restoreCommand, "--bundle", "/b", "--pid-file", "/p", "--detach",
 		"--image-path", "/b/checkpoint", "--work-path", "/b", "--console-socket", "/s", "--tcp-close",
 		"--lsm-profile", "apparmor:x", "ID")
-	opts := restoreOptions(c)
-	got := opts.crunArgs()
+	capture, err := forkflags.ReadCapture(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := crunRestoreArgs(c, capture)
 	want := []string{"--bundle", "/b", "--image-path", "/b/checkpoint", "--work-path", "/b",
 		"--detach", "--pid-file", "/p", "--console-socket", "/s", "--lsm-profile", "apparmor:x"}
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("got %q\nwant %q", got, want)
 	}
-	env, cleanup, err := opts.criuEnv()
+	env, cleanup, err := tcpCloseEnv(capture)
 	if err != nil || len(env) != 1 {
 		t.Fatalf("env %q, %v", env, err)
 	}
@@ -70,30 +79,38 @@ func TestRestoreArgsRoundTrip(t *testing.T) {
 		t.Error("the configuration outlived the restore")
 	}
 	c = parse(t, restoreCommand, "--tcp-established", "ID")
-	if env, _, _ := restoreOptions(c).criuEnv(); len(env) != 0 {
+	if capture, _ := forkflags.ReadCapture(c); capture.TCP != forkopts.TCPKeep {
+		t.Errorf("--tcp-established read as %q", capture.TCP)
+	} else if env, _, _ := tcpCloseEnv(capture); len(env) != 0 {
 		t.Errorf("a restore without --tcp-close got %q", env)
 	}
 }
 
 func TestRestoreShortFlags(t *testing.T) {
 	c := parse(t, restoreCommand, "-b", "/b", "-d", "ID")
-	o := restoreOptions(c)
-	if o.Bundle != "/b" || !o.Detach {
-		t.Fatalf("short flags not understood: %+v", o)
+	if c.String("bundle") != "/b" || !c.Bool("detach") {
+		t.Fatalf("short flags not understood: %q %v", c.String("bundle"), c.Bool("detach"))
 	}
 }
 
 func TestMaterializeRequestFromRestoreFlags(t *testing.T) {
 	c := parse(t, restoreCommand, "--bundle", "/b", "--pid-file", "/p", "--detach", "--image-path", "/b/checkpoint",
 		"--work-path", "/w", "--console-socket", "/s", "--tcp-close", "ID")
-	req := restoreOptions(c).materializeRequest("ID", "/run/tclone/plans/x")
+	capture, _ := forkflags.ReadCapture(c)
+	req := siblingRequest(c, "ID", "/run/tclone/plans/x", capture)
 	if req.ID != "ID" || req.Plan != "/run/tclone/plans/x" || req.Bundle != "/b" || !req.Detach ||
-		req.PidFile != "/p" || req.ConsoleSocket != "/s" || req.WorkPath != "/w" || !req.TCPClose || req.TCPKeep {
+		req.PidFile != "/p" || req.ConsoleSocket != "/s" || req.WorkPath != "/w" || req.TCP != forkopts.TCPClose {
 		t.Fatalf("request %+v", req)
 	}
 	c = parse(t, restoreCommand, "--tcp-established", "--image-path", "/p", "ID")
-	if req := restoreOptions(c).materializeRequest("ID", "/p"); !req.TCPKeep || req.TCPClose {
+	capture, _ = forkflags.ReadCapture(c)
+	if req := siblingRequest(c, "ID", "/p", capture); req.TCP != forkopts.TCPKeep {
 		t.Fatalf("--tcp-established on a plan: %+v", req)
+	}
+	c = parse(t, restoreCommand, "--image-path", "/p", "ID")
+	capture, _ = forkflags.ReadCapture(c)
+	if req := siblingRequest(c, "ID", "/p", capture); req.TCP != "" {
+		t.Fatalf("no TCP flag must leave the plan's policy: %+v", req)
 	}
 }
 

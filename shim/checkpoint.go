@@ -3,31 +3,31 @@ package main
 import (
 	"errors"
 	"os"
+	"slices"
 	"strings"
 
 	"github.com/urfave/cli/v2"
 
 	"github.com/tclone/tclone/runtime/criucheck"
+	"github.com/tclone/tclone/runtime/crun"
 	"github.com/tclone/tclone/runtime/fork"
+	"github.com/tclone/tclone/runtime/forkopts"
+	"github.com/tclone/tclone/shim/forkflags"
 )
 
 var checkpointCommand = &cli.Command{
 	Name:      "checkpoint",
 	Usage:     "checkpoint a running container (a fork plan when a fork client asked for one)",
 	ArgsUsage: "CONTAINER",
-	Flags: []cli.Flag{
+	Flags: slices.Concat([]cli.Flag{
 		&cli.StringFlag{Name: "image-path", Usage: "directory for CRIU's images"},
 		&cli.StringFlag{Name: "work-path", Usage: "directory for CRIU's log and work files"},
 		&cli.BoolFlag{Name: "leave-running", Usage: "keep the container running after the checkpoint"},
-		&cli.BoolFlag{Name: "tcp-established", Usage: "allow open TCP connections"},
-		&cli.BoolFlag{Name: "ext-unix-sk", Usage: "allow external unix sockets"},
-		&cli.BoolFlag{Name: "shell-job", Usage: "allow shell jobs"},
-		&cli.BoolFlag{Name: "file-locks", Usage: "allow file locks"},
 		&cli.StringFlag{Name: "network-lock", Usage: "network lock method (crun)"},
 		&cli.StringFlag{Name: "parent-path", Usage: "previous images for a pre-dump chain (crun)"},
 		&cli.BoolFlag{Name: "pre-dump", Usage: "dump memory only and leave the container running (crun)"},
 		&cli.StringFlag{Name: "manage-cgroups-mode", Usage: "cgroups mode: soft, ignore, full or strict"},
-	},
+	}, forkflags.CrunCapture()),
 	Action: func(c *cli.Context) error {
 		id, err := oneArg(c, "CONTAINER")
 		if err != nil {
@@ -37,15 +37,14 @@ var checkpointCommand = &cli.Command{
 		if err != nil {
 			return err
 		}
-		opts := checkpointOptions(c)
-		if !opts.PreDump {
+		if !c.Bool("pre-dump") {
 			// Podman's stop of the call (SIGTERM) or a ^C stops CRIU at
 			// once: the source runs on and the capture is undone. A fork
 			// capture checks CRIU itself, and leaves any failure where the
 			// fork client reads it.
 			ctx, stop := signalContext(c.Context)
 			defer stop()
-			captured, err := fork.NewEngine(rt).CheckpointForIntent(ctx, id, opts.ImagePath, opts.WorkPath, opts.LeaveRunning)
+			captured, err := fork.NewEngine(rt).CheckpointForIntent(ctx, id, c.String("image-path"), c.String("work-path"), c.Bool("leave-running"))
 			if err != nil {
 				return err
 			}
@@ -62,58 +61,26 @@ var checkpointCommand = &cli.Command{
 			k, v, _ := strings.Cut(kv, "=")
 			os.Setenv(k, v)
 		}
-		return rt.Exec("checkpoint", append(opts.crunArgs(), id))
+		capture, err := forkflags.ReadCapture(c)
+		if err != nil {
+			return err
+		}
+		return rt.Exec("checkpoint", append(crunCheckpointArgs(c, capture), id))
 	},
 }
 
-// checkpointOpts are crun's checkpoint flags.
-type checkpointOpts struct {
-	ImagePath, WorkPath, NetworkLock, ParentPath, ManageCgroupsMode string
-	LeaveRunning, TCPEstablished, ExtUnixSk, ShellJob, FileLocks    bool
-	PreDump                                                         bool
-}
-
-func checkpointOptions(c *cli.Context) checkpointOpts {
-	return checkpointOpts{
-		ImagePath: c.String("image-path"), WorkPath: c.String("work-path"),
-		NetworkLock: c.String("network-lock"), ParentPath: c.String("parent-path"),
-		ManageCgroupsMode: c.String("manage-cgroups-mode"),
-		LeaveRunning:      c.Bool("leave-running"), TCPEstablished: c.Bool("tcp-established"),
-		ExtUnixSk: c.Bool("ext-unix-sk"), ShellJob: c.Bool("shell-job"), FileLocks: c.Bool("file-locks"),
-		PreDump: c.Bool("pre-dump"),
-	}
-}
-
-// crunArgs renders the options back in crun's spelling.
-func (o checkpointOpts) crunArgs() []string {
-	var a argList
-	a.str("--image-path", o.ImagePath)
-	a.str("--work-path", o.WorkPath)
-	a.flag("--leave-running", o.LeaveRunning)
-	a.flag("--tcp-established", o.TCPEstablished)
-	a.flag("--ext-unix-sk", o.ExtUnixSk)
-	a.flag("--shell-job", o.ShellJob)
-	a.flag("--file-locks", o.FileLocks)
-	a.str("--network-lock", o.NetworkLock)
-	a.str("--parent-path", o.ParentPath)
-	a.flag("--pre-dump", o.PreDump)
-	a.str("--manage-cgroups-mode", o.ManageCgroupsMode)
+// crunCheckpointArgs renders an ordinary checkpoint's flags for crun.
+func crunCheckpointArgs(c *cli.Context, capture forkopts.Capture) []string {
+	var a crun.Args
+	a.Value("--image-path", c.String("image-path"))
+	a.Value("--work-path", c.String("work-path"))
+	a.Flag("--leave-running", c.Bool("leave-running"))
+	a = append(a, capture.CrunArgs()...)
+	a.Value("--network-lock", c.String("network-lock"))
+	a.Value("--parent-path", c.String("parent-path"))
+	a.Flag("--pre-dump", c.Bool("pre-dump"))
+	a.Value("--manage-cgroups-mode", c.String("manage-cgroups-mode"))
 	return a
-}
-
-// argList builds crun argument vectors.
-type argList []string
-
-func (a *argList) str(name, v string) {
-	if v != "" {
-		*a = append(*a, name, v)
-	}
-}
-
-func (a *argList) flag(name string, v bool) {
-	if v {
-		*a = append(*a, name)
-	}
 }
 
 func oneArg(c *cli.Context, what string) (string, error) {

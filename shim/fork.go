@@ -6,12 +6,14 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"slices"
 	"syscall"
 
 	"github.com/urfave/cli/v2"
 
 	"github.com/tclone/tclone/runtime/fork"
 	"github.com/tclone/tclone/runtime/plan"
+	"github.com/tclone/tclone/shim/forkflags"
 )
 
 var forkCommand = &cli.Command{
@@ -26,25 +28,16 @@ capture and keeps running.
 With --plan-only, only the capture is made; its directory is printed and
 'tclone restore --image-path PLAN --bundle DIR NEW-ID' builds siblings from it.`,
 	ArgsUsage: "SOURCE [NEW-ID]",
-	Flags: []cli.Flag{
+	Flags: slices.Concat([]cli.Flag{
 		&cli.StringFlag{Name: "bundle", Aliases: []string{"b"}, Value: ".", Usage: "the sibling's bundle"},
-		&cli.BoolFlag{Name: "plan-only", Usage: "capture only; print the plan's location"},
-		&cli.IntFlag{Name: "uses", Value: plan.Unlimited, Usage: "with --plan-only: how many siblings the plan serves (-1: any number until it expires)"},
-		&cli.DurationFlag{Name: "ttl", Value: fork.DefaultPlanTTL, Usage: "with --plan-only: how long an unused plan is kept"},
-		&cli.StringFlag{Name: "identity", Value: string(plan.IdentityUnique), Usage: "unique (own hostname and machine-id), best-effort or preserve"},
+		&cli.BoolFlag{Name: "plan-only", Usage: "capture only; print the plan's location (--uses and --ttl apply to it)"},
 		// The sibling always runs in the background; the flag is accepted
 		// because crun's restore spells it so.
 		&cli.BoolFlag{Name: "detach", Aliases: []string{"d"}, Value: true, Hidden: true},
 		&cli.StringFlag{Name: "pid-file", Usage: "where to write the sibling's PID"},
 		&cli.StringFlag{Name: "console-socket", Usage: "unix socket that receives the sibling's terminal master"},
-		&cli.BoolFlag{Name: "tcp-established", Usage: "let the sibling keep the source's open TCP connections (only a sibling whose config.json joins the source's network namespace)"},
-		&cli.BoolFlag{Name: "tcp-close", Usage: "close the sibling's copies of the source's open TCP connections; the source keeps them (the default)"},
-		&cli.BoolFlag{Name: "file-locks", Usage: "capture and restore file locks"},
-		&cli.BoolFlag{Name: "ext-unix-sk", Usage: "allow unix sockets connected outside the container"},
-		&cli.BoolFlag{Name: "shell-job", Usage: "allow a tree attached to an outside terminal session"},
 		&cli.BoolFlag{Name: "print-stats", Usage: "print per-phase timings and the source pause as JSON"},
-		&cli.DurationFlag{Name: "capture-timeout", Value: fork.DefaultCaptureTimeout, Usage: "longest the source may be held for the capture; then CRIU is stopped, the source runs on and the fork fails"},
-	},
+	}, forkflags.Capture(), forkflags.Sibling(), forkflags.PlanLife(), []cli.Flag{forkflags.Timeout()}),
 	Action: func(c *cli.Context) error {
 		// ^C or a monitor's SIGTERM stops CRIU at once, which releases the
 		// source, and undoes what the fork made so far.
@@ -54,38 +47,19 @@ With --plan-only, only the capture is made; its directory is printed and
 		if err != nil {
 			return err
 		}
-		identity, err := plan.ParseIdentity(c.String("identity"))
+		opts, err := forkflags.Read(c)
 		if err != nil {
 			return err
 		}
-		capture := fork.CaptureOptions{
-			FileLocks: c.Bool("file-locks"),
-			ExtUnixSk: c.Bool("ext-unix-sk"),
-			ShellJob:  c.Bool("shell-job"),
-		}
-		tcp, err := plan.TCPPolicyFromFlags(c.Bool("tcp-established"), c.Bool("tcp-close"))
-		if err != nil {
-			return err
-		}
-		if !c.Bool("plan-only") && (c.IsSet("uses") || c.IsSet("ttl")) {
+		if !c.Bool("plan-only") && (c.IsSet(forkflags.Uses) || c.IsSet(forkflags.TTL)) {
 			return fmt.Errorf("--uses and --ttl apply to --plan-only: a plain fork's plan serves its one sibling")
 		}
-		if uses := c.Int("uses"); uses == 0 || uses < plan.Unlimited {
-			return fmt.Errorf("--uses %d: give a number of siblings (1 or more), or -1 for any number until the plan expires", uses)
-		}
-		if c.Duration("capture-timeout") <= 0 {
-			return fmt.Errorf("--capture-timeout %s: give a positive duration, such as 60s", c.Duration("capture-timeout"))
-		}
 		eng := fork.NewEngine(rt)
-		eng.CaptureTimeout = c.Duration("capture-timeout")
 		if c.Bool("plan-only") {
 			if c.NArg() != 1 {
 				return fmt.Errorf("fork --plan-only takes exactly one argument, SOURCE")
 			}
-			captured, err := eng.Capture(ctx, fork.CaptureRequest{
-				Source: c.Args().First(), Options: capture, Uses: c.Int("uses"), TTL: c.Duration("ttl"), Identity: identity,
-				TCP: tcp,
-			})
+			captured, err := eng.Capture(ctx, fork.CaptureRequest{Source: c.Args().First(), Fork: opts})
 			if err != nil {
 				return err
 			}
@@ -102,7 +76,7 @@ With --plan-only, only the capture is made; its directory is printed and
 			return fmt.Errorf("fork takes SOURCE and NEW-ID (or --plan-only SOURCE); see 'tclone fork --help'")
 		}
 		report, err := eng.Fork(ctx, fork.ForkRequest{
-			Source: c.Args().Get(0), Capture: capture, Identity: identity, TCP: tcp,
+			Source: c.Args().Get(0), Fork: opts,
 			Sibling: fork.MaterializeRequest{
 				ID: c.Args().Get(1), Bundle: c.String("bundle"), Detach: true,
 				PidFile: c.String("pid-file"), ConsoleSocket: c.String("console-socket"),
@@ -113,9 +87,11 @@ With --plan-only, only the capture is made; its directory is printed and
 			return err
 		}
 		if c.Bool("print-stats") {
-			return printJSON(report)
+			if err := printJSON(report); err != nil {
+				return err
+			}
 		}
-		return nil
+		return report.Reported()
 	},
 }
 

@@ -2,31 +2,34 @@ package main
 
 import (
 	"os"
+	"slices"
 
 	"github.com/urfave/cli/v2"
 
 	"github.com/tclone/tclone/runtime/criucheck"
+	"github.com/tclone/tclone/runtime/crun"
 	"github.com/tclone/tclone/runtime/fork"
+	"github.com/tclone/tclone/runtime/forkopts"
+	"github.com/tclone/tclone/shim/forkflags"
 )
 
-var restoreFlags = []cli.Flag{
+// restoreFlags are crun's restore flags, with the fork's capture flags in
+// their restore meaning: for a fork plan, --tcp-established and --tcp-close
+// choose the sibling's TCP policy (the plan decides the rest); for an
+// ordinary checkpoint they go to crun and CRIU.
+var restoreFlags = slices.Concat([]cli.Flag{
 	&cli.StringFlag{Name: "bundle", Aliases: []string{"b"}, Value: ".", Usage: "the new container's bundle"},
 	&cli.StringFlag{Name: "image-path", Usage: "CRIU images, a fork plan, or a checkpoint directory referring to one"},
 	&cli.StringFlag{Name: "work-path", Usage: "directory for CRIU's log and work files"},
-	&cli.BoolFlag{Name: "tcp-established", Usage: "restore open TCP connections (a fork plan: only one captured with --tcp-established, into the source's network namespace)"},
-	&cli.BoolFlag{Name: "tcp-close", Usage: "close the restored copies of open TCP connections (what a fork plan does by default)"},
-	&cli.BoolFlag{Name: "ext-unix-sk", Usage: "allow external unix sockets"},
-	&cli.BoolFlag{Name: "shell-job", Usage: "allow shell jobs"},
 	&cli.BoolFlag{Name: "detach", Aliases: []string{"d"}, Usage: "detach from the container's process"},
 	&cli.StringFlag{Name: "pid-file", Usage: "where to write the new container's PID"},
 	&cli.StringFlag{Name: "console-socket", Usage: "unix socket that receives the terminal's master"},
-	&cli.BoolFlag{Name: "file-locks", Usage: "restore file locks"},
 	&cli.StringFlag{Name: "manage-cgroups-mode", Usage: "cgroups mode: soft, ignore, full or strict"},
 	&cli.StringFlag{Name: "network-lock", Usage: "network lock method (crun)"},
 	&cli.StringFlag{Name: "lsm-profile", Usage: "LSM profile for the restored tree, TYPE:NAME"},
 	&cli.StringFlag{Name: "lsm-mount-context", Usage: "LSM mount context for the restored tree"},
 	&cli.BoolFlag{Name: "print-stats", Usage: "print fork timings as JSON (fork plans only)"},
-}
+}, forkflags.Capture())
 
 var restoreCommand = &cli.Command{
 	Name:      "restore",
@@ -42,101 +45,85 @@ var restoreCommand = &cli.Command{
 		if err != nil {
 			return err
 		}
-		opts := restoreOptions(c)
+		capture, err := forkflags.ReadCapture(c)
+		if err != nil {
+			return err
+		}
 		eng := fork.NewEngine(rt)
-		planDir, err := eng.PlanDirFor(opts.ImagePath)
+		planDir, err := eng.PlanDirFor(c.String("image-path"))
 		if err != nil {
 			return err
 		}
 		if planDir != "" {
-			req := opts.materializeRequest(id, planDir)
-			m, err := eng.Materialize(c.Context, req)
+			m, err := eng.Materialize(c.Context, siblingRequest(c, id, planDir, capture))
 			if err != nil {
 				return err
 			}
 			if c.Bool("print-stats") {
-				return printJSON(m)
+				if err := printJSON(m); err != nil {
+					return err
+				}
 			}
-			return nil
+			return m.Reported()
 		}
 		check, err := criucheck.Check(c.Context)
 		if err != nil {
 			return err
 		}
-		env, cleanup, err := opts.criuEnv()
+		env, cleanup, err := tcpCloseEnv(capture)
 		if err != nil {
 			return err
 		}
 		defer cleanup()
-		return eng.RestoreCheckpoint(c.Context, id, opts.Bundle, opts.crunArgs(), append(check.Env(), env...))
+		return eng.RestoreCheckpoint(c.Context, id, c.String("bundle"), crunRestoreArgs(c, capture), append(check.Env(), env...))
 	},
 }
 
-// criuEnv is the environment that gives CRIU the options crun's restore
-// has no flag for: --tcp-close (crun 1.21 would refuse the flag).
-func (o restoreOpts) criuEnv() (env []string, cleanup func(), err error) {
-	if !o.TCPClose {
+// crunRestoreArgs renders an ordinary restore's flags for crun.
+func crunRestoreArgs(c *cli.Context, capture forkopts.Capture) []string {
+	var a crun.Args
+	a.Value("--bundle", c.String("bundle"))
+	a.Value("--image-path", c.String("image-path"))
+	a.Value("--work-path", c.String("work-path"))
+	a.Flag("--detach", c.Bool("detach"))
+	a.Value("--pid-file", c.String("pid-file"))
+	a.Value("--console-socket", c.String("console-socket"))
+	a = append(a, capture.CrunArgs()...)
+	a.Value("--manage-cgroups-mode", c.String("manage-cgroups-mode"))
+	a.Value("--network-lock", c.String("network-lock"))
+	a.Value("--lsm-profile", c.String("lsm-profile"))
+	a.Value("--lsm-mount-context", c.String("lsm-mount-context"))
+	return a
+}
+
+// siblingRequest maps the restore flags onto a sibling of a fork plan: the
+// TCP flags choose its policy, the plan decides the other capture options.
+func siblingRequest(c *cli.Context, id, planDir string, capture forkopts.Capture) fork.MaterializeRequest {
+	return fork.MaterializeRequest{
+		Plan: planDir, ID: id, Bundle: c.String("bundle"),
+		Detach: c.Bool("detach"), PidFile: c.String("pid-file"), ConsoleSocket: c.String("console-socket"),
+		WorkPath: c.String("work-path"), TCP: capture.TCP,
+		ManageCgroupsMode: c.String("manage-cgroups-mode"),
+		LSMProfile:        c.String("lsm-profile"), LSMMountContext: c.String("lsm-mount-context"),
+		Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr,
+	}
+}
+
+// tcpCloseEnv is the environment that gives CRIU --tcp-close for an
+// ordinary restore: crun has no flag for it, so CRIU reads it from a
+// configuration file, which cleanup removes.
+func tcpCloseEnv(capture forkopts.Capture) (env []string, cleanup func(), err error) {
+	if capture.TCP != forkopts.TCPClose {
 		return nil, func() {}, nil
 	}
 	dir, err := os.MkdirTemp("", "tclone-restore-")
 	if err != nil {
 		return nil, nil, err
 	}
-	conf, err := fork.TCPCloseConfig(dir)
+	conf, err := forkopts.CRIUConfig(dir)
 	if err != nil {
 		os.RemoveAll(dir)
 		return nil, nil, err
 	}
 	return []string{conf}, func() { os.RemoveAll(dir) }, nil
-}
-
-// restoreOpts are crun's restore flags plus --tcp-close, which crun lacks.
-type restoreOpts struct {
-	Bundle, ImagePath, WorkPath, PidFile, ConsoleSocket     string
-	ManageCgroupsMode, NetworkLock, LSMProfile, LSMMountCtx string
-	TCPEstablished, TCPClose, ExtUnixSk, ShellJob           bool
-	Detach, FileLocks                                       bool
-}
-
-func restoreOptions(c *cli.Context) restoreOpts {
-	return restoreOpts{
-		Bundle: c.String("bundle"), ImagePath: c.String("image-path"), WorkPath: c.String("work-path"),
-		PidFile: c.String("pid-file"), ConsoleSocket: c.String("console-socket"),
-		ManageCgroupsMode: c.String("manage-cgroups-mode"), NetworkLock: c.String("network-lock"),
-		LSMProfile: c.String("lsm-profile"), LSMMountCtx: c.String("lsm-mount-context"),
-		TCPEstablished: c.Bool("tcp-established"), TCPClose: c.Bool("tcp-close"),
-		ExtUnixSk: c.Bool("ext-unix-sk"), ShellJob: c.Bool("shell-job"),
-		Detach: c.Bool("detach"), FileLocks: c.Bool("file-locks"),
-	}
-}
-
-// crunArgs renders the options for an ordinary checkpoint restore by crun.
-func (o restoreOpts) crunArgs() []string {
-	var a argList
-	a.str("--bundle", o.Bundle)
-	a.str("--image-path", o.ImagePath)
-	a.str("--work-path", o.WorkPath)
-	a.flag("--tcp-established", o.TCPEstablished)
-	a.flag("--ext-unix-sk", o.ExtUnixSk)
-	a.flag("--shell-job", o.ShellJob)
-	a.flag("--detach", o.Detach)
-	a.str("--pid-file", o.PidFile)
-	a.str("--console-socket", o.ConsoleSocket)
-	a.flag("--file-locks", o.FileLocks)
-	a.str("--manage-cgroups-mode", o.ManageCgroupsMode)
-	a.str("--network-lock", o.NetworkLock)
-	a.str("--lsm-profile", o.LSMProfile)
-	a.str("--lsm-mount-context", o.LSMMountCtx)
-	return a
-}
-
-// materializeRequest maps the restore flags onto a sibling request.
-func (o restoreOpts) materializeRequest(id, planDir string) fork.MaterializeRequest {
-	return fork.MaterializeRequest{
-		Plan: planDir, ID: id, Bundle: o.Bundle,
-		Detach: o.Detach, PidFile: o.PidFile, ConsoleSocket: o.ConsoleSocket, WorkPath: o.WorkPath,
-		TCPClose: o.TCPClose, TCPKeep: o.TCPEstablished, ManageCgroupsMode: o.ManageCgroupsMode,
-		LSMProfile: o.LSMProfile, LSMMountContext: o.LSMMountCtx,
-		Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr,
-	}
 }

@@ -37,32 +37,16 @@ type Global struct {
 
 // Args renders the global flags in crun's spelling.
 func (g Global) Args() []string {
-	var args []string
-	if g.Debug {
-		args = append(args, "--debug")
-	}
-	if g.Log != "" {
-		args = append(args, "--log="+g.Log)
-	}
-	if g.LogFormat != "" {
-		args = append(args, "--log-format="+g.LogFormat)
-	}
-	if g.LogLevel != "" {
-		args = append(args, "--log-level="+g.LogLevel)
-	}
-	if g.Root != "" {
-		args = append(args, "--root="+g.Root)
-	}
-	if g.SystemdCgroup {
-		args = append(args, "--systemd-cgroup")
-	}
-	if g.CgroupManager != "" {
-		args = append(args, "--cgroup-manager="+g.CgroupManager)
-	}
-	if g.Rootless != "" {
-		args = append(args, "--rootless="+g.Rootless)
-	}
-	return args
+	var a Args
+	a.Flag("--debug", g.Debug)
+	a.Assign("--log", g.Log)
+	a.Assign("--log-format", g.LogFormat)
+	a.Assign("--log-level", g.LogLevel)
+	a.Assign("--root", g.Root)
+	a.Flag("--systemd-cgroup", g.SystemdCgroup)
+	a.Assign("--cgroup-manager", g.CgroupManager)
+	a.Assign("--rootless", g.Rootless)
+	return a
 }
 
 // StateRoot is the directory crun keeps its per-container state in.

@@ -15,6 +15,7 @@ import (
 	"github.com/tclone/tclone/criuhooks"
 	"github.com/tclone/tclone/runtime/cgroups"
 	"github.com/tclone/tclone/runtime/criucheck"
+	"github.com/tclone/tclone/runtime/forkopts"
 	"github.com/tclone/tclone/runtime/journal"
 	"github.com/tclone/tclone/runtime/plan"
 	"github.com/tclone/tclone/runtime/rootfs"
@@ -22,17 +23,9 @@ import (
 
 // CaptureRequest asks for a fork plan of a running container.
 type CaptureRequest struct {
-	Source  string
-	Options CaptureOptions
-	// Uses is how many siblings the plan serves (plan.Unlimited for any
-	// number until it expires).
-	Uses     int
-	TTL      time.Duration
-	Identity plan.Identity
-	// TCP is what the siblings do with the source's established TCP
-	// connections; it decides the dump's TCP options and is recorded in
-	// the plan. Empty means close.
-	TCP plan.TCPPolicy
+	Source string
+	// Fork is the capture's options and the plan's; Capture normalizes it.
+	Fork forkopts.Fork
 	// Client is the fork client the plan's uses are held for (see
 	// plan.Uses.Client); nil for a plan kept until it expires.
 	Client *journal.Owner
@@ -54,6 +47,9 @@ type Captured struct {
 // lets the tree go the moment CRIU dies, whoever kills it. tclone kills CRIU
 // when the capture timeout passes or the caller gives up.
 func (e *Engine) Capture(ctx context.Context, req CaptureRequest) (*Captured, error) {
+	if err := req.Fork.Normalize(); err != nil {
+		return nil, err
+	}
 	// Before the source is judged: an older capture that died may have left
 	// it frozen, which would read as paused.
 	e.RecoverQuietly(ctx)
@@ -65,7 +61,7 @@ func (e *Engine) Capture(ctx context.Context, req CaptureRequest) (*Captured, er
 }
 
 // captureSource is Capture of a source already loaded and checked, after
-// recovery.
+// recovery, with options normalized.
 func (e *Engine) captureSource(ctx context.Context, src *source, req CaptureRequest) (*Captured, error) {
 	start := time.Now()
 	check, err := criucheck.Check(ctx)
@@ -93,7 +89,7 @@ func (e *Engine) captureSource(ctx context.Context, src *source, req CaptureRequ
 			return nil, fmt.Errorf("recording where the snapshot goes: %w", err)
 		}
 	}
-	refs, err := sourceRefs(src, req.TCP)
+	refs, err := sourceRefs(src, req.Fork.TCP)
 	if err != nil {
 		e.Store.Remove(dir)
 		return nil, err
@@ -127,11 +123,7 @@ func (e *Engine) captureSource(ctx context.Context, src *source, req CaptureRequ
 	if err := p.Write(dir); err != nil {
 		return fail(fmt.Errorf("writing plan: %w", err))
 	}
-	uses := req.Uses
-	if uses == 0 {
-		uses = 1
-	}
-	if err := plan.SetUses(dir, uses, req.Client); err != nil {
+	if err := plan.SetUses(dir, req.Fork.Uses, req.Client); err != nil {
 		return fail(fmt.Errorf("writing plan uses: %w", err))
 	}
 	return &Captured{Plan: p, Dir: dir}, entry.End()
@@ -142,11 +134,12 @@ func (e *Engine) capture(ctx context.Context, src *source, rfs rootfs.Source, id
 	if err := os.WriteFile(filepath.Join(images, descriptorsFile), []byte(src.status.ExternalDescriptors), 0o600); err != nil {
 		return nil, fmt.Errorf("saving the source's stdio descriptors: %w", err)
 	}
-	opts, err := dumpTCPOptions(req.Options, req.TCP, fmt.Sprintf("/proc/%d/net", src.state.Pid))
+	netDir := fmt.Sprintf("/proc/%d/net", src.state.Pid)
+	opts, err := req.Fork.Capture.Dump(func() (bool, error) { return hasConnectedTCP(netDir) })
 	if err != nil {
 		return nil, err
 	}
-	d, err := e.dump(ctx, src, dir, check, opts, entry, func(ctx context.Context) (*rootfs.Snapshot, error) {
+	d, err := e.dump(ctx, src, dir, check, dumpJob{opts: opts, timeout: req.Fork.CaptureTimeout}, entry, func(ctx context.Context) (*rootfs.Snapshot, error) {
 		return rootfs.Take(ctx, rfs, snapDir)
 	})
 	if err != nil {
@@ -156,15 +149,15 @@ func (e *Engine) capture(ctx context.Context, src *source, rfs rootfs.Source, id
 		Version:   plan.FormatVersion,
 		ID:        id,
 		CreatedAt: time.Now().UTC(),
-		ExpiresAt: time.Now().Add(ttlOrDefault(req.TTL)).UTC(),
+		ExpiresAt: time.Now().Add(req.Fork.TTL).UTC(),
 		Source: plan.Source{
 			ID: src.id, Bundle: src.state.Bundle, Rootfs: src.status.Rootfs, Pid: src.state.Pid,
 			CgroupPath: src.status.CgroupPath, Hostname: src.spec.Hostname,
 		},
 		Rootfs:   d.snapshot,
 		Capture:  opts,
-		Identity: req.Identity,
-		TCP:      req.TCP.OrClose(),
+		Identity: req.Fork.Identity,
+		TCP:      req.Fork.TCP,
 		Timings:  d.timings,
 		Pages:    d.pages,
 		Criu:     check.Version.String(),
@@ -174,9 +167,6 @@ func (e *Engine) capture(ctx context.Context, src *source, rfs rootfs.Source, id
 	}
 	// Unknown (0) only ever refuses a sibling that would keep connections.
 	p.Source.NetNSInode, _ = netNSInode(src.state.Pid)
-	if p.Identity == "" {
-		p.Identity = plan.IdentityUnique
-	}
 	tree, err := summarizeTree(images)
 	if err != nil {
 		d.snapshot.Remove()
@@ -184,13 +174,6 @@ func (e *Engine) capture(ctx context.Context, src *source, rfs rootfs.Source, id
 	}
 	p.Tree = tree
 	return p, nil
-}
-
-func ttlOrDefault(ttl time.Duration) time.Duration {
-	if ttl > 0 {
-		return ttl
-	}
-	return DefaultPlanTTL
 }
 
 // Capture phases in the journal.
@@ -205,6 +188,13 @@ const (
 	phaseFrozen = "frozen"
 )
 
+// dumpJob is what one dump asks of CRIU, and how long it may hold the
+// source.
+type dumpJob struct {
+	opts    forkopts.Dumped
+	timeout time.Duration
+}
+
 type dumped struct {
 	snapshot *rootfs.Snapshot
 	timings  plan.Timings
@@ -216,11 +206,11 @@ type dumped struct {
 // snapshot) and lets the tree go before it returns. The call is bounded by
 // the capture timeout and by ctx; either kills CRIU, and the kernel releases
 // the tree at once.
-func (e *Engine) dump(ctx context.Context, src *source, dir string, check *criucheck.Result, opts CaptureOptions, entry *journal.Entry, snapshot func(context.Context) (*rootfs.Snapshot, error)) (*dumped, error) {
+func (e *Engine) dump(ctx context.Context, src *source, dir string, check *criucheck.Result, job dumpJob, entry *journal.Entry, snapshot func(context.Context) (*rootfs.Snapshot, error)) (*dumped, error) {
 	// One deadline for CRIU and for the snapshot it waits on.
-	ctx, cancel := context.WithTimeout(ctx, e.captureTimeout())
+	ctx, cancel := context.WithTimeout(ctx, job.timeout)
 	defer cancel()
-	criuOpts, closeDirs, err := e.captureOptions(src, dir, opts)
+	criuOpts, closeDirs, err := e.captureOptions(src, dir, job.opts)
 	if err != nil {
 		return nil, err
 	}
@@ -253,7 +243,7 @@ func (e *Engine) dump(ctx context.Context, src *source, dir string, check *criuc
 		if errors.As(err, &cerr) {
 			cerr.LogPath = keepLog(logPath, "dump", src.id)
 		}
-		return nil, explainDumpError(src.id, err, e.captureTimeout())
+		return nil, explainDumpError(src.id, err, job.timeout)
 	}
 	if hooks.seizeStart.IsZero() {
 		if snap != nil {
@@ -302,7 +292,7 @@ func pauseTimings(h *captureNotify, returned time.Time) plan.Timings {
 
 // captureOptions opens the plan's image and work directories for CRIU and
 // builds the dump options; closeDirs closes them once CRIU is done.
-func (e *Engine) captureOptions(src *source, dir string, opts CaptureOptions) (_ *rpc.CriuOpts, closeDirs func(), err error) {
+func (e *Engine) captureOptions(src *source, dir string, opts forkopts.Dumped) (_ *rpc.CriuOpts, closeDirs func(), err error) {
 	imagesDir, err := os.Open(plan.ImagesDir(dir))
 	if err != nil {
 		return nil, nil, err

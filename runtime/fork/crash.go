@@ -24,11 +24,12 @@ const (
 	CrashDumpDone        = "dump-done"        // CRIU returned, plan not yet complete
 	CrashRootfsFilled    = "rootfs-filled"    // sibling root filled, restore not started
 	CrashSiblingRestored = "sibling-restored" // sibling running, plan use not yet released
+	CrashBeforeReport    = "before-report"    // sibling complete, tclone has not yet exited 0
 )
 
 // CrashPoints lists every crash point, for the tests.
 var CrashPoints = []string{
-	CrashCaptureStarted, CrashSourceSeized, CrashSnapshotTaken, CrashWithCriu, CrashDumpDone, CrashRootfsFilled, CrashSiblingRestored,
+	CrashCaptureStarted, CrashSourceSeized, CrashSnapshotTaken, CrashWithCriu, CrashDumpDone, CrashRootfsFilled, CrashSiblingRestored, CrashBeforeReport,
 }
 
 // EnvPauseAt names a crash point at which tclone says so on stderr and

@@ -13,40 +13,8 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/tclone/tclone/runtime/cgroups"
-	"github.com/tclone/tclone/runtime/plan"
+	"github.com/tclone/tclone/runtime/forkopts"
 )
-
-// dumpTCPOptions sets how the dump treats the source's established TCP
-// connections for siblings with policy. Close dumps with tcp_close (the
-// connections are left alone; see dumpOptions on the network lock). Keep
-// needs tcp_established and the lock, both costly in the frozen window, so
-// they are asked for only when the source's network namespace, seen
-// through netDir (/proc/PID/net), has a connection at all.
-func dumpTCPOptions(opts CaptureOptions, policy plan.TCPPolicy, netDir string) (CaptureOptions, error) {
-	opts.TCPEstablished, opts.TCPClose = false, false
-	if policy.OrClose() == plan.TCPClose {
-		opts.TCPClose = true
-		return opts, nil
-	}
-	connected, err := hasConnectedTCP(netDir)
-	if err != nil {
-		return opts, err
-	}
-	opts.TCPEstablished = connected
-	return opts, nil
-}
-
-// TCPCloseConfig writes a CRIU configuration file asking for tcp_close into
-// dir and returns the environment entry that makes CRIU read it. crun 1.21
-// has no restore flag for it, and CRIU reads CRIU_CONFIG_FILE in every mode,
-// the RPC one crun uses included.
-func TCPCloseConfig(dir string) (string, error) {
-	conf := filepath.Join(dir, "tclone-criu.conf")
-	if err := os.WriteFile(conf, []byte("tcp-close\n"), 0o600); err != nil {
-		return "", fmt.Errorf("writing CRIU's tcp-close configuration: %w", err)
-	}
-	return "CRIU_CONFIG_FILE=" + conf, nil
-}
 
 // External keys crun gives namespaces joined by path. Images dumped by tclone
 // are restored by crun, so the keys must be crun's.
@@ -62,7 +30,7 @@ type dumpInput struct {
 	rootfs   string
 	imagesFd int
 	workFd   int
-	opts     CaptureOptions
+	opts     forkopts.Dumped
 	// selfCgroup is /proc/self/cgroup, read by the caller.
 	selfCgroup string
 	unified    bool
@@ -80,11 +48,6 @@ func dumpOptions(in dumpInput) (*rpc.CriuOpts, error) {
 		Pid:               proto.Int32(int32(in.pid)),
 		Root:              proto.String(in.rootfs),
 		LeaveRunning:      proto.Bool(true),
-		ExtUnixSk:         proto.Bool(in.opts.ExtUnixSk),
-		ShellJob:          proto.Bool(in.opts.ShellJob),
-		TcpEstablished:    proto.Bool(in.opts.TCPEstablished),
-		TcpClose:          proto.Bool(in.opts.TCPClose),
-		FileLocks:         proto.Bool(in.opts.FileLocks),
 		OrphanPtsMaster:   proto.Bool(true),
 		ManageCgroups:     proto.Bool(true),
 		ManageCgroupsMode: rpc.CriuCgMode_SOFT.Enum(),
@@ -101,7 +64,8 @@ func dumpOptions(in dumpInput) (*rpc.CriuOpts, error) {
 	// letting the tree go (delete_link_remaps, for leave_running dumps
 	// too). A watcher of that directory in the source sees it come and go.
 	o.LinkRemap = proto.Bool(true)
-	if !in.opts.TCPEstablished {
+	in.opts.SetCriuOpts(o)
+	if !in.opts.NeedsNetworkLock() {
 		// CRIU's network lock drops every packet of the source's network
 		// namespace from the seizing of the tree until the dump ends
 		// (criu/net.c). It exists for dumps that put connections into

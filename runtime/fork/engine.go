@@ -15,9 +15,6 @@ import (
 	"github.com/tclone/tclone/runtime/plan"
 )
 
-// CaptureOptions are the CRIU options of a capture.
-type CaptureOptions = plan.CaptureOptions
-
 const (
 	dumpLogName    = "dump.log"
 	restoreLogName = "restore.log"
@@ -29,34 +26,24 @@ const (
 // DefaultCriuTimeout bounds every CRIU restore.
 const DefaultCriuTimeout = 5 * time.Minute
 
-// DefaultCaptureTimeout bounds a capture's CRIU dump, and so the source's
-// pause: about 25 GiB of memory at this machine's dump speed.
-const DefaultCaptureTimeout = 60 * time.Second
-
-// DefaultPlanTTL is how long an unused plan is kept.
-const DefaultPlanTTL = 10 * time.Minute
-
 // Engine runs fork operations.
 type Engine struct {
 	Crun    *crun.Runtime
 	Store   plan.Store
 	Journal journal.Journal
-	// CriuTimeout bounds each CRIU restore.
+	// CriuTimeout bounds each CRIU restore. (A capture's bound is among
+	// its options: forkopts.Fork.CaptureTimeout.)
 	CriuTimeout time.Duration
-	// CaptureTimeout bounds each capture's CRIU dump: on expiry CRIU is
-	// killed, and the kernel lets the source's tree go.
-	CaptureTimeout time.Duration
 }
 
 // NewEngine returns an engine with tclone's default store and journal.
 func NewEngine(rt *crun.Runtime) *Engine {
 	store := plan.DefaultStore()
 	return &Engine{
-		Crun:           rt,
-		Store:          store,
-		Journal:        journal.Journal{Dir: filepath.Join(store.Root, "journal")},
-		CriuTimeout:    DefaultCriuTimeout,
-		CaptureTimeout: DefaultCaptureTimeout,
+		Crun:        rt,
+		Store:       store,
+		Journal:     journal.Journal{Dir: filepath.Join(store.Root, "journal")},
+		CriuTimeout: DefaultCriuTimeout,
 	}
 }
 
@@ -65,13 +52,6 @@ func (e *Engine) criuTimeout() time.Duration {
 		return e.CriuTimeout
 	}
 	return DefaultCriuTimeout
-}
-
-func (e *Engine) captureTimeout() time.Duration {
-	if e.CaptureTimeout > 0 {
-		return e.CaptureTimeout
-	}
-	return DefaultCaptureTimeout
 }
 
 // lockSource serialises captures of one container: CRIU cannot seize a tree

@@ -6,17 +6,16 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/tclone/tclone/runtime/forkopts"
 	"github.com/tclone/tclone/runtime/plan"
 )
 
 // ForkRequest is `tclone fork SOURCE NEW-ID`: a capture used by exactly one
 // sibling.
 type ForkRequest struct {
-	Source   string
-	Capture  CaptureOptions
-	Identity plan.Identity
-	// TCP is what the sibling does with the source's TCP connections.
-	TCP     plan.TCPPolicy
+	Source string
+	// Fork is the fork's options; its plan serves this one sibling.
+	Fork    forkopts.Fork
 	Sibling MaterializeRequest
 }
 
@@ -32,10 +31,19 @@ type Report struct {
 	SourcePauseMs float64 `json:"source_pause_ms"`
 }
 
+// Reported ends the fork once its caller is about to report it done (see
+// Materialized.Reported).
+func (r *Report) Reported() error { return r.Sibling.Reported() }
+
 // Fork captures source and materialises one sibling from the capture. The
-// plan exists only for this call and is gone when it returns.
+// plan exists only for this call and is gone once the sibling is reported
+// (Report.Reported).
 func (e *Engine) Fork(ctx context.Context, req ForkRequest) (*Report, error) {
 	start := time.Now()
+	req.Fork.Uses = 1
+	if err := req.Fork.Normalize(); err != nil {
+		return nil, err
+	}
 	// Before the source is judged: an older capture that died may have left
 	// it frozen, which would read as paused.
 	e.RecoverQuietly(ctx)
@@ -50,13 +58,13 @@ func (e *Engine) Fork(ctx context.Context, req ForkRequest) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	if req.TCP == plan.TCPKeep {
+	if req.Fork.TCP == forkopts.TCPKeep {
 		srcNetNS, _ := netNSInode(src.state.Pid)
 		if err := checkKeepTCP(srcNetNS, sib.spec, req.Sibling.ID); err != nil {
 			return nil, err
 		}
 	}
-	c, err := e.captureSource(ctx, src, CaptureRequest{Source: req.Source, Options: req.Capture, Uses: 1, Identity: req.Identity, TCP: req.TCP})
+	c, err := e.captureSource(ctx, src, CaptureRequest{Source: req.Source, Fork: req.Fork})
 	if err != nil {
 		return nil, err
 	}

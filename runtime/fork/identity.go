@@ -14,6 +14,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
+	"github.com/tclone/tclone/runtime/forkopts"
 	"github.com/tclone/tclone/runtime/plan"
 )
 
@@ -37,7 +38,7 @@ func siblingHostname(p *plan.Plan, spec *specs.Spec, siblingID string) string {
 	if spec.Hostname != "" && spec.Hostname != p.Source.Hostname {
 		return spec.Hostname
 	}
-	if p.Identity == plan.IdentityPreserve {
+	if p.Identity == forkopts.IdentityPreserve {
 		return ""
 	}
 	return shortID(siblingID)

@@ -8,24 +8,25 @@ import (
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/tclone/tclone/runtime/forkopts"
 	"github.com/tclone/tclone/runtime/plan"
 )
 
 func TestSiblingHostname(t *testing.T) {
 	src := strings.Repeat("a", 64)
 	sib := "b1b2b3b4b5b6" + strings.Repeat("c", 52)
-	p := &plan.Plan{Source: plan.Source{ID: src, Hostname: src[:12]}, Identity: plan.IdentityUnique}
+	p := &plan.Plan{Source: plan.Source{ID: src, Hostname: src[:12]}, Identity: forkopts.IdentityUnique}
 	cases := []struct {
 		name     string
-		identity plan.Identity
+		identity forkopts.Identity
 		config   string
 		want     string
 	}{
-		{"inherited default hostname gets the sibling's short ID", plan.IdentityUnique, src[:12], "b1b2b3b4b5b6"},
-		{"no hostname in the config", plan.IdentityUnique, "", "b1b2b3b4b5b6"},
-		{"explicit hostname wins", plan.IdentityUnique, "trial", "trial"},
-		{"preserve keeps the captured one", plan.IdentityPreserve, src[:12], ""},
-		{"explicit hostname wins over preserve", plan.IdentityPreserve, "trial", "trial"},
+		{"inherited default hostname gets the sibling's short ID", forkopts.IdentityUnique, src[:12], "b1b2b3b4b5b6"},
+		{"no hostname in the config", forkopts.IdentityUnique, "", "b1b2b3b4b5b6"},
+		{"explicit hostname wins", forkopts.IdentityUnique, "trial", "trial"},
+		{"preserve keeps the captured one", forkopts.IdentityPreserve, src[:12], ""},
+		{"explicit hostname wins over preserve", forkopts.IdentityPreserve, "trial", "trial"},
 	}
 	for _, c := range cases {
 		p.Identity = c.identity

@@ -15,6 +15,8 @@ import (
 	"github.com/tclone/tclone/criuhooks"
 	"github.com/tclone/tclone/runtime/cgroups"
 	"github.com/tclone/tclone/runtime/criucheck"
+	"github.com/tclone/tclone/runtime/crun"
+	"github.com/tclone/tclone/runtime/forkopts"
 	"github.com/tclone/tclone/runtime/journal"
 	"github.com/tclone/tclone/runtime/plan"
 	"github.com/tclone/tclone/runtime/rootfs"
@@ -32,11 +34,11 @@ type MaterializeRequest struct {
 	ConsoleSocket string
 	WorkPath      string
 
-	// TCPClose closes the sibling's copies of the source's established TCP
-	// connections whatever the plan says; TCPKeep asks to keep them, which
-	// only a plan captured for keeping them allows (see siblingTCPPolicy).
-	TCPClose bool
-	TCPKeep  bool
+	// TCP is what the sibling does with its copies of the source's
+	// established TCP connections: close whatever the plan says, keep
+	// (only a plan captured for keeping them allows it; see
+	// siblingTCPPolicy), or "" for the plan's policy.
+	TCP forkopts.TCPPolicy
 	// Pass-through crun restore options.
 	ManageCgroupsMode string
 	LSMProfile        string
@@ -53,7 +55,7 @@ type MaterializeRequest struct {
 	// before committing it; crun's restore is reported to it.
 	watch *restoreWatch
 	// tcp is the policy decided for this sibling.
-	tcp plan.TCPPolicy
+	tcp forkopts.TCPPolicy
 }
 
 // Materialized reports a sibling that is up.
@@ -70,6 +72,28 @@ type Materialized struct {
 		TotalMs       float64 `json:"total_ms"`
 	} `json:"timings"`
 	PagesRestored uint64 `json:"pages_restored"`
+
+	// reported ends the operation; see Reported.
+	reported func() error
+}
+
+// Reported ends a materialisation whose caller is about to report the
+// sibling made: tclone calls it just before it exits with status 0, which
+// is the report conmon, Podman and a `tclone fork` caller act on. Until
+// then the operation stays in the journal and the watchdog stays on it, so
+// that a tclone killed after the restore but before its exit (its caller
+// then sees a failure) has its sibling undone like any unfinished one: a
+// sibling left running after its runtime failed holds conmon's stdout
+// pipe, and conmon, reading the runtime's error from it, would wait
+// forever with Podman's container lock held. When Reported fails, the
+// sibling is undone when this process exits.
+func (m *Materialized) Reported() error {
+	if m == nil || m.reported == nil {
+		return nil
+	}
+	err := m.reported()
+	m.reported = nil
+	return err
 }
 
 // Materialize is Phase B: a sibling container from a plan. The sibling gets
@@ -134,28 +158,30 @@ func (e *Engine) Materialize(ctx context.Context, req MaterializeRequest) (*Mate
 		entry.End()
 		return nil, err
 	}
-	// Whatever happens below ends the operation one way or the other
-	// before the watchdog is released.
-	defer req.watch.Done()
 	m, err := e.materialize(ctx, req, p, dir, spec, bundle, root, siblingDir, check, entry)
 	if err != nil {
 		err = errors.Join(err, e.undoMaterialize(ctx, entry.Rec))
 		lease.Release(false)
 		entry.End()
-		return nil, err
-	}
-	// Committed before it is reported: an entry left saying "restore"
-	// would have a later recovery delete the running sibling.
-	if err := entry.Commit(); err != nil {
-		err = fmt.Errorf("sibling %s was restored, but %w; it is removed again", req.ID, err)
-		err = errors.Join(err, e.undoMaterialize(ctx, entry.Rec))
-		lease.Release(false)
+		req.watch.Done()
 		return nil, err
 	}
 	os.RemoveAll(siblingDir)
-	err = lease.Release(true)
 	m.Timings.TotalMs = ms(time.Since(start))
-	return m, err
+	// The use, the entry and the watchdog are let go when the sibling is
+	// reported, not before.
+	m.reported = func() error {
+		crashPoint(CrashBeforeReport)
+		if err := lease.Release(true); err != nil {
+			return fmt.Errorf("sibling %s was restored, but recording the plan's use failed: %w; it is removed again", req.ID, err)
+		}
+		if err := entry.End(); err != nil {
+			return fmt.Errorf("sibling %s was restored, but ending its journal entry failed: %w; it is removed again", req.ID, err)
+		}
+		req.watch.Done()
+		return nil
+	}
+	return m, nil
 }
 
 // sibling is a checked sibling request.
@@ -217,13 +243,13 @@ func (e *Engine) materialize(ctx context.Context, req MaterializeRequest, p *pla
 		return nil, fmt.Errorf("filling the sibling's root %s: %w", root, err)
 	}
 	m.Rootfs = fill
-	if p.Identity != plan.IdentityPreserve {
-		if _, err := freshMachineID(root); err != nil && p.Identity == plan.IdentityUnique {
+	if p.Identity != forkopts.IdentityPreserve {
+		if _, err := freshMachineID(root); err != nil && p.Identity == forkopts.IdentityUnique {
 			return nil, fmt.Errorf("giving the sibling its own machine-id: %w", err)
 		}
 	}
 	if m.Hostname != "" {
-		if err := rewriteNameFiles(spec, bundle, req.ID, p.Source.Hostname, m.Hostname); err != nil && p.Identity == plan.IdentityUnique {
+		if err := rewriteNameFiles(spec, bundle, req.ID, p.Source.Hostname, m.Hostname); err != nil && p.Identity == forkopts.IdentityUnique {
 			return nil, err
 		}
 	}
@@ -255,46 +281,21 @@ func (e *Engine) materialize(ctx context.Context, req MaterializeRequest, p *pla
 
 // crunRestore has crun restore the tree into the sibling's bundle.
 func (e *Engine) crunRestore(ctx context.Context, req MaterializeRequest, p *plan.Plan, images, work, siblingDir string, check *criucheck.Result) error {
-	args := []string{"--image-path", images, "--work-path", work, "--bundle", req.Bundle}
-	if req.Detach {
-		args = append(args, "--detach")
-	}
-	if req.PidFile != "" {
-		args = append(args, "--pid-file", req.PidFile)
-	}
-	if req.ConsoleSocket != "" {
-		args = append(args, "--console-socket", req.ConsoleSocket)
-	}
 	// The restore must declare what the dump allowed.
-	keep := req.tcp == plan.TCPKeep
-	if p.Capture.TCPEstablished && keep {
-		args = append(args, "--tcp-established")
-	}
-	if p.Capture.FileLocks {
-		args = append(args, "--file-locks")
-	}
-	if p.Capture.ExtUnixSk {
-		args = append(args, "--ext-unix-sk")
-	}
-	if p.Capture.ShellJob {
-		args = append(args, "--shell-job")
-	}
-	if req.ManageCgroupsMode != "" {
-		args = append(args, "--manage-cgroups-mode", req.ManageCgroupsMode)
-	}
-	if req.LSMProfile != "" {
-		args = append(args, "--lsm-profile", req.LSMProfile)
-	}
-	if req.LSMMountContext != "" {
-		args = append(args, "--lsm-mount-context", req.LSMMountContext)
-	}
+	declared, tcpClose := p.Capture.Restore(req.tcp)
+	args := crun.Args{"--image-path", images, "--work-path", work, "--bundle", req.Bundle}
+	args.Flag("--detach", req.Detach)
+	args.Value("--pid-file", req.PidFile)
+	args.Value("--console-socket", req.ConsoleSocket)
+	args = append(args, declared...)
+	args.Value("--manage-cgroups-mode", req.ManageCgroupsMode)
+	args.Value("--lsm-profile", req.LSMProfile)
+	args.Value("--lsm-mount-context", req.LSMMountContext)
 	args = append(args, req.ID)
 
 	env := append(os.Environ(), check.Env()...)
-	// CRIU refuses images dumped with tcp_close unless the restore says it
-	// too; images with connection state are closed on request.
-	if p.Capture.TCPClose || (p.Capture.TCPEstablished && !keep) {
-		conf, err := TCPCloseConfig(siblingDir)
+	if tcpClose {
+		conf, err := forkopts.CRIUConfig(siblingDir)
 		if err != nil {
 			return err
 		}

@@ -168,8 +168,8 @@ func TestRecoveryWaitsForLiveCaptureOfSource(t *testing.T) {
 	}
 }
 
-// A sibling whose materialisation was committed is never undone, even when
-// its entry outlived its tclone: it was reported created.
+// A sibling an older tclone recorded as committed is never undone, even
+// when its entry outlived that tclone: it was reported created.
 func TestRecoveryKeepsCommittedSibling(t *testing.T) {
 	e := testEngine(t)
 	root := t.TempDir()

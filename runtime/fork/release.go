@@ -10,9 +10,9 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/tclone/tclone/runtime/cgroups"
+	"github.com/tclone/tclone/runtime/forkopts"
 	"github.com/tclone/tclone/runtime/journal"
 	"github.com/tclone/tclone/runtime/netlock"
-	"github.com/tclone/tclone/runtime/plan"
 )
 
 // sourceHeldError is a capture whose source may still be held by what its
@@ -32,12 +32,12 @@ func (e *sourceHeldError) Unwrap() error { return e.err }
 
 // sourceRefs records where the source's processes and network live, for
 // undoing what a CRIU that died left there.
-func sourceRefs(src *source, tcp plan.TCPPolicy) (*journal.SourceRefs, error) {
+func sourceRefs(src *source, tcp forkopts.TCPPolicy) (*journal.SourceRefs, error) {
 	refs := &journal.SourceRefs{
 		CgroupDir: cgroups.ProcsDir(src.status.CgroupPath),
 		// Only a capture that keeps connections dumps them, putting the
 		// source's sockets in repair mode meanwhile.
-		TCPRepair: tcp.OrClose() == plan.TCPKeep,
+		TCPRepair: tcp.OrClose() == forkopts.TCPKeep,
 	}
 	path, own := namespacePath(src.spec, "network")
 	if !own {

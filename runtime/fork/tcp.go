@@ -11,6 +11,7 @@ import (
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/tclone/tclone/runtime/forkopts"
 	"github.com/tclone/tclone/runtime/plan"
 )
 
@@ -112,18 +113,15 @@ func checkKeepTCP(sourceNetNS uint64, spec *specs.Spec, siblingID string) error 
 // source's connections: what the plan says, or close when the restore asks
 // for it. A restore cannot turn a close plan into keep (its images hold no
 // connection state), and keep is checked against the sibling's namespace.
-func siblingTCPPolicy(p *plan.Plan, req MaterializeRequest, spec *specs.Spec) (plan.TCPPolicy, error) {
-	if req.TCPClose && req.TCPKeep {
-		return "", errors.New("--tcp-established and --tcp-close exclude each other")
-	}
-	if req.TCPClose {
-		return plan.TCPClose, nil
+func siblingTCPPolicy(p *plan.Plan, req MaterializeRequest, spec *specs.Spec) (forkopts.TCPPolicy, error) {
+	if req.TCP == forkopts.TCPClose {
+		return forkopts.TCPClose, nil
 	}
 	policy := p.TCP.OrClose()
-	if req.TCPKeep && policy != plan.TCPKeep {
+	if req.TCP == forkopts.TCPKeep && policy != forkopts.TCPKeep {
 		return "", fmt.Errorf("fork plan %s closes the siblings' copies of the source's TCP connections, and holds no connection state for a sibling to keep; restore without --tcp-established, or capture with tclone fork --plan-only --tcp-established for siblings in the source's network namespace", p.ID)
 	}
-	if policy == plan.TCPKeep {
+	if policy == forkopts.TCPKeep {
 		if err := checkKeepTCP(p.Source.NetNSInode, spec, req.ID); err != nil {
 			return "", fmt.Errorf("%w (or restore with --tcp-close)", err)
 		}

@@ -8,6 +8,7 @@ import (
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/tclone/tclone/runtime/forkopts"
 	"github.com/tclone/tclone/runtime/plan"
 )
 
@@ -59,19 +60,18 @@ func TestHasConnectedTCP(t *testing.T) {
 func TestDumpTCPOptions(t *testing.T) {
 	connected := netDir(t, []string{"01"}, nil)
 	idle := netDir(t, []string{"0A"}, nil)
-	asked := CaptureOptions{TCPEstablished: true, FileLocks: true}
 	for _, c := range []struct {
-		policy             plan.TCPPolicy
+		policy             forkopts.TCPPolicy
 		dir                string
 		established, close bool
 	}{
 		{"", connected, false, true},
-		{plan.TCPClose, connected, false, true},
-		{plan.TCPClose, idle, false, true},
-		{plan.TCPKeep, connected, true, false},
-		{plan.TCPKeep, idle, false, false},
+		{forkopts.TCPClose, connected, false, true},
+		{forkopts.TCPClose, idle, false, true},
+		{forkopts.TCPKeep, connected, true, false},
+		{forkopts.TCPKeep, idle, false, false},
 	} {
-		got, err := dumpTCPOptions(asked, c.policy, c.dir)
+		got, err := forkopts.Capture{TCP: c.policy, FileLocks: true}.Dump(func() (bool, error) { return hasConnectedTCP(c.dir) })
 		if err != nil || got.TCPEstablished != c.established || got.TCPClose != c.close || !got.FileLocks {
 			t.Errorf("policy %q in %s: %+v, %v", c.policy, filepath.Base(c.dir), got, err)
 		}
@@ -83,12 +83,12 @@ func TestDumpTCPOptions(t *testing.T) {
 func TestDumpOptionsTCP(t *testing.T) {
 	spec := &specs.Spec{Linux: &specs.Linux{}}
 	for _, c := range []struct {
-		opts CaptureOptions
+		opts forkopts.Dumped
 		lock bool
 	}{
-		{CaptureOptions{TCPClose: true}, false},
-		{CaptureOptions{}, false},
-		{CaptureOptions{TCPEstablished: true}, true},
+		{forkopts.Dumped{TCPClose: true}, false},
+		{forkopts.Dumped{}, false},
+		{forkopts.Dumped{TCPEstablished: true}, true},
 	} {
 		o, err := dumpOptions(dumpInput{spec: spec, opts: c.opts, unified: true})
 		if err != nil {
@@ -143,43 +143,27 @@ func TestSiblingTCPPolicy(t *testing.T) {
 	if err != nil {
 		t.Skip("no /proc/self/ns/net:", err)
 	}
-	closePlan := &plan.Plan{ID: "p", TCP: plan.TCPClose}
+	closePlan := &plan.Plan{ID: "p", TCP: forkopts.TCPClose}
 	oldPlan := &plan.Plan{ID: "p"}
-	keepPlan := &plan.Plan{ID: "p", TCP: plan.TCPKeep, Source: plan.Source{NetNSInode: self}}
+	keepPlan := &plan.Plan{ID: "p", TCP: forkopts.TCPKeep, Source: plan.Source{NetNSInode: self}}
 	same, fresh := specWithNetNS("/proc/self/ns/net", true), specWithNetNS("", true)
 	for _, c := range []struct {
 		name string
 		p    *plan.Plan
 		req  MaterializeRequest
 		spec *specs.Spec
-		want plan.TCPPolicy // "" for a refusal
+		want forkopts.TCPPolicy // "" for a refusal
 	}{
-		{"close plan", closePlan, MaterializeRequest{}, fresh, plan.TCPClose},
-		{"a plan without a policy closes", oldPlan, MaterializeRequest{}, fresh, plan.TCPClose},
-		{"keep asked of a close plan", closePlan, MaterializeRequest{TCPKeep: true}, same, ""},
-		{"keep plan, same namespace", keepPlan, MaterializeRequest{}, same, plan.TCPKeep},
+		{"close plan", closePlan, MaterializeRequest{}, fresh, forkopts.TCPClose},
+		{"a plan without a policy closes", oldPlan, MaterializeRequest{}, fresh, forkopts.TCPClose},
+		{"keep asked of a close plan", closePlan, MaterializeRequest{TCP: forkopts.TCPKeep}, same, ""},
+		{"keep plan, same namespace", keepPlan, MaterializeRequest{}, same, forkopts.TCPKeep},
 		{"keep plan, new namespace", keepPlan, MaterializeRequest{}, fresh, ""},
-		{"keep plan closed on request", keepPlan, MaterializeRequest{TCPClose: true}, fresh, plan.TCPClose},
-		{"both asked", keepPlan, MaterializeRequest{TCPClose: true, TCPKeep: true}, same, ""},
+		{"keep plan closed on request", keepPlan, MaterializeRequest{TCP: forkopts.TCPClose}, fresh, forkopts.TCPClose},
 	} {
 		got, err := siblingTCPPolicy(c.p, c.req, c.spec)
 		if got != c.want || (c.want == "") != (err != nil) {
 			t.Errorf("%s: %q, %v; want %q", c.name, got, err, c.want)
 		}
-	}
-}
-
-func TestTCPCloseConfig(t *testing.T) {
-	dir := t.TempDir()
-	env, err := TCPCloseConfig(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	path, ok := strings.CutPrefix(env, "CRIU_CONFIG_FILE=")
-	if !ok || filepath.Dir(path) != dir {
-		t.Fatalf("env %q", env)
-	}
-	if data, _ := os.ReadFile(path); string(data) != "tcp-close\n" {
-		t.Fatalf("config %q", data)
 	}
 }

@@ -46,7 +46,7 @@ const RestoreWatchCommand = "__tclone-restore-watch"
 //
 // Protocol on its stdin: "watch PID START" names a process of the restore
 // (crun) to kill with its descendants if tclone dies; "done" means the
-// operation committed or undid itself, and the watchdog exits touching
+// sibling was reported, or the operation undid itself, and the watchdog exits touching
 // nothing. End of input without "done" means tclone died.
 type restoreWatch struct {
 	cmd *exec.Cmd
@@ -117,7 +117,8 @@ func (rw *restoreWatch) Watch(pid int) {
 	fmt.Fprintf(rw.w, "watch %d %d\n", pid, st)
 }
 
-// Done releases the watchdog: the operation committed, or undid itself.
+// Done releases the watchdog: the sibling was reported, or the operation
+// undid itself.
 func (rw *restoreWatch) Done() {
 	if rw == nil {
 		return
@@ -235,8 +236,8 @@ func (e *Engine) abandonMaterialize(ctx context.Context, name string, watched []
 		return "", err
 	}
 	if entry.Rec.Phase == journal.PhaseCommitted {
-		// tclone died between reporting the sibling and removing the
-		// entry: the sibling is the user's now.
+		// An older tclone died between reporting the sibling and
+		// removing the entry: the sibling is the user's now.
 		return "", entry.End()
 	}
 	errs := []error{e.undoMaterialize(ctx, entry.Rec)}

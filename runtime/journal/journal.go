@@ -147,8 +147,10 @@ type SourceRefs struct {
 	TCPRepair bool `json:"tcp_repair,omitempty"`
 }
 
-// PhaseCommitted marks an operation that finished and was reported as
-// done: recovery removes its entry and undoes nothing.
+// PhaseCommitted marks an operation that older tclone versions recorded as
+// finished and reported done: recovery removes its entry and undoes
+// nothing. This version ends an entry only when the operation is reported
+// (the process is about to exit 0), so an entry it leaves is unfinished.
 const PhaseCommitted = "committed"
 
 // Journal is a directory of records.
@@ -208,19 +210,6 @@ func (e *Entry) End() error {
 		return nil
 	}
 	return err
-}
-
-// Commit records that the operation succeeded and removes the entry. When it
-// returns nil, no recovery can undo the operation: the entry is either gone
-// or says PhaseCommitted. When it fails, the entry may still describe the
-// operation as unfinished, and the caller must not report it done.
-func (e *Entry) Commit() error {
-	uerr := e.Update(func(r *Record) { r.Phase = PhaseCommitted })
-	eerr := e.End()
-	if uerr != nil && eerr != nil {
-		return fmt.Errorf("recording that the %s finished (%s): %w", e.Rec.Kind, e.path, errors.Join(uerr, eerr))
-	}
-	return nil
 }
 
 // Unclaim gives back an orphan this process claimed but could not finish,

@@ -82,34 +82,8 @@ func TestOrphanClaimedOnce(t *testing.T) {
 	}
 }
 
-// Commit leaves no entry that says the operation is unfinished: the entry
-// is gone, or says committed; and when it can do neither, it says so.
-func TestCommit(t *testing.T) {
-	j := Journal{Dir: t.TempDir()}
-	e, err := j.Begin(Record{Kind: Materialize, Phase: "restore", SiblingCreated: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := e.Commit(); err != nil {
-		t.Fatal(err)
-	}
-	if entries, _ := os.ReadDir(j.Dir); len(entries) != 0 {
-		t.Fatalf("entries left after commit: %v", entries)
-	}
-
-	// Neither marked nor removed: a non-empty directory where the entry's
-	// file should be makes both the rename and the removal fail.
-	e, _ = j.Begin(Record{Kind: Materialize, Phase: "restore", SiblingCreated: true})
-	os.Remove(e.path)
-	os.MkdirAll(filepath.Join(e.path, "blocker"), 0o700)
-	if err := e.Commit(); err == nil {
-		t.Fatal("Commit reported success although the entry could be neither marked nor removed")
-	}
-	os.RemoveAll(e.path)
-}
-
-// An entry marked committed but not removed (the removal failed) is still
-// an orphan once its owner dies, and says committed.
+// An entry an older version marked committed is still an orphan once its
+// owner dies, and says committed.
 func TestCommittedEntrySurvivesAsCommitted(t *testing.T) {
 	j := Journal{Dir: t.TempDir()}
 	e, _ := j.Begin(Record{Kind: Materialize, Phase: "restore", SiblingCreated: true})

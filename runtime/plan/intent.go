@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/tclone/tclone/runtime/forkopts"
 	"github.com/tclone/tclone/runtime/journal"
 )
 
@@ -25,13 +26,10 @@ type Intent struct {
 	ContainerID string `json:"container_id"`
 	// Nonce tells this request's intent from a later one for the same
 	// container.
-	Nonce     string         `json:"nonce"`
-	ExpiresAt time.Time      `json:"expires_at"`
-	Uses      int            `json:"uses"`
-	TTL       time.Duration  `json:"ttl"`
-	Identity  Identity       `json:"identity"`
-	Options   CaptureOptions `json:"options"`
-	TCP       TCPPolicy      `json:"tcp_policy,omitempty"`
+	Nonce     string    `json:"nonce"`
+	ExpiresAt time.Time `json:"expires_at"`
+	// Fork is the fork asked for, normalized by the client.
+	Fork forkopts.Fork `json:"fork"`
 	// Client is the process that asked for the fork, by PID and start time
 	// (WriteIntent records the caller). The plan's uses are held for it:
 	// once it has died the plan is removed as soon as no restore holds a

@@ -24,6 +24,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/tclone/tclone/runtime/forkopts"
 	"github.com/tclone/tclone/runtime/rootfs"
 )
 
@@ -38,20 +39,21 @@ type Plan struct {
 	// ExpiresAt is when an unused plan may be collected.
 	ExpiresAt time.Time `json:"expires_at"`
 
-	Source  Source           `json:"source"`
-	Tree    Tree             `json:"tree"`
-	Rootfs  *rootfs.Snapshot `json:"rootfs"`
-	Capture CaptureOptions   `json:"capture"`
+	Source Source           `json:"source"`
+	Tree   Tree             `json:"tree"`
+	Rootfs *rootfs.Snapshot `json:"rootfs"`
+	// Capture is what the dump asked of CRIU; a restore must match.
+	Capture forkopts.Dumped `json:"capture"`
 	// Identity says how siblings differ from the source: "unique" gives
 	// each its own hostname and machine-id, "preserve" keeps the source's.
-	Identity Identity `json:"identity"`
+	Identity forkopts.Identity `json:"identity"`
 	// TCP is what every sibling does with its copies of the source's
 	// established TCP connections. It is a restore option, but Podman's
 	// restore call cannot carry it, so the plan does.
-	TCP     TCPPolicy `json:"tcp_policy"`
-	Timings Timings   `json:"timings"`
-	Pages   PageStats `json:"pages"`
-	Criu    string    `json:"criu_version"`
+	TCP     forkopts.TCPPolicy `json:"tcp_policy"`
+	Timings Timings            `json:"timings"`
+	Pages   PageStats          `json:"pages"`
+	Criu    string             `json:"criu_version"`
 }
 
 // Source is what the plan remembers of the container it was captured from.
@@ -87,19 +89,6 @@ type Process struct {
 	Comm    string `json:"comm,omitempty"`
 }
 
-// CaptureOptions are the CRIU options the dump used; a restore must match.
-type CaptureOptions struct {
-	// TCPEstablished: the dump holds the state of established TCP
-	// connections (CRIU's tcp_established), for siblings that keep them.
-	TCPEstablished bool `json:"tcp_established"`
-	// TCPClose: the dump left established connections alone (CRIU's
-	// tcp_close); CRIU then insists on tcp_close at restore too.
-	TCPClose  bool `json:"tcp_close,omitempty"`
-	FileLocks bool `json:"file_locks"`
-	ExtUnixSk bool `json:"ext_unix_sk"`
-	ShellJob  bool `json:"shell_job"`
-}
-
 // Timings of the capture, in milliseconds.
 type Timings struct {
 	TotalMs float64 `json:"total_ms"`
@@ -126,67 +115,6 @@ type PageStats struct {
 	PagesWritten uint64 `json:"pages_written"`
 	PagesSkipped uint64 `json:"pages_skipped_parent"`
 	BytesWritten int64  `json:"bytes_written"`
-}
-
-// Identity is a sibling identity policy.
-type Identity string
-
-const (
-	// IdentityUnique gives each sibling its own hostname and machine-id.
-	IdentityUnique Identity = "unique"
-	// IdentityBestEffort is unique, but a part that cannot be changed is
-	// left as it is instead of failing the fork.
-	IdentityBestEffort Identity = "best-effort"
-	// IdentityPreserve keeps the source's identity.
-	IdentityPreserve Identity = "preserve"
-)
-
-// ParseIdentity validates an identity policy name; empty means unique.
-func ParseIdentity(s string) (Identity, error) {
-	switch Identity(s) {
-	case "":
-		return IdentityUnique, nil
-	case IdentityUnique, IdentityBestEffort, IdentityPreserve:
-		return Identity(s), nil
-	}
-	return "", fmt.Errorf("unknown identity policy %q (use unique, best-effort or preserve)", s)
-}
-
-// TCPPolicy is what a sibling does with its copies of the source's
-// established TCP connections.
-type TCPPolicy string
-
-const (
-	// TCPClose closes the sibling's copies: its processes read end of file
-	// and their writes fail, while the source keeps its connections and
-	// its peers see nothing of the fork. The default.
-	TCPClose TCPPolicy = "close"
-	// TCPKeep lets the sibling carry on the source's connections, with the
-	// source's addresses and sequence numbers. Only a sibling in the
-	// source's own network namespace may: from anywhere else its packets
-	// would reach the source's peers as if the source sent them.
-	TCPKeep TCPPolicy = "keep"
-)
-
-// TCPPolicyFromFlags reads the --tcp-established/--tcp-close pair every
-// fork command takes; neither means close.
-func TCPPolicyFromFlags(established, close bool) (TCPPolicy, error) {
-	switch {
-	case established && close:
-		return "", errors.New("--tcp-established and --tcp-close exclude each other")
-	case established:
-		return TCPKeep, nil
-	}
-	return TCPClose, nil
-}
-
-// OrClose is the policy, with close for none given (and for plans from
-// before the policy was recorded).
-func (p TCPPolicy) OrClose() TCPPolicy {
-	if p == "" {
-		return TCPClose
-	}
-	return p
 }
 
 // NewID returns a fresh plan ID.

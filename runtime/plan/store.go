@@ -12,6 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/tclone/tclone/runtime/forkopts"
 	"github.com/tclone/tclone/runtime/journal"
 	"github.com/tclone/tclone/runtime/rootfs"
 )
@@ -227,7 +228,7 @@ func (u Uses) abandoned() bool {
 }
 
 // Unlimited marks a plan that serves any number of siblings until it expires.
-const Unlimited = -1
+const Unlimited = forkopts.Unlimited
 
 func usesPath(dir string) string { return filepath.Join(dir, "uses") }
 

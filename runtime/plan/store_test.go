@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/tclone/tclone/runtime/forkopts"
 )
 
 // testStore is a store whose plan directory is an ordinary directory: the
@@ -154,11 +156,11 @@ func TestReadRejectsOtherVersions(t *testing.T) {
 
 func TestIntentTakenOnce(t *testing.T) {
 	s := testStore(t)
-	if err := s.WriteIntent(Intent{ContainerID: "c1", Uses: 3, Identity: IdentityUnique}); err != nil {
+	if err := s.WriteIntent(Intent{ContainerID: "c1", Fork: forkopts.Fork{Uses: 3, Identity: forkopts.IdentityUnique}}); err != nil {
 		t.Fatal(err)
 	}
 	in, err := s.TakeIntent("c1")
-	if err != nil || in == nil || in.Uses != 3 {
+	if err != nil || in == nil || in.Fork.Uses != 3 {
 		t.Fatalf("take: %+v %v", in, err)
 	}
 	if again, _ := s.TakeIntent("c1"); again != nil {

@@ -7,29 +7,9 @@ import (
 	"strings"
 	"testing"
 	"time"
-)
 
-func TestTCPPolicyFromFlags(t *testing.T) {
-	for _, c := range []struct {
-		established, close bool
-		want               TCPPolicy
-	}{
-		{false, false, TCPClose},
-		{false, true, TCPClose},
-		{true, false, TCPKeep},
-	} {
-		got, err := TCPPolicyFromFlags(c.established, c.close)
-		if err != nil || got != c.want {
-			t.Errorf("TCPPolicyFromFlags(%v, %v) = %q, %v; want %q", c.established, c.close, got, err, c.want)
-		}
-	}
-	if _, err := TCPPolicyFromFlags(true, true); err == nil {
-		t.Error("--tcp-established with --tcp-close accepted")
-	}
-	if TCPPolicy("").OrClose() != TCPClose || TCPKeep.OrClose() != TCPKeep {
-		t.Error("OrClose")
-	}
-}
+	"github.com/tclone/tclone/runtime/forkopts"
+)
 
 // A plan records its policy even when it is the default, so that every
 // sibling made from it, at any later time, closes its copies.
@@ -40,7 +20,7 @@ func TestPlanRecordsTCPPolicy(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p.TCP = TCPClose
+	p.TCP = forkopts.TCPClose
 	if err := p.Write(dir); err != nil {
 		t.Fatal(err)
 	}
@@ -48,7 +28,7 @@ func TestPlanRecordsTCPPolicy(t *testing.T) {
 	if !strings.Contains(string(data), `"tcp_policy": "close"`) {
 		t.Fatalf("plan.json does not say the policy:\n%s", data)
 	}
-	if q, err := Read(dir); err != nil || q.TCP != TCPClose {
+	if q, err := Read(dir); err != nil || q.TCP != forkopts.TCPClose {
 		t.Fatalf("read back %q, %v", q.TCP, err)
 	}
 }

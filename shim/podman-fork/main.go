@@ -10,13 +10,14 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"slices"
 	"syscall"
 
 	"github.com/sirupsen/logrus"
 	"github.com/urfave/cli/v2"
 
 	"github.com/tclone/tclone/runtime/buildinfo"
-	"github.com/tclone/tclone/runtime/plan"
+	"github.com/tclone/tclone/shim/forkflags"
 	"github.com/tclone/tclone/shim/podmanfork"
 )
 
@@ -45,18 +46,13 @@ briefly and keeps running. SOURCE must run with --runtime tclone.
 
 Prints the new container IDs, one per line, like podman create.`,
 		HideHelpCommand: true,
-		Flags: []cli.Flag{
+		Flags: slices.Concat(forkflags.Capture(), forkflags.Sibling(), []cli.Flag{
 			&cli.StringFlag{Name: "name", Usage: "name of the new container (with --count N: NAME-1..NAME-N); default SOURCE-fork-<n>"},
 			&cli.IntFlag{Name: "count", Value: 1, Usage: fmt.Sprintf("number of siblings, 1..%d, all or nothing", podmanfork.MaxCount)},
 			&cli.StringSliceFlag{Name: "publish", Aliases: []string{"p"}, Usage: "publish a port of each sibling (podman -p syntax)"},
 			&cli.BoolFlag{Name: "ignore-static-ip", Usage: "give siblings of a source with a static IP fresh addresses"},
 			&cli.BoolFlag{Name: "ignore-static-mac", Usage: "give siblings of a source with a static MAC fresh addresses"},
-			&cli.BoolFlag{Name: "tcp-established", Usage: "refused: a sibling has its own IP, so it cannot keep the source's TCP connections"},
-			&cli.BoolFlag{Name: "tcp-close", Usage: "close the siblings' copies of the source's open TCP connections; the source keeps them (the default)"},
-			&cli.BoolFlag{Name: "file-locks", Usage: "capture and restore file locks"},
 			&cli.StringSliceFlag{Name: "label", Aliases: []string{"l"}, Usage: "add a label KEY=VALUE to each sibling"},
-			&cli.StringFlag{Name: "identity", Value: string(plan.IdentityUnique), Usage: "unique: each sibling gets its own hostname and machine-id, and a source where one cannot differ (--uts=host, a mounted /etc/machine-id) is refused; " +
-				"best-effort: the same where possible, keeping what cannot change (--print-stats says what was kept); preserve: the source's"},
 			&cli.StringSliceFlag{Name: "hook", Usage: "command run with sh -c in each sibling before it is reported; a failure fails the fork"},
 			&cli.StringFlag{Name: "ready", Value: "running", Usage: "when a sibling is up: running (Podman and crun say it runs; needs nothing in the image), " +
 				"exec (`true` runs in it), tcp:PORT (it accepts a connection) or http:PORT/PATH (GET answers 2xx/3xx)"},
@@ -66,7 +62,7 @@ Prints the new container IDs, one per line, like podman create.`,
 			&cli.StringFlag{Name: "url", EnvVars: []string{"CONTAINER_HOST"}, Usage: "Podman service URL (default: the local service, started for this call if none runs)"},
 			&cli.BoolFlag{Name: "private-service", Hidden: true, Usage: "start a Podman service for this call even when the system one answers"},
 			&cli.BoolFlag{Name: "debug", Usage: "debug output"},
-		},
+		}),
 		Action: run,
 	}
 }
@@ -134,16 +130,17 @@ func options(c *cli.Context) (podmanfork.Options, error) {
 	if d := c.Duration("ready-timeout"); d <= 0 {
 		return podmanfork.Options{}, fmt.Errorf("--ready-timeout %s: give a duration above zero, such as 30s", d)
 	}
+	fork, err := forkflags.Read(c)
+	if err != nil {
+		return podmanfork.Options{}, err
+	}
 	opts := podmanfork.Options{
 		Count:           count,
 		Publish:         c.StringSlice("publish"),
 		IgnoreStaticIP:  c.Bool("ignore-static-ip"),
 		IgnoreStaticMAC: c.Bool("ignore-static-mac"),
-		TCPEstablished:  c.Bool("tcp-established"),
-		TCPClose:        c.Bool("tcp-close"),
-		FileLocks:       c.Bool("file-locks"),
+		Fork:            fork,
 		Labels:          labels,
-		Identity:        plan.Identity(c.String("identity")),
 		Hooks:           c.StringSlice("hook"),
 		Ready:           ready,
 		ReadyTimeout:    c.Duration("ready-timeout"),

@@ -16,6 +16,7 @@ import (
 
 	"github.com/tclone/tclone/runtime/calls"
 	"github.com/tclone/tclone/runtime/crun"
+	"github.com/tclone/tclone/runtime/forkopts"
 	"github.com/tclone/tclone/runtime/plan"
 )
 
@@ -202,12 +203,7 @@ func (f *forker) checkpoint(ctx context.Context, archive string) (*plan.Plan, er
 	intent := plan.Intent{
 		ContainerID: f.src.ID,
 		Nonce:       fmt.Sprintf("%d-%d", os.Getpid(), time.Now().UnixNano()),
-		Uses:        f.opts.Count,
-		TTL:         f.planTTL(),
-		Identity:    f.opts.Identity,
-		Options:     plan.CaptureOptions{FileLocks: f.opts.FileLocks},
-		// A sibling has its own address: it never keeps the connections.
-		TCP: plan.TCPClose,
+		Fork:        f.opts.Fork,
 	}
 	// Another fork of this source between our intent and our checkpoint
 	// would take or replace the intent.
@@ -261,15 +257,6 @@ func (f *forker) checkpoint(ctx context.Context, archive string) (*plan.Plan, er
 	return p, nil
 }
 
-// planTTL keeps the capture at least as long as this call may take to make
-// every sibling (each may spend ReadyTimeout on hooks and readiness).
-func (f *forker) planTTL() time.Duration {
-	if f.opts.PlanTTL > 0 {
-		return f.opts.PlanTTL
-	}
-	return 10*time.Minute + time.Duration(f.opts.Count)*(f.opts.ReadyTimeout+time.Minute)
-}
-
 // maxNameTries bounds how often a default name is tried again after
 // another fork took it first.
 const maxNameTries = 64
@@ -297,7 +284,7 @@ func (f *forker) restoreNamed(ctx context.Context, archive string, i int) (*Resu
 // restore makes sibling number i, called name, from the archive.
 func (f *forker) restore(ctx context.Context, archive, name string, i int) (*Result, error) {
 	r := &Result{Name: name}
-	if f.opts.Identity != plan.IdentityPreserve && f.identityLimits["hostname"] == "" {
+	if f.opts.Identity != forkopts.IdentityPreserve && f.identityLimits["hostname"] == "" {
 		r.Hostname = hostnameFor(name)
 	}
 	labels := map[string]string{LabelForkedFrom: f.src.ID, calls.LabelCall: f.nonce}

@@ -11,7 +11,7 @@ import (
 	"github.com/containers/podman/v5/libpod/define"
 	"golang.org/x/sys/unix"
 
-	"github.com/tclone/tclone/runtime/plan"
+	"github.com/tclone/tclone/runtime/forkopts"
 )
 
 // What a sibling's identity part is, in IdentityReport.
@@ -50,9 +50,9 @@ func identityLimits(src *define.InspectContainerData) map[string]string {
 
 // checkIdentity refuses, under the unique policy, a source whose siblings
 // could not get their own identity; best-effort goes on and reports it.
-func checkIdentity(policy plan.Identity, src *define.InspectContainerData) (map[string]string, error) {
+func checkIdentity(policy forkopts.Identity, src *define.InspectContainerData) (map[string]string, error) {
 	limits := identityLimits(src)
-	if policy != plan.IdentityUnique || len(limits) == 0 {
+	if policy != forkopts.IdentityUnique || len(limits) == 0 {
 		return limits, nil
 	}
 	var why []string
@@ -91,7 +91,7 @@ func (f *forker) verifyIdentity(r *Result) error {
 	uts, _ := os.Readlink(fmt.Sprintf("/proc/%d/ns/uts", r.pid))
 	// A hostname the user chose equal to the source's is still the
 	// sibling's own; only a shared UTS namespace, or preserve, keeps it.
-	if (uts != "" && uts == f.srcID.utsNS) || f.opts.Identity == plan.IdentityPreserve {
+	if (uts != "" && uts == f.srcID.utsNS) || f.opts.Identity == forkopts.IdentityPreserve {
 		rep.Hostname = IdentityKept
 	}
 	switch mid := readMachineID(r.pid); {
@@ -101,7 +101,7 @@ func (f *forker) verifyIdentity(r *Result) error {
 		rep.MachineID = IdentityKept
 	}
 	r.Identity = rep
-	if f.opts.Identity == plan.IdentityPreserve {
+	if f.opts.Identity == forkopts.IdentityPreserve {
 		return nil
 	}
 	kept := map[string]string{}
@@ -119,7 +119,7 @@ func (f *forker) verifyIdentity(r *Result) error {
 			r.Identity.Kept = append(r.Identity.Kept, why)
 		}
 	}
-	if f.opts.Identity == plan.IdentityUnique && len(r.Identity.Kept) > 0 {
+	if f.opts.Identity == forkopts.IdentityUnique && len(r.Identity.Kept) > 0 {
 		return fmt.Errorf("%s, though --identity unique asks for its own", strings.Join(r.Identity.Kept, " and "))
 	}
 	return nil

@@ -6,7 +6,7 @@ import (
 
 	"github.com/containers/podman/v5/libpod/define"
 
-	"github.com/tclone/tclone/runtime/plan"
+	"github.com/tclone/tclone/runtime/forkopts"
 )
 
 func TestCheckIdentity(t *testing.T) {
@@ -15,15 +15,15 @@ func TestCheckIdentity(t *testing.T) {
 	mountedID := &define.InspectContainerData{Name: "ws", HostConfig: &define.InspectContainerHostConfig{},
 		Mounts: []define.InspectMount{{Source: "/etc/machine-id", Destination: "/etc/machine-id"}}}
 
-	if limits, err := checkIdentity(plan.IdentityUnique, plain); err != nil || len(limits) != 0 {
+	if limits, err := checkIdentity(forkopts.IdentityUnique, plain); err != nil || len(limits) != 0 {
 		t.Fatalf("a plain source: %v %v", limits, err)
 	}
 	for _, src := range []*define.InspectContainerData{hostUTS, mountedID} {
-		_, err := checkIdentity(plan.IdentityUnique, src)
+		_, err := checkIdentity(forkopts.IdentityUnique, src)
 		if err == nil || !strings.Contains(err.Error(), "--identity best-effort") {
 			t.Errorf("unique accepted a source whose identity cannot change: %v", err)
 		}
-		limits, err := checkIdentity(plan.IdentityBestEffort, src)
+		limits, err := checkIdentity(forkopts.IdentityBestEffort, src)
 		if err != nil || len(limits) != 1 {
 			t.Errorf("best-effort: %v %v", limits, err)
 		}
@@ -31,7 +31,7 @@ func TestCheckIdentity(t *testing.T) {
 	if l := identityLimits(mountedID); !strings.Contains(l["machine_id"], "/etc/machine-id is mounted") {
 		t.Errorf("limits %v", l)
 	}
-	if _, err := checkIdentity(plan.IdentityPreserve, hostUTS); err != nil {
+	if _, err := checkIdentity(forkopts.IdentityPreserve, hostUTS); err != nil {
 		t.Errorf("preserve refused: %v", err)
 	}
 }

@@ -23,7 +23,7 @@ import (
 	"github.com/containers/podman/v5/libpod/define"
 	"github.com/containers/podman/v5/pkg/specgenutil"
 
-	"github.com/tclone/tclone/runtime/plan"
+	"github.com/tclone/tclone/runtime/forkopts"
 )
 
 // MaxCount bounds how many siblings one call makes.
@@ -32,6 +32,14 @@ const MaxCount = 32
 // Options configure a fork. The zero value makes one sibling with a unique
 // identity, named <source>-fork-<n>, ready once running.
 type Options struct {
+	// Fork is what the capture asks of CRIU and how siblings differ from
+	// the source (see forkopts.Fork). Its TCP policy is always close:
+	// keeping the source's connections (forkopts.TCPKeep, --tcp-established)
+	// is refused, since a sibling has its own IP and its copies would talk
+	// to the source's peers with the source's address and sequence
+	// numbers. Its Uses is Count. Its TTL bounds how long the capture is
+	// kept if the call is cut short; 0 means long enough for this call.
+	forkopts.Fork
 	// Names of the siblings; when empty they are <source>-fork-<n>. When
 	// set, its length must equal Count.
 	Names []string
@@ -45,20 +53,9 @@ type Options struct {
 	// static address get fresh ones instead of failing.
 	IgnoreStaticIP  bool
 	IgnoreStaticMAC bool
-	// TCPClose closes the siblings' copies of the source's open TCP
-	// connections while the source keeps them; it is what a fork always
-	// does. TCPEstablished, keeping them in the siblings, is refused: a
-	// sibling has its own IP, and its copies would talk to the source's
-	// peers with the source's address and sequence numbers.
-	TCPEstablished bool
-	TCPClose       bool
-	// FileLocks captures and restores file locks.
-	FileLocks bool
 	// Labels added to every sibling, KEY=VALUE. Siblings always carry
 	// LabelForkedFrom.
 	Labels map[string]string
-	// Identity policy: unique (default), best-effort or preserve.
-	Identity plan.Identity
 	// Hooks run in each sibling, in order, with `sh -c`, before it is
 	// reported. A hook that fails fails the whole fork.
 	Hooks []string
@@ -67,9 +64,6 @@ type Options struct {
 	// ReadyTimeout bounds Hooks plus Ready per sibling; 0 means
 	// DefaultReadyTimeout.
 	ReadyTimeout time.Duration
-	// PlanTTL bounds how long the capture is kept if the call is cut short;
-	// 0 means tclone's default.
-	PlanTTL time.Duration
 }
 
 // LabelForkedFrom names the label every sibling carries: the source's ID.
@@ -168,14 +162,9 @@ func (o *Options) normalize() error {
 	if err := checkNames(o.Names); err != nil {
 		return err
 	}
-	if o.TCPEstablished {
+	if o.TCP == forkopts.TCPKeep {
 		return errTCPEstablished
 	}
-	id, err := plan.ParseIdentity(string(o.Identity))
-	if err != nil {
-		return err
-	}
-	o.Identity = id
 	if err := o.checkPublish(); err != nil {
 		return err
 	}
@@ -199,7 +188,13 @@ func (o *Options) normalize() error {
 	if o.ReadyTimeout == 0 {
 		o.ReadyTimeout = DefaultReadyTimeout
 	}
-	return nil
+	o.Uses = o.Count
+	if o.TTL == 0 {
+		// Long enough for every sibling, each of which may spend
+		// ReadyTimeout on hooks and readiness.
+		o.TTL = forkopts.DefaultPlanTTL + time.Duration(o.Count)*(o.ReadyTimeout+time.Minute)
+	}
+	return o.Fork.Normalize()
 }
 
 // DefaultReadyTimeout bounds hooks plus readiness per sibling by default.

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tclone/tclone/runtime/forkopts"
 	"github.com/tclone/tclone/runtime/plan"
 )
 
@@ -52,18 +53,18 @@ func TestParseLabels(t *testing.T) {
 
 func TestNormalize(t *testing.T) {
 	o := Options{}
-	if err := o.normalize(); err != nil || o.Count != 1 || o.Identity != plan.IdentityUnique || o.Ready.Kind != ReadyRunning || o.ReadyTimeout == 0 {
+	if err := o.normalize(); err != nil || o.Count != 1 || o.Identity != forkopts.IdentityUnique || o.Ready.Kind != ReadyRunning || o.ReadyTimeout == 0 {
 		t.Fatalf("defaults: %+v %v", o, err)
 	}
 	for _, bad := range []Options{
 		{Count: 33}, {Count: -1}, {Count: 2, Names: []string{"a"}},
-		{TCPEstablished: true}, {TCPEstablished: true, TCPClose: true}, {Identity: "clone"},
+		{Fork: forkopts.Fork{Capture: forkopts.Capture{TCP: forkopts.TCPKeep}}}, {Fork: forkopts.Fork{Identity: "clone"}},
 	} {
 		if err := bad.normalize(); err == nil {
 			t.Errorf("%+v accepted", bad)
 		}
 	}
-	o = Options{TCPClose: true}
+	o = Options{Fork: forkopts.Fork{Capture: forkopts.Capture{TCP: forkopts.TCPClose}}}
 	if err := o.normalize(); err != nil {
 		t.Fatalf("--tcp-close, the default said out loud, refused: %v", err)
 	}
@@ -77,7 +78,7 @@ func TestNormalize(t *testing.T) {
 // it talk to the source's peers as the source: refused, saying why and what
 // the default does.
 func TestTCPEstablishedRefused(t *testing.T) {
-	o := Options{TCPEstablished: true}
+	o := Options{Fork: forkopts.Fork{Capture: forkopts.Capture{TCP: forkopts.TCPKeep}}}
 	err := o.normalize()
 	if err == nil {
 		t.Fatal("--tcp-established accepted")

@@ -20,6 +20,7 @@ import (
 
 	"github.com/tclone/tclone/runtime/calls"
 	"github.com/tclone/tclone/runtime/fork"
+	"github.com/tclone/tclone/runtime/forkopts"
 	"github.com/tclone/tclone/runtime/journal"
 	"github.com/tclone/tclone/runtime/plan"
 )
@@ -164,16 +165,22 @@ func contains(list []string, s string) bool {
 }
 
 // A `tclone restore` killed the moment crun has restored the sibling (the
-// crash point sibling-restored) leaves Podman responsive: its watchdog
-// removes the half-made sibling, conmon reads end-of-file on the runtime's
-// stderr and reports the failure, and Podman lets go of the container's
-// lock. The fork fails, the source runs on, and nothing is left.
+// crash point sibling-restored), or once the sibling is complete but before
+// tclone exits 0 (before-report: conmon sees its runtime fail all the
+// same), leaves Podman responsive: its watchdog removes the sibling, conmon
+// reads end-of-file on the runtime's stderr and reports the failure, and
+// Podman lets go of the container's lock. The fork fails, the source runs
+// on, and nothing is left.
 func TestKilledRestoreLeavesPodmanResponsive(t *testing.T) {
 	requireStack(t)
 	requireNoLeftovers(t)
-	sock := startService(t, fork.EnvCrashAt+"="+fork.CrashSiblingRestored)
-	for _, tty := range []bool{false, true} {
-		t.Run(fmt.Sprintf("tty=%v", tty), func(t *testing.T) { killedRestore(t, sock, tty) })
+	for _, point := range []string{fork.CrashSiblingRestored, fork.CrashBeforeReport} {
+		t.Run(point, func(t *testing.T) {
+			sock := startService(t, fork.EnvCrashAt+"="+point)
+			for _, tty := range []bool{false, true} {
+				t.Run(fmt.Sprintf("tty=%v", tty), func(t *testing.T) { killedRestore(t, sock, tty) })
+			}
+		})
 	}
 }
 
@@ -269,7 +276,7 @@ func TestKilledRestoreWithoutClient(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	store.WriteIntent(plan.Intent{ContainerID: srcID, Nonce: sib, Uses: 1, TTL: 2 * time.Minute, Identity: plan.IdentityUnique})
+	store.WriteIntent(plan.Intent{ContainerID: srcID, Nonce: sib, Fork: forkopts.Fork{Uses: 1, TTL: 2 * time.Minute, Identity: forkopts.IdentityUnique}})
 	archive := filepath.Join(t.TempDir(), "checkpoint.tar")
 	podman(t, "container", "checkpoint", "--leave-running", "--ignore-rootfs", "--export", archive, src)
 	unlock()

@@ -1,0 +1,158 @@
+// Package forkopts is the one model of a fork's options. Every way in
+// (`tclone fork`, `tclone restore` of a plan, `podman container fork`, the
+// Go client, a fork intent) fills a Fork, Normalize checks it once, and the
+// engine renders CRIU's options and crun's arguments from it here, so that
+// an option is added in one place.
+//
+// A Fork has two parts: Capture, what the source's dump asks of CRIU (and
+// what the siblings do with its TCP connections), and the plan's part:
+// how its siblings differ from the source, how many it serves and how long
+// it is kept.
+package forkopts
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Defaults a Normalize fills in.
+const (
+	// DefaultPlanTTL is how long an unused plan is kept.
+	DefaultPlanTTL = 10 * time.Minute
+	// DefaultCaptureTimeout bounds a capture's CRIU dump, and so the
+	// source's pause: about 25 GiB of memory at a dump speed of 400 MiB/s.
+	DefaultCaptureTimeout = 60 * time.Second
+)
+
+// Unlimited is the Uses of a plan that serves any number of siblings until
+// it expires.
+const Unlimited = -1
+
+// Fork is one fork's options.
+type Fork struct {
+	Capture
+	// Identity says how siblings differ from the source.
+	Identity Identity `json:"identity"`
+	// Uses is how many siblings the plan serves, or Unlimited; 0 means 1.
+	Uses int `json:"uses"`
+	// TTL bounds how long an unused plan is kept; 0 means DefaultPlanTTL.
+	TTL time.Duration `json:"ttl"`
+	// CaptureTimeout bounds the dump, and so the source's pause: on
+	// expiry CRIU is stopped and the source runs on. 0 means
+	// DefaultCaptureTimeout.
+	CaptureTimeout time.Duration `json:"capture_timeout,omitempty"`
+}
+
+// Capture is what the source's dump asks of CRIU.
+type Capture struct {
+	// TCP is what the siblings do with their copies of the source's
+	// established TCP connections; it decides the dump's TCP options.
+	// Empty means none was asked for: Normalize makes it TCPClose.
+	TCP TCPPolicy `json:"tcp_policy,omitempty"`
+	// FileLocks dumps and restores file locks.
+	FileLocks bool `json:"file_locks,omitempty"`
+	// ExtUnixSk allows unix sockets connected outside the container.
+	ExtUnixSk bool `json:"ext_unix_sk,omitempty"`
+	// ShellJob allows a tree attached to an outside terminal session.
+	ShellJob bool `json:"shell_job,omitempty"`
+}
+
+// Normalize checks every option and fills the defaults. Each way in calls
+// it before anything is made, so a bad option never leaves anything behind.
+func (f *Fork) Normalize() error {
+	id, err := ParseIdentity(string(f.Identity))
+	if err != nil {
+		return err
+	}
+	f.Identity = id
+	switch f.TCP {
+	case "":
+		f.TCP = TCPClose
+	case TCPClose, TCPKeep:
+	default:
+		return fmt.Errorf("unknown TCP policy %q (use close or keep)", f.TCP)
+	}
+	switch {
+	case f.Uses == 0:
+		f.Uses = 1
+	case f.Uses < Unlimited:
+		return fmt.Errorf("uses %d: give a number of siblings (1 or more), or %d for any number until the plan expires", f.Uses, Unlimited)
+	}
+	switch {
+	case f.TTL == 0:
+		f.TTL = DefaultPlanTTL
+	case f.TTL < 0:
+		return fmt.Errorf("plan TTL %s is negative: give how long an unused plan is kept, such as 10m", f.TTL)
+	}
+	switch {
+	case f.CaptureTimeout == 0:
+		f.CaptureTimeout = DefaultCaptureTimeout
+	case f.CaptureTimeout < 0:
+		return fmt.Errorf("capture timeout %s is negative: give a positive duration, such as 60s", f.CaptureTimeout)
+	}
+	return nil
+}
+
+// Identity is a sibling identity policy.
+type Identity string
+
+const (
+	// IdentityUnique gives each sibling its own hostname and machine-id.
+	IdentityUnique Identity = "unique"
+	// IdentityBestEffort is unique, but a part that cannot be changed is
+	// left as it is instead of failing the fork.
+	IdentityBestEffort Identity = "best-effort"
+	// IdentityPreserve keeps the source's identity.
+	IdentityPreserve Identity = "preserve"
+)
+
+// ParseIdentity validates an identity policy name; empty means unique.
+func ParseIdentity(s string) (Identity, error) {
+	switch Identity(s) {
+	case "":
+		return IdentityUnique, nil
+	case IdentityUnique, IdentityBestEffort, IdentityPreserve:
+		return Identity(s), nil
+	}
+	return "", fmt.Errorf("unknown identity policy %q (use unique, best-effort or preserve)", s)
+}
+
+// TCPPolicy is what a sibling does with its copies of the source's
+// established TCP connections.
+type TCPPolicy string
+
+const (
+	// TCPClose closes the sibling's copies: its processes read end of file
+	// and their writes fail, while the source keeps its connections and
+	// its peers see nothing of the fork. The default.
+	TCPClose TCPPolicy = "close"
+	// TCPKeep lets the sibling carry on the source's connections, with the
+	// source's addresses and sequence numbers. Only a sibling in the
+	// source's own network namespace may: from anywhere else its packets
+	// would reach the source's peers as if the source sent them.
+	TCPKeep TCPPolicy = "keep"
+)
+
+// TCPFromFlags reads the --tcp-established/--tcp-close pair (crun's and
+// tclone's spelling); neither gives "", no policy asked for.
+func TCPFromFlags(established, close bool) (TCPPolicy, error) {
+	switch {
+	case established && close:
+		return "", errors.New("--tcp-established and --tcp-close exclude each other")
+	case established:
+		return TCPKeep, nil
+	case close:
+		return TCPClose, nil
+	}
+	return "", nil
+}
+
+// OrClose is the policy, with close for none given (and for plans from
+// before the policy was recorded).
+func (p TCPPolicy) OrClose() TCPPolicy {
+	if p == "" {
+		return TCPClose
+	}
+	return p
+}

@@ -1,0 +1,136 @@
+package forkopts
+
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestTCPFromFlags(t *testing.T) {
+	for _, c := range []struct {
+		established, close bool
+		want               TCPPolicy
+	}{
+		{false, false, ""},
+		{false, true, TCPClose},
+		{true, false, TCPKeep},
+	} {
+		got, err := TCPFromFlags(c.established, c.close)
+		if err != nil || got != c.want {
+			t.Errorf("TCPFromFlags(%v, %v) = %q, %v; want %q", c.established, c.close, got, err, c.want)
+		}
+	}
+	if _, err := TCPFromFlags(true, true); err == nil {
+		t.Error("--tcp-established with --tcp-close accepted")
+	}
+	if TCPPolicy("").OrClose() != TCPClose || TCPKeep.OrClose() != TCPKeep {
+		t.Error("OrClose")
+	}
+}
+
+// The zero Fork is one sibling, unique, TCP closed, with the default TTL and
+// capture timeout.
+func TestNormalizeFillsDefaults(t *testing.T) {
+	var f Fork
+	if err := f.Normalize(); err != nil {
+		t.Fatal(err)
+	}
+	want := Fork{Capture: Capture{TCP: TCPClose}, Identity: IdentityUnique, Uses: 1, TTL: DefaultPlanTTL, CaptureTimeout: DefaultCaptureTimeout}
+	if f != want {
+		t.Fatalf("normalized zero Fork = %+v, want %+v", f, want)
+	}
+	// Normalizing twice changes nothing.
+	g := f
+	if err := g.Normalize(); err != nil || g != f {
+		t.Fatalf("second Normalize: %+v %v", g, err)
+	}
+}
+
+func TestNormalizeRefusals(t *testing.T) {
+	for _, c := range []struct {
+		f    Fork
+		says string
+	}{
+		{Fork{Identity: "clone"}, "identity policy"},
+		{Fork{Capture: Capture{TCP: "repair"}}, "TCP policy"},
+		{Fork{Uses: -2}, "uses -2"},
+		{Fork{TTL: -time.Second}, "TTL"},
+		{Fork{CaptureTimeout: -time.Second}, "capture timeout"},
+	} {
+		f := c.f
+		err := f.Normalize()
+		if err == nil || !strings.Contains(err.Error(), c.says) {
+			t.Errorf("Normalize(%+v) = %v, want an error about %s", c.f, err, c.says)
+		}
+	}
+	f := Fork{Uses: Unlimited}
+	if err := f.Normalize(); err != nil || f.Uses != Unlimited {
+		t.Fatalf("unlimited uses: %d %v", f.Uses, err)
+	}
+}
+
+// What a dump asks of CRIU, and what its restore must then declare.
+func TestDumpAndRestore(t *testing.T) {
+	none := func() (bool, error) { return false, nil }
+	some := func() (bool, error) { return true, nil }
+	for _, c := range []struct {
+		name      string
+		capture   Capture
+		connected func() (bool, error)
+		policy    TCPPolicy // the sibling's
+		dumped    Dumped
+		args      []string
+		tcpClose  bool
+	}{
+		{"close", Capture{TCP: TCPClose, FileLocks: true}, some, TCPClose,
+			Dumped{TCPClose: true, FileLocks: true}, []string{"--file-locks"}, true},
+		{"keep without connections", Capture{TCP: TCPKeep}, none, TCPKeep,
+			Dumped{}, nil, false},
+		{"keep", Capture{TCP: TCPKeep, ShellJob: true}, some, TCPKeep,
+			Dumped{TCPEstablished: true, ShellJob: true}, []string{"--tcp-established", "--shell-job"}, false},
+		{"kept state closed by a sibling", Capture{TCP: TCPKeep, ExtUnixSk: true}, some, TCPClose,
+			Dumped{TCPEstablished: true, ExtUnixSk: true}, []string{"--ext-unix-sk"}, true},
+	} {
+		d, err := c.capture.Dump(c.connected)
+		if err != nil || d != c.dumped {
+			t.Errorf("%s: Dump = %+v, %v; want %+v", c.name, d, err, c.dumped)
+			continue
+		}
+		if d.NeedsNetworkLock() != d.TCPEstablished {
+			t.Errorf("%s: network lock %v for %+v", c.name, d.NeedsNetworkLock(), d)
+		}
+		args, tcpClose := d.Restore(c.policy)
+		if !slices.Equal(args, c.args) || tcpClose != c.tcpClose {
+			t.Errorf("%s: Restore(%s) = %q, %v; want %q, %v", c.name, c.policy, args, tcpClose, c.args, c.tcpClose)
+		}
+	}
+}
+
+func TestCaptureCrunArgs(t *testing.T) {
+	got := Capture{TCP: TCPKeep, ExtUnixSk: true, ShellJob: true, FileLocks: true}.CrunArgs()
+	want := []string{"--tcp-established", "--ext-unix-sk", "--shell-job", "--file-locks"}
+	if !slices.Equal(got, want) {
+		t.Fatalf("CrunArgs = %q, want %q", got, want)
+	}
+	if got := (Capture{TCP: TCPClose}).CrunArgs(); len(got) != 0 {
+		t.Fatalf("close has no crun flag, got %q", got)
+	}
+}
+
+func TestCRIUConfig(t *testing.T) {
+	dir := t.TempDir()
+	env, err := CRIUConfig(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path, ok := strings.CutPrefix(env, "CRIU_CONFIG_FILE=")
+	if !ok || filepath.Dir(path) != dir {
+		t.Fatalf("env %q", env)
+	}
+	if data, _ := os.ReadFile(path); string(data) != "tcp-close\n" {
+		t.Fatalf("config %q", data)
+	}
+}

@@ -1,0 +1,111 @@
+// Package forkflags is the one table of a fork's command-line flags, shared
+// by `tclone fork`, `tclone restore`, `tclone checkpoint` and `podman
+// container fork`, and the one reader that turns them into a
+// forkopts.Fork. A flag is spelled, described and read here only.
+package forkflags
+
+import (
+	"fmt"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/tclone/tclone/runtime/forkopts"
+)
+
+// Flag names.
+const (
+	TCPEstablished = "tcp-established"
+	TCPClose       = "tcp-close"
+	FileLocks      = "file-locks"
+	ExtUnixSk      = "ext-unix-sk"
+	ShellJob       = "shell-job"
+	Identity       = "identity"
+	Uses           = "uses"
+	TTL            = "ttl"
+	CaptureTimeout = "capture-timeout"
+)
+
+// CrunCapture is the capture flags crun itself has, for the verbs tclone
+// hands to crun (an ordinary checkpoint).
+func CrunCapture() []cli.Flag {
+	return []cli.Flag{
+		&cli.BoolFlag{Name: TCPEstablished, Usage: "keep open TCP connections: a sibling carries on the source's connections " +
+			"(only a sibling in the source's own network namespace; podman container fork refuses it)"},
+		&cli.BoolFlag{Name: FileLocks, Usage: "capture and restore file locks"},
+		&cli.BoolFlag{Name: ExtUnixSk, Usage: "allow unix sockets connected outside the container"},
+		&cli.BoolFlag{Name: ShellJob, Usage: "allow a tree attached to an outside terminal session"},
+	}
+}
+
+// Capture is every capture flag: crun's, and --tcp-close.
+func Capture() []cli.Flag {
+	return append(CrunCapture(),
+		&cli.BoolFlag{Name: TCPClose, Usage: "close the sibling's copies of the source's open TCP connections; the source keeps them (what a fork does by default)"})
+}
+
+// Sibling is the flags of how siblings differ from the source.
+func Sibling() []cli.Flag {
+	return []cli.Flag{
+		&cli.StringFlag{Name: Identity, Value: string(forkopts.IdentityUnique), Usage: "unique: each sibling gets its own hostname and machine-id, and a source where one cannot differ (--uts=host, a mounted /etc/machine-id) is refused; " +
+			"best-effort: the same where possible, keeping what cannot change (--print-stats says what was kept); preserve: the source's"},
+	}
+}
+
+// PlanLife is the flags of a plan captured on its own: how many siblings it
+// serves and how long it is kept.
+func PlanLife() []cli.Flag {
+	return []cli.Flag{
+		&cli.IntFlag{Name: Uses, Value: forkopts.Unlimited, Usage: "how many siblings the plan serves (-1: any number until it expires)"},
+		&cli.DurationFlag{Name: TTL, Value: forkopts.DefaultPlanTTL, Usage: "how long an unused plan is kept"},
+	}
+}
+
+// Timeout is --capture-timeout.
+func Timeout() cli.Flag {
+	return &cli.DurationFlag{Name: CaptureTimeout, Value: forkopts.DefaultCaptureTimeout,
+		Usage: "longest the source may be held for the capture; then CRIU is stopped, the source runs on and the fork fails"}
+}
+
+// ReadCapture reads the capture flags the command has. It does not fill
+// defaults: a restore without a TCP flag takes its plan's policy.
+func ReadCapture(c *cli.Context) (forkopts.Capture, error) {
+	tcp, err := forkopts.TCPFromFlags(c.Bool(TCPEstablished), c.Bool(TCPClose))
+	if err != nil {
+		return forkopts.Capture{}, err
+	}
+	return forkopts.Capture{
+		TCP: tcp, FileLocks: c.Bool(FileLocks), ExtUnixSk: c.Bool(ExtUnixSk), ShellJob: c.Bool(ShellJob),
+	}, nil
+}
+
+// Read reads every fork flag the command has into a Fork, refusing values
+// only a flag can get wrong. A flag the command does not have leaves its
+// option zero, for Normalize (which whoever runs the fork calls) to fill.
+func Read(c *cli.Context) (forkopts.Fork, error) {
+	capture, err := ReadCapture(c)
+	if err != nil {
+		return forkopts.Fork{}, err
+	}
+	f := forkopts.Fork{
+		Capture:        capture,
+		Identity:       forkopts.Identity(c.String(Identity)),
+		Uses:           c.Int(Uses),
+		TTL:            c.Duration(TTL),
+		CaptureTimeout: c.Duration(CaptureTimeout),
+	}
+	if c.IsSet(CaptureTimeout) && f.CaptureTimeout <= 0 {
+		return forkopts.Fork{}, &flagError{CaptureTimeout, f.CaptureTimeout.String(), "give a positive duration, such as 60s"}
+	}
+	if c.IsSet(Uses) && (f.Uses == 0 || f.Uses < forkopts.Unlimited) {
+		return forkopts.Fork{}, &flagError{Uses, fmt.Sprint(f.Uses), "give a number of siblings (1 or more), or -1 for any number until the plan expires"}
+	}
+	if c.IsSet(TTL) && f.TTL <= 0 {
+		return forkopts.Fork{}, &flagError{TTL, f.TTL.String(), "give how long an unused plan is kept, such as 10m"}
+	}
+	return f, nil
+}
+
+// flagError names the flag a bad value was given to.
+type flagError struct{ flag, value, advice string }
+
+func (e *flagError) Error() string { return "--" + e.flag + " " + e.value + ": " + e.advice }
