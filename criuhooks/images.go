@@ -69,17 +69,12 @@ func rearmTimerfds(imagesDir string) error {
 // image back, atomically, if any entry changed. A missing image is not an
 // error: not every dump has every image.
 func rewriteImage(path string, entryType proto.Message, edit func(proto.Message) bool) error {
-	in, err := os.Open(path)
+	img, err := decodeImage(path, entryType)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil
 	}
 	if err != nil {
 		return err
-	}
-	img, err := crit.New(in, nil, "", false, false).Decode(entryType)
-	in.Close()
-	if err != nil {
-		return fmt.Errorf("decoding %s: %w", path, err)
 	}
 	changed := false
 	for _, e := range img.Entries {
@@ -91,18 +86,37 @@ func rewriteImage(path string, entryType proto.Message, edit func(proto.Message)
 		return nil
 	}
 	tmp := path + ".tmp"
-	out, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err := encodeImage(img, tmp, os.O_TRUNC); err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+// decodeImage reads a CRIU image whose entries are of entryType.
+func decodeImage(path string, entryType proto.Message) (*crit.CriuImage, error) {
+	in, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer in.Close()
+	img, err := crit.New(in, nil, "", false, false).Decode(entryType)
+	if err != nil {
+		return nil, fmt.Errorf("decoding %s: %w", path, err)
+	}
+	return img, nil
+}
+
+// encodeImage writes img to a new file at path, created with flag
+// (os.O_EXCL or os.O_TRUNC).
+func encodeImage(img *crit.CriuImage, path string, flag int) error {
+	out, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|flag, 0o600)
 	if err != nil {
 		return err
 	}
 	if err := crit.New(nil, out, "", false, false).Encode(img); err != nil {
 		out.Close()
-		os.Remove(tmp)
 		return fmt.Errorf("encoding %s: %w", path, err)
 	}
-	if err := out.Close(); err != nil {
-		os.Remove(tmp)
-		return err
-	}
-	return os.Rename(tmp, path)
+	return out.Close()
 }

@@ -71,16 +71,32 @@ var checkpointCommand = &cli.Command{
 
 // crunCheckpointArgs renders an ordinary checkpoint's flags for crun.
 func crunCheckpointArgs(c *cli.Context, capture forkopts.Capture) []string {
-	var a crun.Args
-	a.Value("--image-path", c.String("image-path"))
-	a.Value("--work-path", c.String("work-path"))
-	a.Flag("--leave-running", c.Bool("leave-running"))
+	a := passThrough(c, "image-path", "work-path", "leave-running")
 	a = append(a, capture.CrunArgs()...)
-	a.Value("--network-lock", c.String("network-lock"))
-	a.Value("--parent-path", c.String("parent-path"))
-	a.Flag("--pre-dump", c.Bool("pre-dump"))
-	a.Value("--manage-cgroups-mode", c.String("manage-cgroups-mode"))
+	return append(a, passThrough(c, "network-lock", "parent-path", "pre-dump", "manage-cgroups-mode")...)
+}
+
+// passThrough renders the named flags of the command as given, in crun's
+// spelling (tclone's flags for crun's verbs are crun's own).
+func passThrough(c *cli.Context, names ...string) crun.Args {
+	var a crun.Args
+	for _, name := range names {
+		if isBoolFlag(c.Command.Flags, name) {
+			a.Flag("--"+name, c.Bool(name))
+		} else {
+			a.Value("--"+name, c.String(name))
+		}
+	}
 	return a
+}
+
+func isBoolFlag(flags []cli.Flag, name string) bool {
+	for _, f := range flags {
+		if b, ok := f.(*cli.BoolFlag); ok && b.Name == name {
+			return true
+		}
+	}
+	return false
 }
 
 func oneArg(c *cli.Context, what string) (string, error) {

@@ -17,7 +17,8 @@ var logToStderr = true
 // read the runtime's log file for the error of a failed call, and expect one
 // JSON object per line with "level" and "msg" when they ask for json.
 func configureLogging(c *cli.Context) error {
-	if c.Bool("debug") {
+	// crun's and Podman's spellings: --debug, or --log-level debug.
+	if c.Bool("debug") || c.String("log-level") == "debug" {
 		logrus.SetLevel(logrus.DebugLevel)
 	}
 	switch c.String("log-format") {

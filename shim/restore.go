@@ -7,7 +7,6 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/tclone/tclone/runtime/criucheck"
-	"github.com/tclone/tclone/runtime/crun"
 	"github.com/tclone/tclone/runtime/fork"
 	"github.com/tclone/tclone/runtime/forkopts"
 	"github.com/tclone/tclone/shim/forkflags"
@@ -75,25 +74,15 @@ var restoreCommand = &cli.Command{
 			return err
 		}
 		defer cleanup()
-		return eng.RestoreCheckpoint(c.Context, id, c.String("bundle"), crunRestoreArgs(c, capture), append(check.Env(), env...))
+		return rt.RestoreCheckpoint(c.Context, id, c.String("bundle"), crunRestoreArgs(c, capture), append(check.Env(), env...))
 	},
 }
 
 // crunRestoreArgs renders an ordinary restore's flags for crun.
 func crunRestoreArgs(c *cli.Context, capture forkopts.Capture) []string {
-	var a crun.Args
-	a.Value("--bundle", c.String("bundle"))
-	a.Value("--image-path", c.String("image-path"))
-	a.Value("--work-path", c.String("work-path"))
-	a.Flag("--detach", c.Bool("detach"))
-	a.Value("--pid-file", c.String("pid-file"))
-	a.Value("--console-socket", c.String("console-socket"))
+	a := passThrough(c, "bundle", "image-path", "work-path", "detach", "pid-file", "console-socket")
 	a = append(a, capture.CrunArgs()...)
-	a.Value("--manage-cgroups-mode", c.String("manage-cgroups-mode"))
-	a.Value("--network-lock", c.String("network-lock"))
-	a.Value("--lsm-profile", c.String("lsm-profile"))
-	a.Value("--lsm-mount-context", c.String("lsm-mount-context"))
-	return a
+	return append(a, passThrough(c, "manage-cgroups-mode", "network-lock", "lsm-profile", "lsm-mount-context")...)
 }
 
 // siblingRequest maps the restore flags onto a sibling of a fork plan: the

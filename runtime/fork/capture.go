@@ -11,6 +11,7 @@ import (
 
 	"github.com/checkpoint-restore/go-criu/v7/crit"
 	"github.com/checkpoint-restore/go-criu/v7/rpc"
+	"github.com/sirupsen/logrus"
 
 	"github.com/tclone/tclone/criuhooks"
 	"github.com/tclone/tclone/runtime/cgroups"
@@ -60,6 +61,20 @@ func (e *Engine) Capture(ctx context.Context, req CaptureRequest) (*Captured, er
 	return e.captureSource(ctx, src, req)
 }
 
+// captureOp is one capture in progress: the source it holds, and what it
+// has made so far for the plan.
+type captureOp struct {
+	e     *Engine
+	src   *source
+	req   CaptureRequest
+	check *criucheck.Result
+	rfs   rootfs.Source
+	// id and dir are the plan's; snapDir is where the root snapshot goes.
+	id, dir, snapDir string
+	entry            *journal.Entry
+	log              *opLog
+}
+
 // captureSource is Capture of a source already loaded and checked, after
 // recovery, with options normalized.
 func (e *Engine) captureSource(ctx context.Context, src *source, req CaptureRequest) (*Captured, error) {
@@ -73,7 +88,29 @@ func (e *Engine) captureSource(ctx context.Context, src *source, req CaptureRequ
 		return nil, err
 	}
 	defer unlock()
+	op, err := e.beginCapture(src, req, check)
+	if err != nil {
+		return nil, err
+	}
+	crashPoint(CrashCaptureStarted)
+	p, err := op.capture(ctx)
+	if err != nil {
+		return op.fail(err)
+	}
+	p.Timings.TotalMs = ms(time.Since(start))
+	if err := p.Write(op.dir); err != nil {
+		return op.fail(fmt.Errorf("writing plan: %w", err))
+	}
+	if err := plan.SetUses(op.dir, req.Fork.Uses, req.Client); err != nil {
+		return op.fail(fmt.Errorf("writing plan uses: %w", err))
+	}
+	op.log.phase("plan", logrus.Fields{"processes": p.Tree.Processes, "threads": p.Tree.Threads})
+	return &Captured{Plan: p, Dir: op.dir}, op.entry.End()
+}
 
+// beginCapture makes the plan's directory and records the capture in the
+// journal, before anything of the source is touched.
+func (e *Engine) beginCapture(src *source, req CaptureRequest, check *criucheck.Result) (*captureOp, error) {
 	rfs, err := rootfs.Detect(src.status.Rootfs)
 	if err != nil {
 		return nil, err
@@ -82,9 +119,11 @@ func (e *Engine) captureSource(ctx context.Context, src *source, req CaptureRequ
 	if err != nil {
 		return nil, err
 	}
-	snapDir := rootfs.SnapshotDir(rfs, e.Store.SnapshotRoot, id)
+	op := &captureOp{e: e, src: src, req: req, check: check, rfs: rfs, id: id, dir: dir,
+		snapDir: rootfs.SnapshotDir(rfs, e.Store.SnapshotRoot, id), log: newOpLog("capture", src.id)}
+	op.log.phase("prepare", logrus.Fields{"plan": dir, "rootfs": rfs.Kind, "options": fmt.Sprintf("%+v", req.Fork), "criu": check.Version.String()})
 	if rfs.Kind == rootfs.KindBtrfs {
-		if err := e.Store.RecordExternalSnapshot(id, snapDir); err != nil {
+		if err := e.Store.RecordExternalSnapshot(id, op.snapDir); err != nil {
 			e.Store.Remove(dir)
 			return nil, fmt.Errorf("recording where the snapshot goes: %w", err)
 		}
@@ -94,43 +133,39 @@ func (e *Engine) captureSource(ctx context.Context, src *source, req CaptureRequ
 		e.Store.Remove(dir)
 		return nil, err
 	}
-	entry, err := e.Journal.Begin(journal.Record{
-		Kind: journal.Capture, Phase: phaseDump, PlanDir: dir, SourceID: src.id,
-		CrunRoot: e.Crun.Global.Root, Source: refs,
-		SnapshotKind: string(rfs.Kind), SnapshotPath: snapDir,
+	op.entry, err = e.Journal.Begin(journal.Record{
+		Kind: journal.Capture, Phase: journal.CaptureDump, PlanDir: dir, CrunRoot: e.Crun.Global.Root,
+		Capture: &journal.CaptureRecord{
+			SourceID: src.id, Source: refs,
+			SnapshotKind: string(rfs.Kind), SnapshotPath: op.snapDir,
+		},
 	})
 	if err != nil {
 		e.Store.Remove(dir)
 		return nil, err
 	}
-	fail := func(err error) (*Captured, error) {
-		snap := rootfs.Snapshot{Kind: rfs.Kind, Path: snapDir}
-		err = errors.Join(err, snap.Remove(), e.Store.Remove(dir))
-		// An entry whose source may still be held stays for recovery
-		// (tclone gc) to finish; it says what is left to undo.
-		var held *sourceHeldError
-		if !errors.As(err, &held) {
-			entry.End()
-		}
-		return nil, err
-	}
-	crashPoint(CrashCaptureStarted)
-	p, err := e.capture(ctx, src, rfs, id, dir, snapDir, check, req, entry)
-	if err != nil {
-		return fail(err)
-	}
-	p.Timings.TotalMs = ms(time.Since(start))
-	if err := p.Write(dir); err != nil {
-		return fail(fmt.Errorf("writing plan: %w", err))
-	}
-	if err := plan.SetUses(dir, req.Fork.Uses, req.Client); err != nil {
-		return fail(fmt.Errorf("writing plan uses: %w", err))
-	}
-	return &Captured{Plan: p, Dir: dir}, entry.End()
+	return op, nil
 }
 
-func (e *Engine) capture(ctx context.Context, src *source, rfs rootfs.Source, id, dir, snapDir string, check *criucheck.Result, req CaptureRequest, entry *journal.Entry) (*plan.Plan, error) {
-	images := plan.ImagesDir(dir)
+// fail undoes the capture: the snapshot and the plan go. An entry whose
+// source may still be held stays for recovery (tclone gc) to finish; it
+// says what is left to undo.
+func (op *captureOp) fail(err error) (*Captured, error) {
+	op.log.failed(err)
+	snap := rootfs.Snapshot{Kind: op.rfs.Kind, Path: op.snapDir}
+	err = errors.Join(err, snap.Remove(), op.e.Store.Remove(op.dir))
+	var held *sourceHeldError
+	if !errors.As(err, &held) {
+		op.entry.End()
+	}
+	return nil, err
+}
+
+// capture dumps the source and the root filesystem, and describes the
+// result as a plan.
+func (op *captureOp) capture(ctx context.Context) (*plan.Plan, error) {
+	src, req := op.src, op.req
+	images := plan.ImagesDir(op.dir)
 	if err := os.WriteFile(filepath.Join(images, descriptorsFile), []byte(src.status.ExternalDescriptors), 0o600); err != nil {
 		return nil, fmt.Errorf("saving the source's stdio descriptors: %w", err)
 	}
@@ -139,15 +174,13 @@ func (e *Engine) capture(ctx context.Context, src *source, rfs rootfs.Source, id
 	if err != nil {
 		return nil, err
 	}
-	d, err := e.dump(ctx, src, dir, check, dumpJob{opts: opts, timeout: req.Fork.CaptureTimeout}, entry, func(ctx context.Context) (*rootfs.Snapshot, error) {
-		return rootfs.Take(ctx, rfs, snapDir)
-	})
+	d, err := op.dump(ctx, opts)
 	if err != nil {
 		return nil, err
 	}
 	p := &plan.Plan{
 		Version:   plan.FormatVersion,
-		ID:        id,
+		ID:        op.id,
 		CreatedAt: time.Now().UTC(),
 		ExpiresAt: time.Now().Add(req.Fork.TTL).UTC(),
 		Source: plan.Source{
@@ -160,7 +193,7 @@ func (e *Engine) capture(ctx context.Context, src *source, rfs rootfs.Source, id
 		TCP:      req.Fork.TCP,
 		Timings:  d.timings,
 		Pages:    d.pages,
-		Criu:     check.Version.String(),
+		Criu:     op.check.Version.String(),
 	}
 	if path, ok := namespacePath(src.spec, "network"); ok {
 		p.Source.NetNSPath = path
@@ -176,25 +209,6 @@ func (e *Engine) capture(ctx context.Context, src *source, rfs rootfs.Source, id
 	return p, nil
 }
 
-// Capture phases in the journal.
-const (
-	phaseDump = "dump" // CRIU not started: nothing of the source is held
-	// phaseSeized: CRIU (Record.Criu) may hold the source's tree, and may
-	// have locked its network or put its connections into repair mode.
-	phaseSeized = "seized"
-	phaseDumped = "dumped" // CRIU let the source go; it runs
-	// phaseFrozen is what captures of older tclone versions recorded
-	// before they froze the source's cgroup. Recovery still thaws it.
-	phaseFrozen = "frozen"
-)
-
-// dumpJob is what one dump asks of CRIU, and how long it may hold the
-// source.
-type dumpJob struct {
-	opts    forkopts.Dumped
-	timeout time.Duration
-}
-
 type dumped struct {
 	snapshot *rootfs.Snapshot
 	timings  plan.Timings
@@ -206,11 +220,12 @@ type dumped struct {
 // snapshot) and lets the tree go before it returns. The call is bounded by
 // the capture timeout and by ctx; either kills CRIU, and the kernel releases
 // the tree at once.
-func (e *Engine) dump(ctx context.Context, src *source, dir string, check *criucheck.Result, job dumpJob, entry *journal.Entry, snapshot func(context.Context) (*rootfs.Snapshot, error)) (*dumped, error) {
+func (op *captureOp) dump(ctx context.Context, opts forkopts.Dumped) (*dumped, error) {
+	src, dir, entry, timeout := op.src, op.dir, op.entry, op.req.Fork.CaptureTimeout
 	// One deadline for CRIU and for the snapshot it waits on.
-	ctx, cancel := context.WithTimeout(ctx, job.timeout)
+	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	criuOpts, closeDirs, err := e.captureOptions(src, dir, job.opts)
+	criuOpts, closeDirs, err := captureOptions(src, dir, opts)
 	if err != nil {
 		return nil, err
 	}
@@ -219,18 +234,21 @@ func (e *Engine) dump(ctx context.Context, src *source, dir string, check *criuc
 	// for CRIU to refuse, and explainDumpError to explain.
 	primeIrmap(plan.WorkDir(dir), src.state.Pid)
 
-	hooks := newCaptureNotify(ctx, src, entry, snapshot)
+	op.log.phase("criu-options", logrus.Fields{"criu_opts": criuOpts.String(), "timeout": timeout})
+	hooks := newCaptureNotify(ctx, src, entry, func(ctx context.Context) (*rootfs.Snapshot, error) {
+		return rootfs.Take(ctx, op.rfs, op.snapDir)
+	})
 	logPath := filepath.Join(plan.WorkDir(dir), dumpLogName)
 	err = criuhooks.Dump(ctx, criuhooks.Request{
-		CriuPath: check.Path, Env: check.Env(), Opts: criuOpts, LogPath: logPath,
+		CriuPath: op.check.Path, Env: op.check.Env(), Opts: criuOpts, LogPath: logPath,
 	}, hooks)
 	returned := time.Now()
 	crashPoint(CrashDumpDone)
 	// CRIU that returned has let the tree go; one that was killed could not
 	// undo its network lock or the repair mode of the connections.
-	if rerr := e.releaseSource(entry.Rec, err != nil); rerr != nil {
+	if rerr := op.e.releaseSource(entry.Rec, err != nil); rerr != nil {
 		err = errors.Join(err, rerr)
-	} else if uerr := entry.Update(func(r *journal.Record) { r.Phase = phaseDumped; r.Criu = nil }); uerr != nil {
+	} else if uerr := entry.Update(func(r *journal.Record) { r.Phase = journal.CaptureDumped; r.Capture.Criu = nil }); uerr != nil {
 		err = errors.Join(err, uerr)
 	}
 	snap := hooks.snap
@@ -243,7 +261,7 @@ func (e *Engine) dump(ctx context.Context, src *source, dir string, check *criuc
 		if errors.As(err, &cerr) {
 			cerr.LogPath = keepLog(logPath, "dump", src.id)
 		}
-		return nil, explainDumpError(src.id, err, job.timeout)
+		return nil, explainDumpError(src.id, err, timeout)
 	}
 	if hooks.seizeStart.IsZero() {
 		if snap != nil {
@@ -256,7 +274,12 @@ func (e *Engine) dump(ctx context.Context, src *source, dir string, check *criuc
 		return nil, err
 	}
 	pages := dumpPages(dir, hooks)
-	return &dumped{snapshot: snap, timings: pauseTimings(hooks, returned), pages: pages}, nil
+	timings := pauseTimings(hooks, returned)
+	op.log.phase("dump", logrus.Fields{
+		"source_pause_ms": timings.SourcePauseMs, "seize_ms": timings.FreezeMs, "criu_dump_ms": timings.DumpMs,
+		"snapshot_ms": timings.SnapshotMs, "release_ms": timings.ThawMs, "pages_written": pages.PagesWritten,
+	})
+	return &dumped{snapshot: snap, timings: timings, pages: pages}, nil
 }
 
 // dumpPages reads CRIU's statistics: the pages it wrote, and how long it
@@ -292,7 +315,7 @@ func pauseTimings(h *captureNotify, returned time.Time) plan.Timings {
 
 // captureOptions opens the plan's image and work directories for CRIU and
 // builds the dump options; closeDirs closes them once CRIU is done.
-func (e *Engine) captureOptions(src *source, dir string, opts forkopts.Dumped) (_ *rpc.CriuOpts, closeDirs func(), err error) {
+func captureOptions(src *source, dir string, opts forkopts.Dumped) (_ *rpc.CriuOpts, closeDirs func(), err error) {
 	imagesDir, err := os.Open(plan.ImagesDir(dir))
 	if err != nil {
 		return nil, nil, err
@@ -343,7 +366,7 @@ func newCaptureNotify(ctx context.Context, src *source, entry *journal.Entry, sn
 		if !ok {
 			return fmt.Errorf("the criu process %d ended before it seized %s", criuPid, src.id)
 		}
-		if err := entry.Update(func(r *journal.Record) { r.Phase = phaseSeized; r.Criu = &criu }); err != nil {
+		if err := entry.Update(func(r *journal.Record) { r.Phase = journal.CaptureSeized; r.Capture.Criu = &criu }); err != nil {
 			return err
 		}
 		n.seizeStart, n.criuPid = time.Now(), criuPid
@@ -364,8 +387,8 @@ func newCaptureNotify(ctx context.Context, src *source, entry *journal.Entry, sn
 // source's network namespace.
 func (n *captureNotify) NetworkLock() error {
 	return n.entry.Update(func(r *journal.Record) {
-		if r.Source != nil {
-			r.Source.NetworkLocked = true
+		if r.Capture.Source != nil {
+			r.Capture.Source.NetworkLocked = true
 		}
 	})
 }

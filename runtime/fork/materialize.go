@@ -11,6 +11,7 @@ import (
 	"time"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"github.com/sirupsen/logrus"
 
 	"github.com/tclone/tclone/criuhooks"
 	"github.com/tclone/tclone/runtime/cgroups"
@@ -51,11 +52,6 @@ type MaterializeRequest struct {
 	// ownsPlan marks a plan made for this sibling alone (Fork): recovery
 	// removes it with the sibling.
 	ownsPlan bool
-	// watch is the watchdog that undoes the sibling if this tclone dies
-	// before committing it; crun's restore is reported to it.
-	watch *restoreWatch
-	// tcp is the policy decided for this sibling.
-	tcp forkopts.TCPPolicy
 }
 
 // Materialized reports a sibling that is up.
@@ -119,69 +115,93 @@ func (e *Engine) Materialize(ctx context.Context, req MaterializeRequest) (*Mate
 	if err != nil {
 		return nil, err
 	}
-	bundle, spec := sib.bundle, sib.spec
+	op, err := e.prepareMaterialize(ctx, req, sib, dir, p)
+	if err != nil {
+		return nil, err
+	}
+	m, err := op.run(ctx)
+	if err != nil {
+		return nil, op.fail(ctx, err)
+	}
+	os.RemoveAll(op.siblingDir)
+	m.Timings.TotalMs = ms(time.Since(start))
+	// The use, the entry and the watchdog are let go when the sibling is
+	// reported, not before.
+	m.reported = op.reported
+	return m, nil
+}
+
+// prepareMaterialize checks what only the plan can tell about the sibling,
+// takes a use of the plan, records the operation in the journal and starts
+// its watchdog.
+func (e *Engine) prepareMaterialize(ctx context.Context, req MaterializeRequest, sib *sibling, dir string, p *plan.Plan) (*materializeOp, error) {
+	spec := sib.spec
 	if p.Source.NetNSPath != "" {
 		if path, _ := namespacePath(spec, "network"); path == "" {
 			return nil, fmt.Errorf("the source joined network namespace %s by path, so the sibling's config.json must name a network namespace path too (Podman does this); create one (ip netns add NAME) and set linux.namespaces[network].path", p.Source.NetNSPath)
 		}
 	}
-	if req.tcp, err = siblingTCPPolicy(p, req, spec); err != nil {
+	op := &materializeOp{e: e, req: req, p: p, dir: dir, sib: sib, root: rootPath(sib.bundle, spec), siblingDir: e.Store.SiblingDir(req.ID),
+		log: newOpLog("materialize", req.ID)}
+	var err error
+	if op.tcp, err = siblingTCPPolicy(p, req, spec); err != nil {
 		return nil, err
 	}
-	root := rootPath(bundle, spec)
 	// Refuse a root that is not ours to fill before making anything:
 	// undoing a failed sibling empties its root.
-	if _, err := p.Rootfs.CheckTarget(root); err != nil {
+	if _, err := p.Rootfs.CheckTarget(op.root); err != nil {
 		return nil, err
 	}
-	check, err := criucheck.Check(ctx)
-	if err != nil {
+	if op.check, err = criucheck.Check(ctx); err != nil {
 		return nil, err
 	}
-	lease, err := e.Store.Acquire(dir)
-	if err != nil {
+	if op.lease, err = e.Store.Acquire(dir); err != nil {
 		return nil, err
 	}
-	siblingDir := e.Store.SiblingDir(req.ID)
-	entry, err := e.Journal.Begin(journal.Record{
-		Kind: journal.Materialize, Phase: "prepare", PlanDir: dir, SiblingID: req.ID,
-		RootTarget: root, CrunRoot: e.Crun.Global.Root, ImagesOverlay: siblingDir,
-		SiblingCgroup: spec.Linux.CgroupsPath, OwnsPlan: req.ownsPlan,
+	op.entry, err = e.Journal.Begin(journal.Record{
+		Kind: journal.Materialize, Phase: journal.MaterializePrepare, PlanDir: dir, CrunRoot: e.Crun.Global.Root,
+		Materialize: &journal.MaterializeRecord{
+			SiblingID: req.ID, RootTarget: op.root, ImagesOverlay: op.siblingDir,
+			SiblingCgroup: spec.Linux.CgroupsPath, OwnsPlan: req.ownsPlan,
+		},
 	})
 	if err != nil {
-		lease.Release(false)
+		op.lease.Release(false)
 		return nil, err
 	}
-	req.watch, err = e.startRestoreWatch(entry, req.Stderr)
-	if err != nil {
-		lease.Release(false)
-		entry.End()
+	if op.watch, err = e.startRestoreWatch(op.entry, req.Stderr); err != nil {
+		op.lease.Release(false)
+		op.entry.End()
 		return nil, err
 	}
-	m, err := e.materialize(ctx, req, p, dir, spec, bundle, root, siblingDir, check, entry)
-	if err != nil {
-		err = errors.Join(err, e.undoMaterialize(ctx, entry.Rec))
-		lease.Release(false)
-		entry.End()
-		req.watch.Done()
-		return nil, err
+	op.log.phase("prepare", logrus.Fields{"plan": dir, "bundle": sib.bundle, "root": op.root, "tcp": op.tcp, "identity": p.Identity})
+	return op, nil
+}
+
+// fail undoes what the operation made, gives the plan's use back and lets
+// the watchdog go.
+func (op *materializeOp) fail(ctx context.Context, err error) error {
+	op.log.failed(err)
+	err = errors.Join(err, op.e.undoMaterialize(ctx, op.entry.Rec))
+	op.lease.Release(false)
+	op.entry.End()
+	op.watch.Done()
+	return err
+}
+
+// reported ends the operation once the sibling is reported: see
+// Materialized.Reported. When it fails, the entry and the watchdog stay,
+// and the sibling is undone when this process exits.
+func (op *materializeOp) reported() error {
+	crashPoint(CrashBeforeReport)
+	if err := op.lease.Release(true); err != nil {
+		return fmt.Errorf("sibling %s was restored, but recording the plan's use failed: %w; it is removed again", op.req.ID, err)
 	}
-	os.RemoveAll(siblingDir)
-	m.Timings.TotalMs = ms(time.Since(start))
-	// The use, the entry and the watchdog are let go when the sibling is
-	// reported, not before.
-	m.reported = func() error {
-		crashPoint(CrashBeforeReport)
-		if err := lease.Release(true); err != nil {
-			return fmt.Errorf("sibling %s was restored, but recording the plan's use failed: %w; it is removed again", req.ID, err)
-		}
-		if err := entry.End(); err != nil {
-			return fmt.Errorf("sibling %s was restored, but ending its journal entry failed: %w; it is removed again", req.ID, err)
-		}
-		req.watch.Done()
-		return nil
+	if err := op.entry.End(); err != nil {
+		return fmt.Errorf("sibling %s was restored, but ending its journal entry failed: %w; it is removed again", op.req.ID, err)
 	}
-	return m, nil
+	op.watch.Done()
+	return nil
 }
 
 // sibling is a checked sibling request.
@@ -226,15 +246,39 @@ func (e *Engine) checkSibling(req MaterializeRequest) (*sibling, error) {
 	return &sibling{bundle: bundle, spec: spec}, nil
 }
 
-func (e *Engine) materialize(ctx context.Context, req MaterializeRequest, p *plan.Plan, dir string, spec *specs.Spec, bundle, root, siblingDir string, check *criucheck.Result, entry *journal.Entry) (*Materialized, error) {
+// materializeOp is one sibling being made: its request, the plan it is
+// made from, and where it goes.
+type materializeOp struct {
+	e   *Engine
+	req MaterializeRequest
+	p   *plan.Plan
+	dir string // the plan's
+	sib *sibling
+	// root is the sibling's root filesystem; siblingDir holds its private
+	// images and CRIU's work files.
+	root, siblingDir string
+	// tcp is the policy decided for this sibling.
+	tcp   forkopts.TCPPolicy
+	check *criucheck.Result
+	lease *plan.Lease
+	entry *journal.Entry
+	// watch is the watchdog that undoes the sibling if this tclone dies
+	// before it is reported; crun's restore is reported to it.
+	watch *restoreWatch
+	log   *opLog
+}
+
+// run fills the sibling's root and has crun restore the tree into it.
+func (op *materializeOp) run(ctx context.Context) (*Materialized, error) {
+	req, p, entry, spec, bundle, root, siblingDir := op.req, op.p, op.entry, op.sib.spec, op.sib.bundle, op.root, op.siblingDir
 	m := &Materialized{ID: req.ID, PlanID: p.ID}
 	m.Hostname = siblingHostname(p, spec, req.ID)
 	images := filepath.Join(siblingDir, "images")
-	if err := siblingImages(plan.ImagesDir(dir), images, m.Hostname); err != nil {
+	if err := criuhooks.SiblingImages(plan.ImagesDir(op.dir), images, m.Hostname); err != nil {
 		return nil, err
 	}
 
-	if err := entry.Update(func(r *journal.Record) { r.Phase = "rootfs"; r.RootFilled = true }); err != nil {
+	if err := entry.Update(func(r *journal.Record) { r.Phase = journal.MaterializeRootfs; r.Materialize.RootFilled = true }); err != nil {
 		return nil, err
 	}
 	t := time.Now()
@@ -254,6 +298,7 @@ func (e *Engine) materialize(ctx context.Context, req MaterializeRequest, p *pla
 		}
 	}
 	m.Timings.RootfsMs = ms(time.Since(t))
+	op.log.phase("rootfs", logrus.Fields{"hostname": m.Hostname})
 	crashPoint(CrashRootfsFilled)
 
 	work := req.WorkPath
@@ -263,14 +308,15 @@ func (e *Engine) materialize(ctx context.Context, req MaterializeRequest, p *pla
 	if err := os.MkdirAll(work, 0o700); err != nil {
 		return nil, err
 	}
-	if err := entry.Update(func(r *journal.Record) { r.Phase = "restore"; r.SiblingCreated = true }); err != nil {
+	if err := entry.Update(func(r *journal.Record) { r.Phase = journal.MaterializeRestore; r.Materialize.SiblingCreated = true }); err != nil {
 		return nil, err
 	}
 	t = time.Now()
-	if err := e.crunRestore(ctx, req, p, images, work, siblingDir, check); err != nil {
+	if err := op.crunRestore(ctx, images, work); err != nil {
 		return nil, err
 	}
 	m.Timings.RestoreMs = ms(time.Since(t))
+	op.log.phase("restore", nil)
 	crashPoint(CrashSiblingRestored)
 	if st, err := criuhooks.RestoreStats(work); err == nil {
 		m.Timings.CriuRestoreMs = float64(st.GetRestoreTime()) / 1000
@@ -280,9 +326,10 @@ func (e *Engine) materialize(ctx context.Context, req MaterializeRequest, p *pla
 }
 
 // crunRestore has crun restore the tree into the sibling's bundle.
-func (e *Engine) crunRestore(ctx context.Context, req MaterializeRequest, p *plan.Plan, images, work, siblingDir string, check *criucheck.Result) error {
+func (op *materializeOp) crunRestore(ctx context.Context, images, work string) error {
+	e, req, p := op.e, op.req, op.p
 	// The restore must declare what the dump allowed.
-	declared, tcpClose := p.Capture.Restore(req.tcp)
+	declared, tcpClose := p.Capture.Restore(op.tcp)
 	args := crun.Args{"--image-path", images, "--work-path", work, "--bundle", req.Bundle}
 	args.Flag("--detach", req.Detach)
 	args.Value("--pid-file", req.PidFile)
@@ -293,9 +340,9 @@ func (e *Engine) crunRestore(ctx context.Context, req MaterializeRequest, p *pla
 	args.Value("--lsm-mount-context", req.LSMMountContext)
 	args = append(args, req.ID)
 
-	env := append(os.Environ(), check.Env()...)
+	env := append(os.Environ(), op.check.Env()...)
 	if tcpClose {
-		conf, err := forkopts.CRIUConfig(siblingDir)
+		conf, err := forkopts.CRIUConfig(op.siblingDir)
 		if err != nil {
 			return err
 		}
@@ -304,6 +351,7 @@ func (e *Engine) crunRestore(ctx context.Context, req MaterializeRequest, p *pla
 	ctx, cancel := context.WithTimeout(ctx, e.criuTimeout())
 	defer cancel()
 	cmd := e.Crun.Command(ctx, "restore", args...)
+	op.log.WithFields(logrus.Fields{"argv": cmd.Args, "criu_tcp_close": tcpClose}).Debug("crun restore")
 	cmd.Env = env
 	// crun's stdio must be the caller's own descriptors, not pipes of ours:
 	// the restored tree inherits them as its stdio (conmon's log pipes, or
@@ -311,7 +359,7 @@ func (e *Engine) crunRestore(ctx context.Context, req MaterializeRequest, p *pla
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = req.Stdin, req.Stdout, req.Stderr
 	err := cmd.Start()
 	if err == nil {
-		req.watch.Watch(cmd.Process.Pid)
+		op.watch.Watch(cmd.Process.Pid)
 		err = cmd.Wait()
 	}
 	if err == nil {
@@ -331,10 +379,11 @@ func (e *Engine) crunRestore(ctx context.Context, req MaterializeRequest, p *pla
 
 // undoMaterialize removes what a failed or abandoned Phase B made, as far as
 // its journal record says it got.
-func (e *Engine) undoMaterialize(ctx context.Context, rec journal.Record) error {
+func (e *Engine) undoMaterialize(ctx context.Context, r journal.Record) error {
+	rec := r.MaterializeRec()
 	var errs []error
 	if rec.SiblingCreated && rec.SiblingID != "" {
-		errs = append(errs, e.removeSibling(ctx, rec.CrunRoot, rec.SiblingID))
+		errs = append(errs, e.removeSibling(ctx, r.CrunRoot, rec.SiblingID))
 		// A restore cut short can leave restored tasks crun never
 		// recorded. Only a cgroup made for this sibling (its path names
 		// it) is emptied: a config could name anyone's cgroup.

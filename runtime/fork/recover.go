@@ -80,7 +80,7 @@ func (e *Engine) recoverOperations(ctx context.Context) (*Recovered, error) {
 			// Its use of the plan, if it took one, is given back when the
 			// plans are swept below: the plan records who holds each use.
 			errs = append(errs, e.undoMaterialize(ctx, o.Rec))
-			if o.Rec.OwnsPlan && o.Rec.PlanDir != "" {
+			if o.Rec.MaterializeRec().OwnsPlan && o.Rec.PlanDir != "" {
 				errs = append(errs, e.Store.Remove(o.Rec.PlanDir))
 			}
 			r.Siblings++
@@ -107,11 +107,12 @@ func (e *Engine) recoverOperations(ctx context.Context) (*Recovered, error) {
 // (ends its CRIU, removes CRIU's network lock and repair mode, or thaws what
 // an older tclone froze), then removes the snapshot and the plan. A source
 // that cannot be released yet is reported as a *sourceHeldError.
-func (e *Engine) recoverCapture(ctx context.Context, rec journal.Record, r *Recovered) error {
-	if err := e.thawLegacyFreeze(rec, r); err != nil {
+func (e *Engine) recoverCapture(ctx context.Context, entry journal.Record, r *Recovered) error {
+	rec := entry.CaptureRec()
+	if err := e.thawLegacyFreeze(entry, r); err != nil {
 		return err
 	}
-	if rec.Phase == phaseSeized {
+	if entry.Phase == journal.CaptureSeized {
 		// A live capture of the same source may hold a network lock of its
 		// own right now: wait for none, and try later if one runs.
 		expired, cancel := context.WithCancel(ctx)
@@ -120,7 +121,7 @@ func (e *Engine) recoverCapture(ctx context.Context, rec journal.Record, r *Reco
 		if err != nil {
 			return &sourceHeldError{source: rec.SourceID, err: fmt.Errorf("another capture of it is running: %w", err)}
 		}
-		err = e.releaseSource(rec, true)
+		err = e.releaseSource(entry, true)
 		unlock()
 		if err != nil {
 			return err
@@ -131,8 +132,8 @@ func (e *Engine) recoverCapture(ctx context.Context, rec journal.Record, r *Reco
 		snap := rootfs.Snapshot{Kind: rootfs.Kind(rec.SnapshotKind), Path: rec.SnapshotPath}
 		errs = append(errs, snap.Remove())
 	}
-	if rec.PlanDir != "" {
-		errs = append(errs, e.Store.Remove(rec.PlanDir))
+	if entry.PlanDir != "" {
+		errs = append(errs, e.Store.Remove(entry.PlanDir))
 	}
 	r.Captures++
 	return errors.Join(errs...)
@@ -141,8 +142,9 @@ func (e *Engine) recoverCapture(ctx context.Context, rec journal.Record, r *Reco
 // thawLegacyFreeze thaws a source that a capture of an older tclone froze
 // and never thawed. Only such a capture's phase says so: a container the
 // user paused since must stay paused.
-func (e *Engine) thawLegacyFreeze(rec journal.Record, r *Recovered) error {
-	if rec.Phase != phaseFrozen || rec.FreezerDir == "" {
+func (e *Engine) thawLegacyFreeze(entry journal.Record, r *Recovered) error {
+	rec := entry.CaptureRec()
+	if entry.Phase != journal.CaptureFrozen || rec.FreezerDir == "" {
 		return nil
 	}
 	f := &cgroups.Freezer{Dir: rec.FreezerDir, V2: cgroups.Unified()}

@@ -17,11 +17,11 @@ import (
 // left it frozen: a container the user paused later stays paused.
 func TestRecoveryThawsOnlyWhatItFroze(t *testing.T) {
 	for _, c := range []struct {
-		phase string
+		phase journal.Phase
 		want  string
 	}{
-		{phaseFrozen, "THAWED"},
-		{phaseDumped, "FROZEN"},
+		{journal.CaptureFrozen, "THAWED"},
+		{journal.CaptureDumped, "FROZEN"},
 	} {
 		root := t.TempDir()
 		e := &Engine{
@@ -31,7 +31,7 @@ func TestRecoveryThawsOnlyWhatItFroze(t *testing.T) {
 		freezer := t.TempDir()
 		state := filepath.Join(freezer, "freezer.state")
 		os.WriteFile(state, []byte("FROZEN"), 0o644)
-		entry, err := e.Journal.Begin(journal.Record{Kind: journal.Capture, Phase: c.phase, FreezerDir: freezer, SourceID: "src"})
+		entry, err := e.Journal.Begin(journal.Record{Kind: journal.Capture, Phase: c.phase, Capture: &journal.CaptureRecord{FreezerDir: freezer, SourceID: "src"}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -91,7 +91,7 @@ func TestRecoveryKeepsEntryUntilSourceThawed(t *testing.T) {
 	if err := os.Mkdir(state, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	orphan(t, e, journal.Record{Kind: journal.Capture, Phase: phaseFrozen, FreezerDir: freezer, SourceID: "src"})
+	orphan(t, e, journal.Record{Kind: journal.Capture, Phase: journal.CaptureFrozen, Capture: &journal.CaptureRecord{FreezerDir: freezer, SourceID: "src"}})
 	if _, err := e.Recover(context.Background()); err == nil || !strings.Contains(err.Error(), "tclone gc") {
 		t.Fatalf("a failed thaw was not reported with what to do: %v", err)
 	}
@@ -128,7 +128,7 @@ func TestRecoveryEndsTheCaptureCRIU(t *testing.T) {
 	if !ok {
 		t.Fatal("no owner for a running process")
 	}
-	orphan(t, e, journal.Record{Kind: journal.Capture, Phase: phaseSeized, SourceID: "src", Criu: &owner})
+	orphan(t, e, journal.Record{Kind: journal.Capture, Phase: journal.CaptureSeized, Capture: &journal.CaptureRecord{SourceID: "src", Criu: &owner}})
 	if _, err := e.Recover(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -147,8 +147,7 @@ func TestRecoveryEndsTheCaptureCRIU(t *testing.T) {
 // entry for later.
 func TestRecoveryWaitsForLiveCaptureOfSource(t *testing.T) {
 	e := testEngine(t)
-	orphan(t, e, journal.Record{Kind: journal.Capture, Phase: phaseSeized, SourceID: "src",
-		Source: &journal.SourceRefs{NetNS: "/nonexistent", NetworkLocked: true}})
+	orphan(t, e, journal.Record{Kind: journal.Capture, Phase: journal.CaptureSeized, Capture: &journal.CaptureRecord{SourceID: "src", Source: &journal.SourceRefs{NetNS: "/nonexistent", NetworkLocked: true}}})
 	unlock, err := e.lockSource(context.Background(), "src")
 	if err != nil {
 		t.Fatal(err)
@@ -175,10 +174,7 @@ func TestRecoveryKeepsCommittedSibling(t *testing.T) {
 	root := t.TempDir()
 	marker := filepath.Join(root, "file")
 	os.WriteFile(marker, []byte("sibling data"), 0o644)
-	orphan(t, e, journal.Record{
-		Kind: journal.Materialize, Phase: journal.PhaseCommitted, SiblingID: "sib",
-		SiblingCreated: true, RootTarget: root, RootFilled: true,
-	})
+	orphan(t, e, journal.Record{Kind: journal.Materialize, Phase: journal.PhaseCommitted, Materialize: &journal.MaterializeRecord{SiblingID: "sib", SiblingCreated: true, RootTarget: root, RootFilled: true}})
 	if _, err := e.Recover(context.Background()); err != nil {
 		t.Fatal(err)
 	}

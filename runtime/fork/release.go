@@ -59,12 +59,13 @@ func sourceRefs(src *source, tcp forkopts.TCPPolicy) (*journal.SourceRefs, error
 // more: the CRIU process, the network lock it announced, the repair mode of
 // the source's connections. criuFailed says CRIU did not finish well (it
 // failed, was killed, or its tclone died), so it may not have undone them.
-// Only a capture that reached phaseSeized has anything to release; the
+// Only a capture that reached journal.CaptureSeized has anything to release; the
 // caller must keep other captures of the source out meanwhile.
-func (e *Engine) releaseSource(rec journal.Record, criuFailed bool) error {
-	if rec.Phase != phaseSeized {
+func (e *Engine) releaseSource(r journal.Record, criuFailed bool) error {
+	if r.Phase != journal.CaptureSeized {
 		return nil
 	}
+	rec := r.CaptureRec()
 	if rec.Criu != nil {
 		if err := endProcess(*rec.Criu); err != nil {
 			return &sourceHeldError{source: rec.SourceID, err: err}

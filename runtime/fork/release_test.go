@@ -69,8 +69,7 @@ func TestRecoveryFreesTheSourceNetwork(t *testing.T) {
 	cgroup := t.TempDir()
 	os.WriteFile(filepath.Join(cgroup, "cgroup.procs"), []byte(strconv.Itoa(os.Getpid())+"\n"), 0o644)
 
-	orphan(t, e, journal.Record{Kind: journal.Capture, Phase: phaseSeized, SourceID: "src",
-		Source: &journal.SourceRefs{NetNS: ns.Path, NetNSInode: ns.Inode, CgroupDir: cgroup, NetworkLocked: true, TCPRepair: true}})
+	orphan(t, e, journal.Record{Kind: journal.Capture, Phase: journal.CaptureSeized, Capture: &journal.CaptureRecord{SourceID: "src", Source: &journal.SourceRefs{NetNS: ns.Path, NetNSInode: ns.Inode, CgroupDir: cgroup, NetworkLocked: true, TCPRepair: true}}})
 	if _, err := e.Recover(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -94,8 +93,7 @@ func TestRecoveryFreesTheSourceNetwork(t *testing.T) {
 // A capture that never reached CRIU's seizing has nothing to release.
 func TestReleaseBeforeSeizingIsANoOp(t *testing.T) {
 	e := testEngine(t)
-	rec := journal.Record{Kind: journal.Capture, Phase: phaseDump, SourceID: "src",
-		Source: &journal.SourceRefs{NetNS: "/proc/self/ns/net", NetworkLocked: true, TCPRepair: true, CgroupDir: "/nonexistent"}}
+	rec := journal.Record{Kind: journal.Capture, Phase: journal.CaptureDump, Capture: &journal.CaptureRecord{SourceID: "src", Source: &journal.SourceRefs{NetNS: "/proc/self/ns/net", NetworkLocked: true, TCPRepair: true, CgroupDir: "/nonexistent"}}}
 	if err := e.releaseSource(rec, true); err != nil {
 		t.Fatal(err)
 	}

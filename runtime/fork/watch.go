@@ -240,9 +240,10 @@ func (e *Engine) abandonMaterialize(ctx context.Context, name string, watched []
 		// removing the entry: the sibling is the user's now.
 		return "", entry.End()
 	}
+	sib := entry.Rec.MaterializeRec()
 	errs := []error{e.undoMaterialize(ctx, entry.Rec)}
 	if entry.Rec.PlanDir != "" {
-		if entry.Rec.OwnsPlan {
+		if sib.OwnsPlan {
 			errs = append(errs, e.Store.Remove(entry.Rec.PlanDir))
 		} else {
 			// The dead restore's use goes back to the plan.
@@ -252,9 +253,9 @@ func (e *Engine) abandonMaterialize(ctx context.Context, name string, watched []
 	}
 	if err := errors.Join(errs...); err != nil {
 		// Leave the entry for `tclone gc` to try again.
-		return entry.Rec.SiblingID, fmt.Errorf("undoing sibling %s after its tclone died: %w", entry.Rec.SiblingID, err)
+		return sib.SiblingID, fmt.Errorf("undoing sibling %s after its tclone died: %w", sib.SiblingID, err)
 	}
-	return entry.Rec.SiblingID, entry.End()
+	return sib.SiblingID, entry.End()
 }
 
 // killTree kills a process and all its descendants, if it is still the

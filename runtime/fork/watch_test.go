@@ -23,7 +23,7 @@ func TestReadWatchProtocol(t *testing.T) {
 // that would be an orphan.
 func TestWatchdogDoneTouchesNothing(t *testing.T) {
 	j := journal.Journal{Dir: t.TempDir()}
-	e, err := j.Begin(journal.Record{Kind: journal.Materialize, SiblingID: "s"})
+	e, err := j.Begin(journal.Record{Kind: journal.Materialize, Materialize: &journal.MaterializeRecord{SiblingID: "s"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -42,7 +42,7 @@ func TestWatchdogDoneTouchesNothing(t *testing.T) {
 func TestWatchdogUndoesAfterDeath(t *testing.T) {
 	j := journal.Journal{Dir: t.TempDir()}
 	overlay := t.TempDir()
-	e, err := j.Begin(journal.Record{Kind: journal.Materialize, SiblingID: "s", ImagesOverlay: overlay})
+	e, err := j.Begin(journal.Record{Kind: journal.Materialize, Materialize: &journal.MaterializeRecord{SiblingID: "s", ImagesOverlay: overlay}})
 	if err != nil {
 		t.Fatal(err)
 	}

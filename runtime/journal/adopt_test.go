@@ -11,7 +11,7 @@ import (
 func TestAdopt(t *testing.T) {
 	adoptWait = 100 * time.Millisecond
 	j := Journal{Dir: t.TempDir()}
-	e, err := j.Begin(Record{Kind: Materialize, SiblingID: "s"})
+	e, err := j.Begin(Record{Kind: Materialize, Materialize: &MaterializeRecord{SiblingID: "s"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -23,7 +23,7 @@ func TestAdopt(t *testing.T) {
 		t.Fatal(err)
 	}
 	got, err := j.Adopt(e.Name())
-	if err != nil || got == nil || got.Rec.SiblingID != "s" {
+	if err != nil || got == nil || got.Rec.Materialize.SiblingID != "s" {
 		t.Fatalf("adopt: %+v %v", got, err)
 	}
 	if again, err := j.Adopt(e.Name()); again != nil || err != nil {

@@ -84,32 +84,53 @@ func ProcessState(pid int) (state byte, start uint64, err error) {
 	return fields[0][0], start, err
 }
 
-// Record is one operation in flight.
+// Phase is how far an operation got; each kind has its own.
+type Phase string
+
+// Capture phases.
+const (
+	CaptureDump Phase = "dump" // CRIU not started: nothing of the source is held
+	// CaptureSeized: CRIU (CaptureRecord.Criu) may hold the source's tree,
+	// and may have locked its network or put its connections into repair
+	// mode.
+	CaptureSeized Phase = "seized"
+	CaptureDumped Phase = "dumped" // CRIU let the source go; it runs
+	// CaptureFrozen is what captures of older tclone versions recorded
+	// before they froze the source's cgroup. Recovery still thaws it.
+	CaptureFrozen Phase = "frozen"
+)
+
+// Materialisation phases.
+const (
+	MaterializePrepare Phase = "prepare" // nothing of the sibling made yet
+	MaterializeRootfs  Phase = "rootfs"  // the sibling's root may hold files
+	MaterializeRestore Phase = "restore" // crun may have made the sibling
+)
+
+// Record is one operation in flight: what every kind has, and the record of
+// its own kind.
 type Record struct {
 	Kind    Kind      `json:"kind"`
 	Owner   Owner     `json:"owner"`
 	Started time.Time `json:"started"`
-	Phase   string    `json:"phase"`
+	Phase   Phase     `json:"phase"`
+	// PlanDir is the plan the operation writes (a capture) or reads.
+	PlanDir string `json:"plan_dir,omitempty"`
+	// CrunRoot lets recovery reach crun the way the operation did.
+	CrunRoot string `json:"crun_root,omitempty"`
 
-	PlanDir   string `json:"plan_dir,omitempty"`
-	SourceID  string `json:"source_id,omitempty"`
-	SiblingID string `json:"sibling_id,omitempty"`
-	// SiblingCreated is set once the sibling may exist in crun's state.
-	SiblingCreated bool `json:"sibling_created,omitempty"`
-	// RootTarget is the sibling root Phase B writes into; RootFilled is set
-	// once it may hold files.
-	RootTarget string `json:"root_target,omitempty"`
-	RootFilled bool   `json:"root_filled,omitempty"`
-	// OwnsPlan marks a plan made only for this operation, to be removed
-	// with it (tclone fork SRC NEW).
-	OwnsPlan bool `json:"owns_plan,omitempty"`
+	Capture     *CaptureRecord     `json:"capture,omitempty"`
+	Materialize *MaterializeRecord `json:"materialize,omitempty"`
+}
+
+// CaptureRecord is what a capture in flight has touched.
+type CaptureRecord struct {
+	SourceID string `json:"source_id,omitempty"`
 	// SnapshotPath is where a capture puts the root filesystem snapshot,
 	// recorded before it is taken (a btrfs snapshot lives next to its
 	// subvolume, outside tclone's directories).
 	SnapshotKind string `json:"snapshot_kind,omitempty"`
 	SnapshotPath string `json:"snapshot_path,omitempty"`
-	// CrunRoot lets recovery reach crun the way the operation did.
-	CrunRoot string `json:"crun_root,omitempty"`
 	// FreezerDir is the source's freezer, which captures of older tclone
 	// versions froze (phase "frozen"); recovery still thaws what they left.
 	FreezerDir string `json:"freezer_dir,omitempty"`
@@ -120,11 +141,43 @@ type Record struct {
 	// Source is where the source's processes and network live, for
 	// undoing what a CRIU that died left in them.
 	Source *SourceRefs `json:"source,omitempty"`
+}
+
+// MaterializeRecord is what a materialisation in flight has made.
+type MaterializeRecord struct {
+	SiblingID string `json:"sibling_id,omitempty"`
+	// SiblingCreated is set once the sibling may exist in crun's state.
+	SiblingCreated bool `json:"sibling_created,omitempty"`
+	// RootTarget is the sibling root Phase B writes into; RootFilled is set
+	// once it may hold files.
+	RootTarget string `json:"root_target,omitempty"`
+	RootFilled bool   `json:"root_filled,omitempty"`
+	// OwnsPlan marks a plan made only for this operation, to be removed
+	// with it (tclone fork SRC NEW).
+	OwnsPlan bool `json:"owns_plan,omitempty"`
 	// SiblingCgroup is the sibling's cgroupsPath, to remove if a failed
 	// restore left it.
 	SiblingCgroup string `json:"sibling_cgroup,omitempty"`
 	// ImagesOverlay is a per-sibling image directory to remove.
 	ImagesOverlay string `json:"images_overlay,omitempty"`
+}
+
+// UnmarshalJSON reads a record, and the flat records of older versions,
+// whose fields are those of CaptureRecord and MaterializeRecord.
+func (r *Record) UnmarshalJSON(data []byte) error {
+	type plain Record
+	if err := json.Unmarshal(data, (*plain)(r)); err != nil {
+		return err
+	}
+	switch {
+	case r.Kind == Capture && r.Capture == nil:
+		r.Capture = &CaptureRecord{}
+		return json.Unmarshal(data, r.Capture)
+	case r.Kind == Materialize && r.Materialize == nil:
+		r.Materialize = &MaterializeRecord{}
+		return json.Unmarshal(data, r.Materialize)
+	}
+	return nil
 }
 
 // SourceRefs locate what a capture's CRIU changes in the source besides its
@@ -151,7 +204,7 @@ type SourceRefs struct {
 // finished and reported done: recovery removes its entry and undoes
 // nothing. This version ends an entry only when the operation is reported
 // (the process is about to exit 0), so an entry it leaves is unfinished.
-const PhaseCommitted = "committed"
+const PhaseCommitted Phase = "committed"
 
 // Journal is a directory of records.
 type Journal struct{ Dir string }
@@ -277,4 +330,22 @@ func parseOwner(s string) Owner {
 	var o Owner
 	fmt.Sscanf(s, "%d-%d", &o.Pid, &o.StartTime)
 	return o
+}
+
+// CaptureRec is the capture's record; never nil, so that a damaged entry
+// reads as one that touched nothing.
+func (r Record) CaptureRec() *CaptureRecord {
+	if r.Capture == nil {
+		return &CaptureRecord{}
+	}
+	return r.Capture
+}
+
+// MaterializeRec is the materialisation's record; never nil, so that a
+// damaged entry reads as one that made nothing.
+func (r Record) MaterializeRec() *MaterializeRecord {
+	if r.Materialize == nil {
+		return &MaterializeRecord{}
+	}
+	return r.Materialize
 }

@@ -1,6 +1,7 @@
 package journal
 
 import (
+	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,7 +15,7 @@ func TestOrphansAreEntriesOfDeadOwners(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dead, err := j.Begin(Record{Kind: Materialize, SiblingID: "s"})
+	dead, err := j.Begin(Record{Kind: Materialize, Materialize: &MaterializeRecord{SiblingID: "s"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -31,7 +32,7 @@ func TestOrphansAreEntriesOfDeadOwners(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(orphans) != 1 || orphans[0].Rec.SiblingID != "s" {
+	if len(orphans) != 1 || orphans[0].Rec.Materialize.SiblingID != "s" {
 		t.Fatalf("orphans %+v", orphans)
 	}
 	if err := orphans[0].End(); err != nil {
@@ -86,7 +87,7 @@ func TestOrphanClaimedOnce(t *testing.T) {
 // owner dies, and says committed.
 func TestCommittedEntrySurvivesAsCommitted(t *testing.T) {
 	j := Journal{Dir: t.TempDir()}
-	e, _ := j.Begin(Record{Kind: Materialize, Phase: "restore", SiblingCreated: true})
+	e, _ := j.Begin(Record{Kind: Materialize, Phase: "restore", Materialize: &MaterializeRecord{SiblingCreated: true}})
 	if err := e.Update(func(r *Record) { r.Phase = PhaseCommitted }); err != nil {
 		t.Fatal(err)
 	}
@@ -122,5 +123,35 @@ func TestUnclaim(t *testing.T) {
 	again[0].End()
 	if entries, _ := os.ReadDir(j.Dir); len(entries) != 0 {
 		t.Fatalf("left: %v", entries)
+	}
+}
+
+// Entries written by older versions were flat: their fields are read into
+// the record of their kind, so that a recovery after an upgrade still
+// undoes what they made.
+func TestLegacyFlatRecord(t *testing.T) {
+	var c Record
+	if err := json.Unmarshal([]byte(`{"kind":"capture","phase":"seized","plan_dir":"/p","source_id":"src","criu":{"pid":7,"start_time":9},"source":{"net_ns":"/n"}}`), &c); err != nil {
+		t.Fatal(err)
+	}
+	if c.Phase != CaptureSeized || c.PlanDir != "/p" || c.Capture == nil || c.Capture.SourceID != "src" ||
+		c.Capture.Criu == nil || c.Capture.Criu.Pid != 7 || c.Capture.Source == nil || c.Capture.Source.NetNS != "/n" || c.Materialize != nil {
+		t.Fatalf("legacy capture read as %+v", c)
+	}
+	var m Record
+	if err := json.Unmarshal([]byte(`{"kind":"materialize","phase":"restore","sibling_id":"sib","sibling_created":true,"root_target":"/r","owns_plan":true}`), &m); err != nil {
+		t.Fatal(err)
+	}
+	if m.Materialize == nil || m.Materialize.SiblingID != "sib" || !m.Materialize.SiblingCreated || m.Materialize.RootTarget != "/r" || !m.Materialize.OwnsPlan || m.Capture != nil {
+		t.Fatalf("legacy materialisation read as %+v", m)
+	}
+	// A record of this version keeps its own.
+	data, _ := json.Marshal(Record{Kind: Materialize, Phase: MaterializeRootfs, Materialize: &MaterializeRecord{SiblingID: "s", RootFilled: true}})
+	var n Record
+	if err := json.Unmarshal(data, &n); err != nil || n.Materialize == nil || n.Materialize.SiblingID != "s" || !n.Materialize.RootFilled {
+		t.Fatalf("round trip of %s: %+v %v", data, n, err)
+	}
+	if strings.Contains(string(data), `"sibling_id":"s","kind"`) {
+		t.Fatalf("record not nested: %s", data)
 	}
 }

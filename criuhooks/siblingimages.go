@@ -1,4 +1,4 @@
-package fork
+package criuhooks
 
 import (
 	"fmt"
@@ -6,11 +6,10 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/checkpoint-restore/go-criu/v7/crit"
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/utsns"
 )
 
-// siblingImages makes the image directory one sibling restores from: hard
+// SiblingImages makes the image directory one sibling restores from: hard
 // links to the plan's images, which stay read-only and shared by every
 // sibling, plus private copies of the few images this sibling changes.
 //
@@ -18,7 +17,7 @@ import (
 // the directory from inside the sibling's mount namespace, where an absolute
 // symlink into the host's plan store does not resolve. So dir must be on the
 // plan store's tmpfs.
-func siblingImages(planImages, dir, hostname string) error {
+func SiblingImages(planImages, dir, hostname string) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}
@@ -46,12 +45,7 @@ func siblingImages(planImages, dir, hostname string) error {
 // rewriteHostname copies a UTS namespace image with a new node name, so the
 // sibling's processes see their own hostname from their first instruction.
 func rewriteHostname(src, dst, hostname string) error {
-	in, err := os.Open(src)
-	if err != nil {
-		return err
-	}
-	defer in.Close()
-	img, err := crit.New(in, nil, "", false, false).Decode(&utsns.UtsnsEntry{})
+	img, err := decodeImage(src, &utsns.UtsnsEntry{})
 	if err != nil {
 		return err
 	}
@@ -60,13 +54,5 @@ func rewriteHostname(src, dst, hostname string) error {
 			u.Nodename = &hostname
 		}
 	}
-	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-	if err != nil {
-		return err
-	}
-	if err := crit.New(nil, out, "", false, false).Encode(img); err != nil {
-		out.Close()
-		return err
-	}
-	return out.Close()
+	return encodeImage(img, dst, os.O_EXCL)
 }

@@ -1,7 +1,8 @@
-package fork
+package crun
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -9,6 +10,8 @@ import (
 	"os/signal"
 	"path/filepath"
 	"syscall"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/tclone/tclone/runtime/cgroups"
 )
@@ -18,8 +21,8 @@ import (
 // cgroup behind when a restore fails, and the next container with the same
 // cgroup path then cannot start; so a failed restore's cgroup is removed
 // here, unless crun kept a container under that ID.
-func (e *Engine) RestoreCheckpoint(ctx context.Context, id, bundle string, args []string, env []string) error {
-	cmd := e.Crun.Command(ctx, "restore", append(args, id)...)
+func (r *Runtime) RestoreCheckpoint(ctx context.Context, id, bundle string, args []string, env []string) error {
+	cmd := r.Command(ctx, "restore", append(args, id)...)
 	cmd.Env = append(os.Environ(), env...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
 	if err := cmd.Start(); err != nil {
@@ -40,9 +43,9 @@ func (e *Engine) RestoreCheckpoint(ctx context.Context, id, bundle string, args 
 	if err == nil {
 		return nil
 	}
-	if _, serr := os.Stat(filepath.Join(e.Crun.Global.StateRoot(), id)); serr != nil {
-		if spec, lerr := loadSpec(bundle); lerr == nil {
-			if cerr := cgroups.RemoveLeftovers(spec.Linux.CgroupsPath); cerr != nil {
+	if _, serr := os.Stat(filepath.Join(r.Global.StateRoot(), id)); serr != nil {
+		if path, lerr := bundleCgroupsPath(bundle); lerr == nil {
+			if cerr := cgroups.RemoveLeftovers(path); cerr != nil {
 				err = errors.Join(err, cerr)
 			}
 		}
@@ -69,3 +72,19 @@ type ExitStatus struct {
 func (e *ExitStatus) Error() string { return e.Err.Error() }
 func (e *ExitStatus) ExitCode() int { return e.Code }
 func (e *ExitStatus) Unwrap() error { return e.Err }
+
+// bundleCgroupsPath reads the cgroup a bundle's container is put in.
+func bundleCgroupsPath(bundle string) (string, error) {
+	data, err := os.ReadFile(filepath.Join(bundle, "config.json"))
+	if err != nil {
+		return "", err
+	}
+	var spec specs.Spec
+	if err := json.Unmarshal(data, &spec); err != nil {
+		return "", err
+	}
+	if spec.Linux == nil {
+		return "", nil
+	}
+	return spec.Linux.CgroupsPath, nil
+}

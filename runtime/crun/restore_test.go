@@ -1,4 +1,4 @@
-package fork
+package crun
 
 import (
 	"context"
@@ -8,17 +8,15 @@ import (
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/tclone/tclone/runtime/crun"
 )
 
-func fakeCrun(t *testing.T, script string) *Engine {
+func fakeCrun(t *testing.T, script string) *Runtime {
 	t.Helper()
 	bin := filepath.Join(t.TempDir(), "crun")
 	if err := os.WriteFile(bin, []byte("#!/bin/sh\n"+script), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	return &Engine{Crun: &crun.Runtime{Path: bin, Global: crun.Global{Root: t.TempDir()}}}
+	return &Runtime{Path: bin, Global: Global{Root: t.TempDir()}}
 }
 
 // An ordinary restore passes on what the caller signals to crun, and crun's
