@@ -13,6 +13,7 @@ import (
 	"github.com/tclone/tclone/runtime/buildinfo"
 	"github.com/tclone/tclone/runtime/crun"
 	"github.com/tclone/tclone/runtime/fork"
+	"github.com/tclone/tclone/runtime/lazy"
 )
 
 const usage = `an OCI runtime that forks running containers
@@ -28,6 +29,7 @@ With Podman:
 
 func main() {
 	fork.RunRestoreWatchIfAsked()
+	lazy.RunDaemonIfAsked()
 	if err := newApp().Run(os.Args); err != nil {
 		fatal(err)
 	}

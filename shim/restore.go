@@ -28,7 +28,7 @@ var restoreFlags = slices.Concat([]cli.Flag{
 	&cli.StringFlag{Name: "lsm-profile", Usage: "LSM profile for the restored tree, TYPE:NAME"},
 	&cli.StringFlag{Name: "lsm-mount-context", Usage: "LSM mount context for the restored tree"},
 	&cli.BoolFlag{Name: "print-stats", Usage: "print fork timings as JSON (fork plans only)"},
-}, forkflags.Capture())
+}, forkflags.Capture(), []cli.Flag{forkflags.MemoryFlag()})
 
 var restoreCommand = &cli.Command{
 	Name:      "restore",
@@ -91,7 +91,7 @@ func siblingRequest(c *cli.Context, id, planDir string, capture forkopts.Capture
 	return fork.MaterializeRequest{
 		Plan: planDir, ID: id, Bundle: c.String("bundle"),
 		Detach: c.Bool("detach"), PidFile: c.String("pid-file"), ConsoleSocket: c.String("console-socket"),
-		WorkPath: c.String("work-path"), TCP: capture.TCP,
+		WorkPath: c.String("work-path"), TCP: capture.TCP, Memory: forkopts.Memory(c.String(forkflags.Memory)),
 		ManageCgroupsMode: c.String("manage-cgroups-mode"),
 		LSMProfile:        c.String("lsm-profile"), LSMMountContext: c.String("lsm-mount-context"),
 		Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr,
@@ -109,7 +109,7 @@ func tcpCloseEnv(capture forkopts.Capture) (env []string, cleanup func(), err er
 	if err != nil {
 		return nil, nil, err
 	}
-	conf, err := forkopts.CRIUConfig(dir)
+	conf, err := forkopts.CRIUConfig(dir, forkopts.CRIUTCPClose)
 	if err != nil {
 		os.RemoveAll(dir)
 		return nil, nil, err

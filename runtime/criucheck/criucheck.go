@@ -75,6 +75,11 @@ type Result struct {
 	Path    string  `json:"path"`
 	Version Version `json:"version"`
 	Kernel  string  `json:"kernel"`
+	// LazyPages is set when CRIU and the kernel can restore memory lazily
+	// (userfaultfd with the non-cooperative events); NoLazyPages says why
+	// not.
+	LazyPages   bool   `json:"lazy_pages"`
+	NoLazyPages string `json:"no_lazy_pages,omitempty"`
 }
 
 // Error is a failed check. It always says what to do.
@@ -147,12 +152,18 @@ func kernelRelease() (string, error) {
 var CacheDir = "/run/tclone"
 
 type cacheKey struct {
+	// Format changes when Result gains a field, so that an older cache
+	// is checked again.
+	Format int    `json:"format"`
 	BootID string `json:"boot_id"`
 	Kernel string `json:"kernel"`
 	Path   string `json:"path"`
 	Size   int64  `json:"size"`
 	MTime  int64  `json:"mtime_ns"`
 }
+
+// cacheFormat is the version of the cached Result.
+const cacheFormat = 2
 
 type cacheEntry struct {
 	Key    cacheKey `json:"key"`
@@ -168,7 +179,7 @@ func currentKey(path, kernel string) (cacheKey, error) {
 	if err != nil {
 		return cacheKey{}, err
 	}
-	return cacheKey{BootID: strings.TrimSpace(string(boot)), Kernel: kernel, Path: path, Size: st.Size(), MTime: st.ModTime().UnixNano()}, nil
+	return cacheKey{Format: cacheFormat, BootID: strings.TrimSpace(string(boot)), Kernel: kernel, Path: path, Size: st.Size(), MTime: st.ModTime().UnixNano()}, nil
 }
 
 // Check verifies the CRIU tclone will use. It is cheap after the first
@@ -233,7 +244,20 @@ func check(ctx context.Context, path, release string) (*Result, error) {
 			Fix:  "this kernel lacks something CRIU needs; run `criu check` for the full report, then " + fixInstall,
 		}
 	}
+	res.LazyPages, res.NoLazyPages = checkLazyPages(ctx, path, res.Env())
 	return res, nil
+}
+
+// checkLazyPages asks CRIU whether lazy restores work here: they need
+// userfaultfd with the fork, remap and unmap events ("uffd-noncoop").
+func checkLazyPages(ctx context.Context, path string, env []string) (bool, string) {
+	cmd := exec.CommandContext(ctx, path, "check", "--feature", "uffd-noncoop")
+	cmd.Env = append(os.Environ(), env...)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return false, fmt.Sprintf("`criu check --feature uffd-noncoop`: %s", lastErrors(string(out)))
+	}
+	return true, ""
 }
 
 // lastErrors keeps the lines of CRIU output that explain a failure.

@@ -88,6 +88,9 @@ func (e *Engine) captureSource(ctx context.Context, src *source, req CaptureRequ
 		return nil, err
 	}
 	defer unlock()
+	if err := waitMemoryComplete(ctx, src, req.Fork.CaptureTimeout); err != nil {
+		return nil, err
+	}
 	op, err := e.beginCapture(src, req, check)
 	if err != nil {
 		return nil, err
@@ -190,6 +193,7 @@ func (op *captureOp) capture(ctx context.Context) (*plan.Plan, error) {
 		Rootfs:   d.snapshot,
 		Capture:  opts,
 		Identity: req.Fork.Identity,
+		Memory:   req.Fork.Memory,
 		TCP:      req.Fork.TCP,
 		Timings:  d.timings,
 		Pages:    d.pages,

@@ -12,6 +12,7 @@ import (
 
 	"github.com/tclone/tclone/runtime/crun"
 	"github.com/tclone/tclone/runtime/journal"
+	"github.com/tclone/tclone/runtime/lazy"
 	"github.com/tclone/tclone/runtime/plan"
 )
 
@@ -91,3 +92,8 @@ func keepLog(path, op, id string) string {
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// lazyPaths names the files of plan id's lazy-pages daemon.
+func (e *Engine) lazyPaths(id string) lazy.Paths {
+	return lazy.PathsFor(lazy.Dir(e.Store.Root), LogDir, id)
+}

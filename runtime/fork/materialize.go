@@ -14,11 +14,13 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/tclone/tclone/criuhooks"
+	"github.com/tclone/tclone/criuhooks/lazypages"
 	"github.com/tclone/tclone/runtime/cgroups"
 	"github.com/tclone/tclone/runtime/criucheck"
 	"github.com/tclone/tclone/runtime/crun"
 	"github.com/tclone/tclone/runtime/forkopts"
 	"github.com/tclone/tclone/runtime/journal"
+	"github.com/tclone/tclone/runtime/lazy"
 	"github.com/tclone/tclone/runtime/plan"
 	"github.com/tclone/tclone/runtime/rootfs"
 )
@@ -40,6 +42,9 @@ type MaterializeRequest struct {
 	// (only a plan captured for keeping them allows it; see
 	// siblingTCPPolicy), or "" for the plan's policy.
 	TCP forkopts.TCPPolicy
+	// Memory is how the sibling gets its memory; "" means the plan's
+	// choice (lazy where the host can).
+	Memory forkopts.Memory
 	// Pass-through crun restore options.
 	ManageCgroupsMode string
 	LSMProfile        string
@@ -68,6 +73,9 @@ type Materialized struct {
 		TotalMs       float64 `json:"total_ms"`
 	} `json:"timings"`
 	PagesRestored uint64 `json:"pages_restored"`
+	// Memory is how the sibling got its memory. A lazy sibling runs while
+	// it still receives it; MemoryComplete waits for the end.
+	Memory forkopts.Memory `json:"memory"`
 
 	// reported ends the operation; see Reported.
 	reported func() error
@@ -155,6 +163,16 @@ func (e *Engine) prepareMaterialize(ctx context.Context, req MaterializeRequest,
 	if op.check, err = criucheck.Check(ctx); err != nil {
 		return nil, err
 	}
+	asked := req.Memory
+	if asked == "" {
+		asked = p.Memory
+	}
+	if op.memory, err = asked.Resolve(op.check.LazyPages, op.check.NoLazyPages); err != nil {
+		return nil, err
+	}
+	if asked == "" && op.memory == forkopts.MemoryCopy {
+		logrus.Debugf("memory is copied before sibling %s runs: %s", req.ID, op.check.NoLazyPages)
+	}
 	if op.lease, err = e.Store.Acquire(dir); err != nil {
 		return nil, err
 	}
@@ -174,7 +192,7 @@ func (e *Engine) prepareMaterialize(ctx context.Context, req MaterializeRequest,
 		op.entry.End()
 		return nil, err
 	}
-	op.log.phase("prepare", logrus.Fields{"plan": dir, "bundle": sib.bundle, "root": op.root, "tcp": op.tcp, "identity": p.Identity})
+	op.log.phase("prepare", logrus.Fields{"plan": dir, "bundle": sib.bundle, "root": op.root, "tcp": op.tcp, "memory": op.memory, "identity": p.Identity})
 	return op, nil
 }
 
@@ -257,11 +275,12 @@ type materializeOp struct {
 	// root is the sibling's root filesystem; siblingDir holds its private
 	// images and CRIU's work files.
 	root, siblingDir string
-	// tcp is the policy decided for this sibling.
-	tcp   forkopts.TCPPolicy
-	check *criucheck.Result
-	lease *plan.Lease
-	entry *journal.Entry
+	// tcp and memory are decided for this sibling.
+	tcp    forkopts.TCPPolicy
+	memory forkopts.Memory
+	check  *criucheck.Result
+	lease  *plan.Lease
+	entry  *journal.Entry
 	// watch is the watchdog that undoes the sibling if this tclone dies
 	// before it is reported; crun's restore is reported to it.
 	watch *restoreWatch
@@ -271,7 +290,7 @@ type materializeOp struct {
 // run fills the sibling's root and has crun restore the tree into it.
 func (op *materializeOp) run(ctx context.Context) (*Materialized, error) {
 	req, p, entry, spec, bundle, root, siblingDir := op.req, op.p, op.entry, op.sib.spec, op.sib.bundle, op.root, op.siblingDir
-	m := &Materialized{ID: req.ID, PlanID: p.ID}
+	m := &Materialized{ID: req.ID, PlanID: p.ID, Memory: op.memory}
 	m.Hostname = siblingHostname(p, spec, req.ID)
 	images := filepath.Join(siblingDir, "images")
 	if err := criuhooks.SiblingImages(plan.ImagesDir(op.dir), images, m.Hostname); err != nil {
@@ -341,8 +360,22 @@ func (op *materializeOp) crunRestore(ctx context.Context, images, work string) e
 	args = append(args, req.ID)
 
 	env := append(os.Environ(), op.check.Env()...)
+	var criuConf []string
 	if tcpClose {
-		conf, err := forkopts.CRIUConfig(op.siblingDir)
+		criuConf = append(criuConf, forkopts.CRIUTCPClose)
+	}
+	if op.memory == forkopts.MemoryLazy {
+		// CRIU connects to the plan's daemon at the socket in its work
+		// directory before it restores anything.
+		client, err := op.lazyDaemon(ctx, work)
+		if err != nil {
+			return err
+		}
+		defer client.Close()
+		criuConf = append(criuConf, forkopts.CRIULazyPages)
+	}
+	if len(criuConf) > 0 {
+		conf, err := forkopts.CRIUConfig(op.siblingDir, criuConf...)
 		if err != nil {
 			return err
 		}
@@ -351,7 +384,7 @@ func (op *materializeOp) crunRestore(ctx context.Context, images, work string) e
 	ctx, cancel := context.WithTimeout(ctx, e.criuTimeout())
 	defer cancel()
 	cmd := e.Crun.Command(ctx, "restore", args...)
-	op.log.WithFields(logrus.Fields{"argv": cmd.Args, "criu_tcp_close": tcpClose}).Debug("crun restore")
+	op.log.WithFields(logrus.Fields{"argv": cmd.Args, "criu_config": criuConf}).Debug("crun restore")
 	cmd.Env = env
 	// crun's stdio must be the caller's own descriptors, not pipes of ours:
 	// the restored tree inherits them as its stdio (conmon's log pipes, or
@@ -399,4 +432,20 @@ func (e *Engine) undoMaterialize(ctx context.Context, r journal.Record) error {
 		errs = append(errs, os.RemoveAll(rec.ImagesOverlay))
 	}
 	return errors.Join(errs...)
+}
+
+// lazyDaemon has the plan's lazy-pages daemon, started if none runs, wait
+// for this restore's CRIU at the work directory's socket. The daemon stays
+// while the returned client is open, and while the sibling fills.
+func (op *materializeOp) lazyDaemon(ctx context.Context, work string) (*lazy.Client, error) {
+	client, err := lazy.Ensure(ctx, op.e.lazyPaths(op.p.ID), plan.ImagesDir(op.dir))
+	if err != nil {
+		return nil, err
+	}
+	if err := client.Listen(filepath.Join(work, lazypages.SocketName)); err != nil {
+		client.Close()
+		return nil, err
+	}
+	op.log.phase("lazy-pages", nil)
+	return client, nil
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/tclone/tclone/runtime/cgroups"
 	"github.com/tclone/tclone/runtime/journal"
+	"github.com/tclone/tclone/runtime/lazy"
 	"github.com/tclone/tclone/runtime/plan"
 	"github.com/tclone/tclone/runtime/rootfs"
 )
@@ -28,6 +29,9 @@ type Recovered struct {
 	Plans []RemovedPlan `json:"plans"`
 	// Locks are lock files no one held.
 	Locks []string `json:"locks"`
+	// LazyDaemons are the plans whose dead lazy-pages daemon's files were
+	// removed.
+	LazyDaemons []string `json:"lazy_daemons,omitempty"`
 }
 
 // RemovedPlan is a plan the sweep removed.
@@ -39,7 +43,7 @@ type RemovedPlan struct {
 }
 
 func (r *Recovered) empty() bool {
-	return r.Captures+r.Siblings+r.StraySnaps+len(r.Plans)+len(r.Thawed)+len(r.Locks) == 0
+	return r.Captures+r.Siblings+r.StraySnaps+len(r.Plans)+len(r.Thawed)+len(r.Locks)+len(r.LazyDaemons) == 0
 }
 
 // Recover undoes every fork operation whose tclone process died, removes
@@ -57,7 +61,9 @@ func (e *Engine) Recover(ctx context.Context) (*Recovered, error) {
 	r.StraySnaps = n
 	locks, lerr := e.Store.CollectLocks()
 	r.Locks = locks
-	return r, errors.Join(err, serr, lerr)
+	daemons, derr := lazy.Collect(lazy.Dir(e.Store.Root), LogDir)
+	r.LazyDaemons = daemons
+	return r, errors.Join(err, serr, lerr, derr)
 }
 
 // recoverOperations undoes operations whose process died and sweeps plans:

@@ -16,10 +16,10 @@ import (
 	"time"
 
 	"github.com/sirupsen/logrus"
-	"golang.org/x/sys/unix"
 
 	"github.com/tclone/tclone/runtime/cgroups"
 	"github.com/tclone/tclone/runtime/crun"
+	"github.com/tclone/tclone/runtime/internal/fds"
 	"github.com/tclone/tclone/runtime/journal"
 	"github.com/tclone/tclone/runtime/plan"
 )
@@ -137,35 +137,13 @@ func RunRestoreWatchIfAsked() {
 	if err := json.Unmarshal([]byte(os.Args[2]), &cfg); err != nil {
 		os.Exit(2)
 	}
-	closeInherited()
+	fds.CloseInherited(3)
 	report := io.Discard
 	if cfg.Report {
 		// Closed when the watchdog exits: that is what lets conmon go on.
 		report = os.NewFile(3, "caller's stderr")
 	}
 	os.Exit(runRestoreWatch(cfg, os.Stdin, report))
-}
-
-// closeInherited closes what the watchdog inherited beyond its stdio and
-// report descriptor: tclone's caller (conmon, and Podman through it) may
-// pass descriptors on, and a pipe end held by the watchdog could keep a
-// reader waiting for its end. Inherited descriptors are the ones without
-// close-on-exec; the Go runtime's own all have it.
-func closeInherited() {
-	entries, err := os.ReadDir("/proc/self/fd")
-	if err != nil {
-		return
-	}
-	for _, ent := range entries {
-		fd, err := strconv.Atoi(ent.Name())
-		if err != nil || fd <= 3 {
-			continue
-		}
-		flags, err := unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0)
-		if err == nil && flags&unix.FD_CLOEXEC == 0 {
-			unix.Close(fd)
-		}
-	}
 }
 
 // runRestoreWatch waits for the end of the restore, undoes it if its tclone

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/checkpoint-restore/go-criu/v7/rpc"
 	"google.golang.org/protobuf/proto"
@@ -84,14 +85,20 @@ func (c Capture) CrunArgs() crun.Args {
 	return a
 }
 
-// CRIUConfig writes a CRIU configuration file asking for tcp_close into dir
-// and returns the environment entry that makes CRIU read it. crun 1.21 has
-// no restore flag for it, and CRIU reads CRIU_CONFIG_FILE in every mode,
-// the RPC one crun uses included.
-func CRIUConfig(dir string) (string, error) {
+// CRIU options crun's restore has no flag for, given through CRIUConfig.
+const (
+	CRIUTCPClose  = "tcp-close"
+	CRIULazyPages = "lazy-pages"
+)
+
+// CRIUConfig writes a CRIU configuration file with options into dir and
+// returns the environment entry that makes CRIU read it. crun 1.21 has no
+// restore flag for tcp-close or lazy-pages, and CRIU reads
+// CRIU_CONFIG_FILE in every mode, the RPC one crun uses included.
+func CRIUConfig(dir string, options ...string) (string, error) {
 	conf := filepath.Join(dir, "tclone-criu.conf")
-	if err := os.WriteFile(conf, []byte("tcp-close\n"), 0o600); err != nil {
-		return "", fmt.Errorf("writing CRIU's tcp-close configuration: %w", err)
+	if err := os.WriteFile(conf, []byte(strings.Join(options, "\n")+"\n"), 0o600); err != nil {
+		return "", fmt.Errorf("writing CRIU's configuration (%s): %w", strings.Join(options, ", "), err)
 	}
 	return "CRIU_CONFIG_FILE=" + conf, nil
 }

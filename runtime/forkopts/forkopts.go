@@ -34,6 +34,9 @@ type Fork struct {
 	Capture
 	// Identity says how siblings differ from the source.
 	Identity Identity `json:"identity"`
+	// Memory is how siblings get the source's memory; empty means lazy
+	// where this host can, copy elsewhere.
+	Memory Memory `json:"memory,omitempty"`
 	// Uses is how many siblings the plan serves, or Unlimited; 0 means 1.
 	Uses int `json:"uses"`
 	// TTL bounds how long an unused plan is kept; 0 means DefaultPlanTTL.
@@ -66,6 +69,9 @@ func (f *Fork) Normalize() error {
 		return err
 	}
 	f.Identity = id
+	if f.Memory, err = ParseMemory(string(f.Memory)); err != nil {
+		return err
+	}
 	switch f.TCP {
 	case "":
 		f.TCP = TCPClose
@@ -116,6 +122,43 @@ func ParseIdentity(s string) (Identity, error) {
 		return Identity(s), nil
 	}
 	return "", fmt.Errorf("unknown identity policy %q (use unique, best-effort or preserve)", s)
+}
+
+// Memory is how a sibling gets the source's memory.
+type Memory string
+
+const (
+	// MemoryLazy starts the sibling as soon as its tasks are rebuilt; a
+	// lazy-pages daemon gives it its memory while it runs, on demand and
+	// in the background. It needs userfaultfd (criucheck says).
+	MemoryLazy Memory = "lazy"
+	// MemoryCopy has CRIU copy every page before the sibling runs.
+	MemoryCopy Memory = "copy"
+)
+
+// ParseMemory validates a memory mode; empty means "lazy where possible"
+// and stays empty.
+func ParseMemory(s string) (Memory, error) {
+	switch Memory(s) {
+	case "", MemoryLazy, MemoryCopy:
+		return Memory(s), nil
+	}
+	return "", fmt.Errorf("unknown memory mode %q (use lazy or copy)", s)
+}
+
+// Resolve decides the memory mode of one restore: asked is what the
+// restore or the plan asked for ("" for lazy where possible); lazyOK and
+// why are what the host can do.
+func (m Memory) Resolve(lazyOK bool, why string) (Memory, error) {
+	switch {
+	case m == MemoryCopy:
+		return MemoryCopy, nil
+	case lazyOK:
+		return MemoryLazy, nil
+	case m == MemoryLazy:
+		return "", fmt.Errorf("--memory lazy: this host cannot restore memory lazily (%s); fork with --memory copy", why)
+	}
+	return MemoryCopy, nil
 }
 
 // TCPPolicy is what a sibling does with its copies of the source's

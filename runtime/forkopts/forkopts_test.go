@@ -122,7 +122,7 @@ func TestCaptureCrunArgs(t *testing.T) {
 
 func TestCRIUConfig(t *testing.T) {
 	dir := t.TempDir()
-	env, err := CRIUConfig(dir)
+	env, err := CRIUConfig(dir, CRIUTCPClose)
 	if err != nil {
 		t.Fatal(err)
 	}

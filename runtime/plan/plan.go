@@ -47,6 +47,9 @@ type Plan struct {
 	// Identity says how siblings differ from the source: "unique" gives
 	// each its own hostname and machine-id, "preserve" keeps the source's.
 	Identity forkopts.Identity `json:"identity"`
+	// Memory is how the siblings get the source's memory ("": lazy where
+	// the host can).
+	Memory forkopts.Memory `json:"memory,omitempty"`
 	// TCP is what every sibling does with its copies of the source's
 	// established TCP connections. It is a restore option, but Podman's
 	// restore call cannot carry it, so the plan does.

@@ -23,6 +23,7 @@ const (
 	Uses           = "uses"
 	TTL            = "ttl"
 	CaptureTimeout = "capture-timeout"
+	Memory         = "memory"
 )
 
 // CrunCapture is the capture flags crun itself has, for the verbs tclone
@@ -43,12 +44,20 @@ func Capture() []cli.Flag {
 		&cli.BoolFlag{Name: TCPClose, Usage: "close the sibling's copies of the source's open TCP connections; the source keeps them (what a fork does by default)"})
 }
 
-// Sibling is the flags of how siblings differ from the source.
+// Sibling is the flags of how siblings differ from the source and get its
+// memory.
 func Sibling() []cli.Flag {
 	return []cli.Flag{
+		MemoryFlag(),
 		&cli.StringFlag{Name: Identity, Value: string(forkopts.IdentityUnique), Usage: "unique: each sibling gets its own hostname and machine-id, and a source where one cannot differ (--uts=host, a mounted /etc/machine-id) is refused; " +
 			"best-effort: the same where possible, keeping what cannot change (--print-stats says what was kept); preserve: the source's"},
 	}
+}
+
+// MemoryFlag is --memory.
+func MemoryFlag() cli.Flag {
+	return &cli.StringFlag{Name: Memory, Usage: "how a sibling gets the source's memory: lazy (it runs at once and receives its memory while it runs; " +
+		"the default where CRIU and the kernel support it) or copy (every page is copied before it runs)"}
 }
 
 // PlanLife is the flags of a plan captured on its own: how many siblings it
@@ -89,6 +98,7 @@ func Read(c *cli.Context) (forkopts.Fork, error) {
 	f := forkopts.Fork{
 		Capture:        capture,
 		Identity:       forkopts.Identity(c.String(Identity)),
+		Memory:         forkopts.Memory(c.String(Memory)),
 		Uses:           c.Int(Uses),
 		TTL:            c.Duration(TTL),
 		CaptureTimeout: c.Duration(CaptureTimeout),

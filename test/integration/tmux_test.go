@@ -64,10 +64,12 @@ func TestForkKeepsTmuxSessionAlive(t *testing.T) {
 		}
 	}
 	// The pane shell keeps its environment.
+	// The loop is stopped first; keys typed before its shell prompts again
+	// may be lost, so the command is typed again until it has run.
 	tmux(sib, "send-keys", "-t", "work:0.0", "C-c", "")
-	tmux(sib, "send-keys", "-t", "work:0.0", "echo $PANE > /tmp/pane-env", "Enter")
-	eventually(t, 10*time.Second, "pane environment", func() error {
+	eventually(t, 20*time.Second, "pane environment", func() error {
 		if out := podmanTry(t, "exec", sib, "cat", "/tmp/pane-env"); strings.TrimSpace(out.stdout) != "left" {
+			tmux(sib, "send-keys", "-t", "work:0.0", "echo $PANE > /tmp/pane-env", "Enter")
 			return fmt.Errorf("%q", out.stdout)
 		}
 		return nil
