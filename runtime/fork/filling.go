@@ -17,7 +17,7 @@ import (
 func waitMemoryComplete(ctx context.Context, src *source, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	for {
-		filling, err := fillingTask(src.state.Pid)
+		filling, err := MemoryFilling(src.state.Pid)
 		if err != nil || filling == 0 {
 			return err
 		}
@@ -33,9 +33,10 @@ func waitMemoryComplete(ctx context.Context, src *source, timeout time.Duration)
 	}
 }
 
-// fillingTask returns a task of the tree under pid that is still filling,
-// or 0. A task that exited meanwhile is not filling.
-func fillingTask(pid int) (int, error) {
+// MemoryFilling returns a task of the tree under pid that is still
+// receiving its memory from a lazy-pages daemon, or 0 when the tree's
+// memory is complete. A task that exited meanwhile is not filling.
+func MemoryFilling(pid int) (int, error) {
 	for _, p := range treePids(pid) {
 		filling, err := lazypages.Filling(p)
 		if err != nil && processAlive(p) {

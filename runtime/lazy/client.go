@@ -74,7 +74,8 @@ func spawn(p Paths, planImages string) (*exec.Cmd, error) {
 	if err != nil {
 		return nil, err
 	}
-	cfg, err := json.Marshal(daemonConfig{Paths: p, PlanImages: planImages, Idle: IdleExit})
+	pause, _ := time.ParseDuration(os.Getenv(EnvChunkPause))
+	cfg, err := json.Marshal(daemonConfig{Paths: p, PlanImages: planImages, Idle: IdleExit, ChunkPause: pause})
 	if err != nil {
 		return nil, err
 	}

@@ -26,6 +26,8 @@ type daemonConfig struct {
 	PlanImages string `json:"plan_images"`
 	// Idle is IdleExit as the starter saw it.
 	Idle time.Duration `json:"idle"`
+	// ChunkPause slows the background fill (EnvChunkPause).
+	ChunkPause time.Duration `json:"chunk_pause,omitempty"`
 }
 
 // RunDaemonIfAsked runs a plan's daemon and exits when argv asks for it.
@@ -66,7 +68,7 @@ func serve(cfg daemonConfig) error {
 	defer os.RemoveAll(cfg.Images)
 	s := &server{cfg: cfg, change: time.Now()}
 	var err error
-	s.d, err = lazypages.Start(lazypages.Options{ImagesDir: cfg.Images, OnEvent: s.event})
+	s.d, err = lazypages.Start(lazypages.Options{ImagesDir: cfg.Images, OnEvent: s.event, ChunkPause: cfg.ChunkPause})
 	if err != nil {
 		return err
 	}

@@ -32,6 +32,12 @@ const DaemonCommand = "__tclone-lazy-pages"
 // restore of its plan before it exits. (A variable for the tests.)
 var IdleExit = 10 * time.Second
 
+// EnvChunkPause, set to a duration in the environment of the restore that
+// starts a plan's daemon, makes the daemon wait that long between two
+// background chunks of a task: the tests use it to catch siblings while
+// they fill. Faults are still answered at once.
+const EnvChunkPause = "TCLONE_LAZY_CHUNK_PAUSE"
+
 // Paths of one plan's daemon.
 type Paths struct {
 	// Control is the daemon's control socket.

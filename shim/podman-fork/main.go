@@ -144,6 +144,8 @@ func options(c *cli.Context) (podmanfork.Options, error) {
 		Hooks:           c.StringSlice("hook"),
 		Ready:           ready,
 		ReadyTimeout:    c.Duration("ready-timeout"),
+		// --print-stats reports when each sibling's memory was complete.
+		WaitMemory: c.Bool("print-stats"),
 	}
 	if c.IsSet("name") {
 		name := c.String("name")

@@ -39,6 +39,10 @@ type Result struct {
 	// command that succeeded in this sibling (a hook, or --ready exec): the
 	// latency a user of exec feels. Absent when no command ran.
 	FirstCommandMs float64 `json:"first_command_ms,omitempty"`
+	// MemoryCompleteMs runs from the start of the fork request until the
+	// sibling had all of its memory (a lazy sibling runs before); set
+	// with Options.WaitMemory.
+	MemoryCompleteMs float64 `json:"memory_complete_ms,omitempty"`
 	// Identity says what the sibling has of its own.
 	Identity IdentityReport `json:"identity"`
 
@@ -341,6 +345,11 @@ func (f *forker) restore(ctx context.Context, archive, name string, i int) (*Res
 	}
 	if err := f.ready(hctx, r); err != nil {
 		return nil, err
+	}
+	if f.opts.WaitMemory {
+		if err := f.waitMemory(hctx, r); err != nil {
+			return nil, err
+		}
 	}
 	return r, nil
 }

@@ -61,9 +61,13 @@ type Options struct {
 	Hooks []string
 	// Ready says when a sibling counts as up; see ParseReady.
 	Ready Ready
-	// ReadyTimeout bounds Hooks plus Ready per sibling; 0 means
-	// DefaultReadyTimeout.
+	// ReadyTimeout bounds Hooks plus Ready (and WaitMemory) per sibling;
+	// 0 means DefaultReadyTimeout.
 	ReadyTimeout time.Duration
+	// WaitMemory waits, for each sibling, until it has all of its memory
+	// (a sibling started with lazy memory runs before), and reports when
+	// (Result.MemoryCompleteMs).
+	WaitMemory bool
 }
 
 // LabelForkedFrom names the label every sibling carries: the source's ID.

@@ -14,6 +14,7 @@ import (
 	"github.com/containers/podman/v5/pkg/bindings/containers"
 
 	"github.com/tclone/tclone/runtime/crun"
+	"github.com/tclone/tclone/runtime/fork"
 )
 
 // waitRunning waits until both Podman and crun say the sibling runs, and
@@ -202,5 +203,24 @@ func probe(ready Ready, ip string) func() error {
 func (f *forker) firstCommand(r *Result) {
 	if r.FirstCommandMs == 0 {
 		r.FirstCommandMs = ms(time.Since(f.start))
+	}
+}
+
+// waitMemory waits until the sibling's tasks have all of their memory.
+func (f *forker) waitMemory(ctx context.Context, r *Result) error {
+	for {
+		task, err := fork.MemoryFilling(r.pid)
+		if err != nil {
+			return fmt.Errorf("waiting for its memory: %w", err)
+		}
+		if task == 0 {
+			r.MemoryCompleteMs = ms(time.Since(f.start))
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("its memory was not complete within the ready timeout (%s); task %d still receives it", f.opts.ReadyTimeout, task)
+		case <-time.After(10 * time.Millisecond):
+		}
 	}
 }

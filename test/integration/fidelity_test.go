@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"reflect"
 	"strings"
@@ -175,11 +174,8 @@ func TestFidelityBundle(t *testing.T) {
 		t.Fatalf("workload binary: %v (make build)", err)
 	}
 	srcBin, sibBin := t.TempDir(), t.TempDir()
-	for _, d := range []string{srcBin, sibBin} {
-		if out, err := exec.Command("cp", workloadBin(), filepath.Join(d, "workload")).CombinedOutput(); err != nil {
-			t.Fatalf("%v: %s", err, out)
-		}
-	}
+	copyWorkload(t, srcBin)
+	copyWorkload(t, sibBin)
 	args := []string{"/opt/wl/workload", "serve", "--mem-mib", "256", "--tcp-port", "8080"}
 	src := newBundle(t, "src", true, args...)
 	src.spec.Mounts = append(src.spec.Mounts, mountBind("/opt/wl", srcBin))

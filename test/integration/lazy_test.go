@@ -1,0 +1,140 @@
+package integration
+
+import (
+	"encoding/json"
+	"fmt"
+	"math/rand"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/tclone/tclone/runtime/lazy"
+)
+
+// lazyDaemons lists the running lazy-pages daemons.
+func lazyDaemons() []int {
+	var pids []int
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		cmdline, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		args := strings.Split(string(cmdline), "\x00")
+		if len(args) > 1 && args[1] == lazy.DaemonCommand {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+// Memory is never wrong: the lazy-pages daemon is killed at a random
+// instant while three siblings of one plan receive their memory. Each
+// sibling is then either complete, with the source's memory hash, or gone;
+// none runs on zeros. tclone gc leaves nothing.
+func TestLazyDaemonKilledWhileFilling(t *testing.T) {
+	requireStack(t)
+	requireNoLeftovers(t)
+	bin := t.TempDir()
+	copyWorkload(t, bin)
+	args := []string{"/opt/wl/workload", "serve", "--mem-mib", "256"}
+	src := newBundle(t, "lzsrc", true, args...)
+	src.spec.Mounts = append(src.spec.Mounts, mountBind("/opt/wl", bin))
+	src.save(t)
+	src.start(t)
+	srcExec := func(t *testing.T, a ...string) result { return src.exec(t, rewriteWorkload(a)...) }
+	want := workloadCmd(t, srcExec, "probe", "--hash").MemSHA256
+	if want == "" {
+		t.Fatal("the source's workload reports no memory hash")
+	}
+
+	r := run(t, time.Minute, tcloneBin(), "fork", "--plan-only", "--uses", "3", src.id)
+	if r.code != 0 {
+		t.Fatalf("fork --plan-only: exit %d: %s", r.code, r.stderr)
+	}
+	planDir := strings.TrimSpace(r.stdout)
+	seed := time.Now().UnixNano()
+	rng := rand.New(rand.NewSource(seed))
+	t.Logf("seed %d", seed)
+
+	var sibs []*bundle
+	for i := 0; i < 3; i++ {
+		sbin := t.TempDir()
+		copyWorkload(t, sbin)
+		sib := newBundle(t, fmt.Sprintf("lzsib%d", i), false, args...)
+		sib.spec.Mounts = append(sib.spec.Mounts, mountBind("/opt/wl", sbin))
+		sib.save(t)
+		res := runDetached(t, []string{lazy.EnvChunkPause + "=20ms"}, tcloneBin(),
+			"restore", "--detach", "--memory", "lazy", "--image-path", planDir, "--bundle", sib.dir, sib.id)
+		if res.code != 0 {
+			t.Fatalf("restore %d: exit %d: %s", i, res.code, res.stderr)
+		}
+		sibs = append(sibs, sib)
+	}
+	daemons := lazyDaemons()
+	if len(daemons) != 1 {
+		t.Fatalf("want one lazy-pages daemon for the plan, found %v", daemons)
+	}
+	time.Sleep(time.Duration(rng.Int63n(int64(600 * time.Millisecond))))
+	syscall.Kill(daemons[0], syscall.SIGKILL)
+
+	complete, gone := 0, 0
+	for i, sib := range sibs {
+		sibExec := func(t *testing.T, a ...string) result { return sib.exec(t, rewriteWorkload(a)...) }
+		var verdict string
+		eventually(t, 30*time.Second, fmt.Sprintf("sibling %d complete or gone", i), func() error {
+			if st := crunState(t, sib.id); st != "running" {
+				verdict = "gone (state " + st + ")"
+				return nil
+			}
+			res := sibExec(t, "/workload", "probe", "--hash")
+			if res.code != 0 {
+				// It may be dying as we ask.
+				return fmt.Errorf("probe: exit %d: %s", res.code, res.stderr)
+			}
+			var p report
+			if err := json.Unmarshal([]byte(res.stdout), &p); err != nil {
+				return err
+			}
+			if p.MemSHA256 != want {
+				t.Fatalf("sibling %d runs with memory that is not the source's: hash %s, want %s", i, p.MemSHA256, want)
+			}
+			verdict = "complete"
+			return nil
+		})
+		t.Logf("sibling %d: %s", i, verdict)
+		if verdict == "complete" {
+			complete++
+		} else {
+			gone++
+		}
+	}
+	t.Logf("daemon killed: %d siblings complete, %d gone", complete, gone)
+	for _, sib := range sibs {
+		run(t, time.Minute, tcloneBin(), "delete", "--force", sib.id)
+	}
+	if g := run(t, 2*time.Minute, tcloneBin(), "gc"); g.code != 0 {
+		t.Fatalf("tclone gc: exit %d: %s", g.code, g.stderr)
+	}
+	if left, _ := filepath.Glob("/run/tclone/lazy/*"); len(left) > 0 {
+		t.Errorf("left after gc: %v", left)
+	}
+	if _, err := os.Stat(planDir); err == nil {
+		t.Errorf("the used-up plan %s is still there", planDir)
+	}
+}
+
+// copyWorkload puts the static workload binary in dir, for a bundle to
+// bind-mount at /opt/wl.
+func copyWorkload(t *testing.T, dir string) {
+	t.Helper()
+	if out, err := exec.Command("cp", workloadBin(), filepath.Join(dir, "workload")).CombinedOutput(); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+}
