@@ -49,6 +49,7 @@ Prints the new container IDs, one per line, like podman create.`,
 		Flags: slices.Concat(forkflags.Capture(), forkflags.Sibling(), []cli.Flag{
 			&cli.StringFlag{Name: "name", Usage: "name of the new container (with --count N: NAME-1..NAME-N); default SOURCE-fork-<n>"},
 			&cli.IntFlag{Name: "count", Value: 1, Usage: fmt.Sprintf("number of siblings, 1..%d, all or nothing", podmanfork.MaxCount)},
+			&cli.IntFlag{Name: "parallel", Usage: fmt.Sprintf("restore this many siblings at once, 1..%d (default: one per CPU, up to 4)", podmanfork.MaxCount)},
 			&cli.StringSliceFlag{Name: "publish", Aliases: []string{"p"}, Usage: "publish a port of each sibling (podman -p syntax)"},
 			&cli.BoolFlag{Name: "ignore-static-ip", Usage: "give siblings of a source with a static IP fresh addresses"},
 			&cli.BoolFlag{Name: "ignore-static-mac", Usage: "give siblings of a source with a static MAC fresh addresses"},
@@ -144,6 +145,7 @@ func options(c *cli.Context) (podmanfork.Options, error) {
 		Hooks:           c.StringSlice("hook"),
 		Ready:           ready,
 		ReadyTimeout:    c.Duration("ready-timeout"),
+		Parallel:        c.Int("parallel"),
 		// --print-stats reports when each sibling's memory was complete.
 		WaitMemory: c.Bool("print-stats"),
 	}

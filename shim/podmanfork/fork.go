@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/containers/podman/v5/libpod/define"
@@ -147,7 +148,52 @@ type forker struct {
 	nonce   string
 	tmpDir  string
 	planDir string
-	made    []string // sibling IDs, for rollback
+
+	// mu guards what concurrent restores share: the names, the siblings
+	// made and the call's record.
+	mu       sync.Mutex
+	made     []string // sibling IDs, for rollback
+	inflight int      // restores under way
+}
+
+// restoreAll makes every sibling, up to opts.Parallel at a time. The first
+// failure stops the others; the caller rolls back what any of them made.
+func (f *forker) restoreAll(ctx context.Context, archive string) ([]*Result, error) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	results := make([]*Result, f.opts.Count)
+	errs := make([]error, f.opts.Count)
+	slots := make(chan struct{}, f.opts.Parallel)
+	var wg sync.WaitGroup
+	for i := range results {
+		select {
+		case slots <- struct{}{}:
+		case <-ctx.Done():
+		}
+		if ctx.Err() != nil {
+			break
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-slots }()
+			results[i], errs[i] = f.restoreNamed(ctx, archive, i)
+			if errs[i] != nil {
+				cancel(errs[i])
+			}
+		}()
+	}
+	wg.Wait()
+	if err := context.Cause(ctx); err != nil {
+		// The first failure, not the cancellations it caused.
+		for _, e := range errs {
+			if e != nil && !errors.Is(e, context.Canceled) {
+				return nil, e
+			}
+		}
+		return nil, err
+	}
+	return results, nil
 }
 
 func (f *forker) run(ctx context.Context) (*Stats, error) {
@@ -175,12 +221,8 @@ func (f *forker) run(ctx context.Context) (*Stats, error) {
 	stats.Capture = *capture
 	stats.SourcePauseMs = capture.Timings.SourcePauseMs
 
-	for i := 0; i < f.opts.Count; i++ {
-		r, err := f.restoreNamed(ctx, archive, i)
-		if err != nil {
-			return nil, err
-		}
-		stats.Siblings = append(stats.Siblings, r)
+	if stats.Siblings, err = f.restoreAll(ctx, archive); err != nil {
+		return nil, err
 	}
 	// A source stopped or removed while the siblings were being made ends
 	// the fork: siblings of a source the user just took down are not what
@@ -270,7 +312,9 @@ const maxNameTries = 64
 // gave is not.
 func (f *forker) restoreNamed(ctx context.Context, archive string, i int) (*Result, error) {
 	for try := 1; ; try++ {
+		f.mu.Lock()
 		name := f.names.name(i)
+		f.mu.Unlock()
 		r, err := f.restore(ctx, archive, name, i)
 		if err == nil {
 			return r, nil
@@ -279,7 +323,10 @@ func (f *forker) restoreNamed(ctx context.Context, archive string, i int) (*Resu
 			return nil, fmt.Errorf("sibling %d of %d (%s): %w", i+1, f.opts.Count, name, err)
 		}
 		logrus.Debugf("name %s was taken meanwhile; trying the next one", name)
-		if err := f.names.clash(ctx, i); err != nil {
+		f.mu.Lock()
+		err = f.names.clash(ctx, i)
+		f.mu.Unlock()
+		if err != nil {
 			return nil, err
 		}
 	}
@@ -307,7 +354,14 @@ func (f *forker) restore(ctx context.Context, archive, name string, i int) (*Res
 		opts = opts.WithPublishPorts(f.opts.Publish)
 	}
 	t := time.Now()
+	f.mu.Lock()
+	f.inflight++
+	f.mu.Unlock()
 	rep, err := containers.Restore(ctx, "", opts)
+	f.mu.Lock()
+	f.inflight--
+	alone := f.inflight == 0
+	f.mu.Unlock()
 	if rep != nil && rep.Id != "" {
 		if uerr := f.adopt(rep.Id); uerr != nil {
 			return nil, uerr
@@ -316,8 +370,12 @@ func (f *forker) restore(ctx context.Context, archive, name string, i int) (*Res
 	if err != nil {
 		// Podman may have created the container before the restore itself
 		// failed (a port it cannot bind, say) without telling us its ID;
-		// it carries this call's label.
-		f.removeStrays(ctx)
+		// it carries this call's label. While other restores of this call
+		// are under way, a container they are making carries it too: the
+		// rollback, after they end, removes strays then.
+		if alone {
+			f.removeStrays(ctx)
+		}
 		if nameInUse(err) {
 			return nil, explainRestoreError(err)
 		}
@@ -357,6 +415,8 @@ func (f *forker) restore(ctx context.Context, archive, name string, i int) (*Res
 // adopt records a container this call made, for rollback, before anything
 // else happens to it.
 func (f *forker) adopt(id string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
 	for _, m := range f.made {
 		if m == id {
 			return nil
@@ -378,9 +438,11 @@ func (f *forker) removeStrays(ctx context.Context) {
 		return
 	}
 	known := map[string]bool{}
+	f.mu.Lock()
 	for _, id := range f.made {
 		known[id] = true
 	}
+	f.mu.Unlock()
 	for id, nonce := range labelled {
 		if nonce != f.nonce || known[id] {
 			continue

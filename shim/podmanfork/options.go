@@ -16,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"runtime"
 	"strconv"
 	"strings"
 	"time"
@@ -64,6 +65,9 @@ type Options struct {
 	// ReadyTimeout bounds Hooks plus Ready (and WaitMemory) per sibling;
 	// 0 means DefaultReadyTimeout.
 	ReadyTimeout time.Duration
+	// Parallel bounds how many siblings are restored at once; 0 means
+	// DefaultParallel.
+	Parallel int
 	// WaitMemory waits, for each sibling, until it has all of its memory
 	// (a sibling started with lazy memory runs before), and reports when
 	// (Result.MemoryCompleteMs).
@@ -192,6 +196,12 @@ func (o *Options) normalize() error {
 	if o.ReadyTimeout == 0 {
 		o.ReadyTimeout = DefaultReadyTimeout
 	}
+	if o.Parallel < 0 || o.Parallel > MaxCount {
+		return fmt.Errorf("parallel %d out of range: restore 1 to %d siblings at a time", o.Parallel, MaxCount)
+	}
+	if o.Parallel == 0 {
+		o.Parallel = DefaultParallel()
+	}
 	o.Uses = o.Count
 	if o.TTL == 0 {
 		// Long enough for every sibling, each of which may spend
@@ -200,6 +210,11 @@ func (o *Options) normalize() error {
 	}
 	return o.Fork.Normalize()
 }
+
+// DefaultParallel is how many siblings are restored at once by default:
+// one per CPU, up to 4 (each restore keeps CRIU and the Podman service
+// busy).
+func DefaultParallel() int { return min(runtime.NumCPU(), 4) }
 
 // DefaultReadyTimeout bounds hooks plus readiness per sibling by default.
 const DefaultReadyTimeout = 60 * time.Second
