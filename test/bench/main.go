@@ -1,16 +1,18 @@
 // Command bench is tclone's benchmark harness (issue 5): fork latency,
 // source pause and memory of `podman container fork`, side by side with
 // stock Podman checkpoint/restore, raw CRIU and the fork() floor, measured
-// in one run on the same container contents.
+// in one run on the same container contents. It is a module of its own, so
+// that its plotting dependencies stay out of tclone's go.mod; from
+// test/bench:
 //
-//	go run ./test/bench --out bench-results --markdown BENCHMARKS.md   # the full run (make bench)
-//	go run ./test/bench --quick --out /tmp/bench-quick                 # smoke test (make bench-quick)
-//	go run ./test/bench --check bench-results                          # validate an earlier run's output
+//	go run . --out ../../bench-results --markdown ../../BENCHMARKS.md   # the full run (make bench)
+//	go run . --quick --out /tmp/bench-quick                             # smoke test (make bench-quick)
+//	go run . --check ../../bench-results                                # validate an earlier run's output
 //
 // It needs root, Podman with tclone installed (hack/install.sh), crun,
 // CRIU, unshare, the local images localhost/tclone-busybox and
 // localhost/tclone-workspace, and the Go toolchain (it builds its static
-// in-container workload, test/bench/holder, unless --holder is given).
+// in-container workload, ./holder of this module, unless --holder is given).
 //
 // Outputs: <out>/results.json (every sample, summaries, ratios, machine),
 // <out>/*.png (plots) and the markdown report. The run exits non-zero when
@@ -124,7 +126,7 @@ func run() int {
 	flag.StringVar(&only, "only", "", "comma-separated workload names to run (for debugging; the others are skipped)")
 	flag.StringVar(&check, "check", "", "only validate the outputs in this directory (and --markdown) and exit")
 	flag.BoolVar(&render, "render", false, "only redraw the plots and the markdown from <out>/results.json, then validate")
-	flag.StringVar(&holder, "holder", "", "static holder binary (default: build ./test/bench/holder)")
+	flag.StringVar(&holder, "holder", "", "static holder binary (default: build ./holder of this module, test/bench)")
 	flag.Parse()
 
 	if cfg.Quick {

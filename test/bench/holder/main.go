@@ -24,7 +24,7 @@
 //
 // Build it static, it runs in a busybox image:
 //
-//	CGO_ENABLED=0 go build -o holder ./test/bench/holder
+//	CGO_ENABLED=0 go build -o holder ./holder    # in test/bench
 //
 //go:debug containermaxprocs=0
 package main
