@@ -8,13 +8,13 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/tclone/tclone/test/bench/internal/holderreport"
 )
 
 const (
 	busyboxImage   = "localhost/tclone-busybox:latest"
 	workspaceImage = "localhost/tclone-workspace:latest"
-	// reportInCtr is where the holder writes its report inside a container.
-	reportInCtr = "/tmp/tcb-holder.json"
 )
 
 // Workload is one source container's contents.
@@ -45,7 +45,7 @@ func procsWorkload(n int) Workload {
 		Description: fmt.Sprintf("%d processes: the holder (1 ms ticker) and %d busybox `sleep`", n, n-1),
 		Image:       busyboxImage,
 		Cmd:         append([]string{"/holder", "serve"}, args...),
-		ReadyFiles:  []string{reportInCtr},
+		ReadyFiles:  []string{holderreport.Path},
 		Settle:      300 * time.Millisecond,
 		HostTree:    true,
 		HolderArgs:  args,
@@ -59,7 +59,7 @@ func memWorkload(mib, procs int) Workload {
 		Description: fmt.Sprintf("%d holder processes touching %d MiB of private anonymous memory between them", procs, mib),
 		Image:       busyboxImage,
 		Cmd:         append([]string{"/holder", "serve"}, args...),
-		ReadyFiles:  []string{reportInCtr},
+		ReadyFiles:  []string{holderreport.Path},
 		Settle:      300 * time.Millisecond,
 		HostTree:    true,
 		HolderArgs:  args,
@@ -109,7 +109,7 @@ func workspaceWorkload(mib int) Workload {
 		Image:       workspaceImage,
 		Env:         []string{"TCB_PY=" + workspacePy, "TCB_PY_MIB=" + strconv.Itoa(mib)},
 		Cmd:         []string{"bash", "-c", workspaceScript},
-		ReadyFiles:  []string{reportInCtr, "/tmp/tcb-py.ready", "/tmp/tmux-0/default"},
+		ReadyFiles:  []string{holderreport.Path, "/tmp/tcb-py.ready", "/tmp/tmux-0/default"},
 		Settle:      time.Second,
 	}
 }
@@ -164,7 +164,7 @@ func (b *Bench) startSource(ctx context.Context, w Workload, name, runtime strin
 	if err != nil {
 		return nil, err
 	}
-	s.Holder = holderRef{pid: hp, report: filepath.Join(fmt.Sprintf("/proc/%d/root", pid), reportInCtr)}
+	s.Holder = holderRef{pid: hp, report: filepath.Join(fmt.Sprintf("/proc/%d/root", pid), holderreport.Path)}
 	sleepCtx(ctx, w.Settle)
 	return s, nil
 }
