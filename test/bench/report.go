@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"iter"
 	"math"
 	"os"
 	"path/filepath"
@@ -91,6 +92,21 @@ func coldCell(m *MethodResult, metric string) string {
 }
 
 var methodOrder = []string{MethodTclone, MethodPodman, MethodCriu, MethodFork}
+
+// measuredCopies yields, workload by workload, the measured results of the
+// methods that make a copy (tclone, stock Podman, raw CRIU), in report
+// order.
+func measuredCopies(r *Results) iter.Seq2[*WorkloadResult, *MethodResult] {
+	return func(yield func(*WorkloadResult, *MethodResult) bool) {
+		for _, w := range r.Workloads {
+			for _, meth := range []string{MethodTclone, MethodPodman, MethodCriu} {
+				if mr := w.Methods[meth]; mr != nil && mr.NotMeasured == "" && !yield(w, mr) {
+					return
+				}
+			}
+		}
+	}
+}
 
 func writeMarkdown(r *Results, path, outDir string) error {
 	var b strings.Builder
@@ -257,43 +273,31 @@ func writeMarkdown(r *Results, path, outDir string) error {
 	// Cold vs warm.
 	p("## Cold vs warm\n\nCold: the first fork after the source started (one sample). Warm: median of the others. Milliseconds.\n\n")
 	p("| workload | method | pause cold | pause warm | observer gap cold | observer gap warm | first command cold | first command warm |\n| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |\n")
-	for _, w := range r.Workloads {
-		for _, meth := range []string{MethodTclone, MethodPodman, MethodCriu} {
-			mr := w.Methods[meth]
-			if mr == nil || mr.NotMeasured != "" {
-				continue
-			}
-			first := "first_command_ms"
-			if meth == MethodCriu {
-				first = "to_running_ms"
-			}
-			p("| %s | %s | %s | %s | %s | %s | %s | %s |\n", w.Name, methodTitles[meth],
-				coldCell(mr, "pause_ms"), fmtMs(mr.warmMedian("pause_ms")),
-				coldCell(mr, "observer_gap_ms"), fmtMs(mr.warmMedian("observer_gap_ms")),
-				coldCell(mr, first), fmtMs(mr.warmMedian(first)))
+	for w, mr := range measuredCopies(r) {
+		first := "first_command_ms"
+		if mr.Method == MethodCriu {
+			first = "to_running_ms"
 		}
+		p("| %s | %s | %s | %s | %s | %s | %s | %s |\n", w.Name, methodTitles[mr.Method],
+			coldCell(mr, "pause_ms"), fmtMs(mr.warmMedian("pause_ms")),
+			coldCell(mr, "observer_gap_ms"), fmtMs(mr.warmMedian("observer_gap_ms")),
+			coldCell(mr, first), fmtMs(mr.warmMedian(first)))
 	}
 	p("\nFor raw CRIU the last two columns are the time to the copy running (there is no exec).\n\n")
 
 	// Memory.
 	p("## Memory of source and sibling\n\nMiB, summed over the tree's processes. *After*: warm median right after the first command. *Later*: the cold fork's source and sibling %.0f s after that fork.\n\n", r.Config.LaterDelayS)
 	p("| workload | method | procs src/sib | source RSS | source PSS | sibling RSS | sibling PSS | source PSS later | sibling RSS later | sibling PSS later |\n| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
-	for _, w := range r.Workloads {
-		for _, meth := range []string{MethodTclone, MethodPodman, MethodCriu} {
-			mr := w.Methods[meth]
-			if mr == nil || mr.NotMeasured != "" {
-				continue
-			}
-			later := [3]string{"–", "–", "–"}
-			if mr.Later != nil {
-				later = [3]string{fmtMiB(float64(mr.Later.Source.PssKiB)), fmtMiB(float64(mr.Later.Sibling.RssKiB)), fmtMiB(float64(mr.Later.Sibling.PssKiB))}
-			}
-			p("| %s | %s | %s/%s | %s | %s | %s | %s | %s | %s | %s |\n", w.Name, methodTitles[meth],
-				fmtNum(mr.warmMedian("source_procs")), fmtNum(mr.warmMedian("sibling_procs")),
-				fmtMiB(mr.warmMedian("source_rss_kib")), fmtMiB(mr.warmMedian("source_pss_kib")),
-				fmtMiB(mr.warmMedian("sibling_rss_kib")), fmtMiB(mr.warmMedian("sibling_pss_kib")),
-				later[0], later[1], later[2])
+	for w, mr := range measuredCopies(r) {
+		later := [3]string{"–", "–", "–"}
+		if mr.Later != nil {
+			later = [3]string{fmtMiB(float64(mr.Later.Source.PssKiB)), fmtMiB(float64(mr.Later.Sibling.RssKiB)), fmtMiB(float64(mr.Later.Sibling.PssKiB))}
 		}
+		p("| %s | %s | %s/%s | %s | %s | %s | %s | %s | %s | %s |\n", w.Name, methodTitles[mr.Method],
+			fmtNum(mr.warmMedian("source_procs")), fmtNum(mr.warmMedian("sibling_procs")),
+			fmtMiB(mr.warmMedian("source_rss_kib")), fmtMiB(mr.warmMedian("source_pss_kib")),
+			fmtMiB(mr.warmMedian("sibling_rss_kib")), fmtMiB(mr.warmMedian("sibling_pss_kib")),
+			later[0], later[1], later[2])
 	}
 	if _, hi := sweepEnds(r, "mem"); hi != nil {
 		if t := hi.Methods[MethodTclone]; t != nil {
@@ -313,14 +317,8 @@ func writeMarkdown(r *Results, path, outDir string) error {
 	// Bytes.
 	p("## Bytes written\n\nWarm median per fork. tmpfs: tclone's page images in its plan store / stock Podman's export archive / raw CRIU's images. Disk: tclone's root-filesystem snapshot / CRIU's image directory in the stock container's storage.\n\n")
 	p("| workload | method | tmpfs | disk | pages written |\n| --- | --- | ---: | ---: | ---: |\n")
-	for _, w := range r.Workloads {
-		for _, meth := range []string{MethodTclone, MethodPodman, MethodCriu} {
-			mr := w.Methods[meth]
-			if mr == nil || mr.NotMeasured != "" {
-				continue
-			}
-			p("| %s | %s | %s | %s | %s |\n", w.Name, methodTitles[meth], fmtBytesMiB(mr.warmMedian("tmpfs_bytes")), fmtBytesMiB(mr.warmMedian("disk_bytes")), fmtNum(mr.warmMedian("pages_written")))
-		}
+	for w, mr := range measuredCopies(r) {
+		p("| %s | %s | %s | %s | %s |\n", w.Name, methodTitles[mr.Method], fmtBytesMiB(mr.warmMedian("tmpfs_bytes")), fmtBytesMiB(mr.warmMedian("disk_bytes")), fmtNum(mr.warmMedian("pages_written")))
 	}
 	p("\n")
 

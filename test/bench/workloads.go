@@ -39,30 +39,32 @@ type Workload struct {
 }
 
 func procsWorkload(n int) Workload {
-	args := []string{"--procs", strconv.Itoa(n), "--children", "sleep"}
-	return Workload{
-		Name: fmt.Sprintf("procs-%d", n), Kind: "procs", Procs: n,
-		Description: fmt.Sprintf("%d processes: the holder (1 ms ticker) and %d busybox `sleep`", n, n-1),
-		Image:       busyboxImage,
-		Cmd:         append([]string{"/holder", "serve"}, args...),
-		ReadyFiles:  []string{holderreport.Path},
-		Settle:      300 * time.Millisecond,
-		HostTree:    true,
-		HolderArgs:  args,
-	}
+	w := holderWorkload(n, 0, "sleep")
+	w.Name, w.Kind = fmt.Sprintf("procs-%d", n), "procs"
+	w.Description = fmt.Sprintf("%d processes: the holder (1 ms ticker) and %d busybox `sleep`", n, n-1)
+	return w
 }
 
 func memWorkload(mib, procs int) Workload {
-	args := []string{"--procs", strconv.Itoa(procs), "--mem-mib", strconv.Itoa(mib), "--children", "holder"}
+	w := holderWorkload(procs, mib, "holder")
+	w.Name, w.Kind = fmt.Sprintf("mem-%d", mib), "mem"
+	w.Description = fmt.Sprintf("%d holder processes touching %d MiB of private anonymous memory between them", procs, mib)
+	return w
+}
+
+// holderWorkload is a holder serve tree of procs processes holding mib MiB
+// between them, with children of the given kind, in the busybox image.
+func holderWorkload(procs, mib int, children string) Workload {
+	args := []string{"--procs", strconv.Itoa(procs), "--mem-mib", strconv.Itoa(mib), "--children", children}
 	return Workload{
-		Name: fmt.Sprintf("mem-%d", mib), Kind: "mem", Procs: procs, MemMiB: mib,
-		Description: fmt.Sprintf("%d holder processes touching %d MiB of private anonymous memory between them", procs, mib),
-		Image:       busyboxImage,
-		Cmd:         append([]string{"/holder", "serve"}, args...),
-		ReadyFiles:  []string{holderreport.Path},
-		Settle:      300 * time.Millisecond,
-		HostTree:    true,
-		HolderArgs:  args,
+		Procs:      procs,
+		MemMiB:     mib,
+		Image:      busyboxImage,
+		Cmd:        append([]string{"/holder", "serve"}, args...),
+		ReadyFiles: []string{holderreport.Path},
+		Settle:     300 * time.Millisecond,
+		HostTree:   true,
+		HolderArgs: args,
 	}
 }
 
