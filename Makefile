@@ -67,10 +67,13 @@ bench: setup
 bench-quick: setup
 	$(BENCHGO) run . --quick --out $${TMPDIR:-/tmp}/tclone-bench-quick
 
+# test/bench builds against this checkout: when a package of tclone's that it
+# imports gains a dependency, its go.mod needs `go mod tidy` too.
 lint:
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); \
 		if [ -n "$$unformatted" ]; then echo "gofmt would change: $$unformatted"; exit 1; fi
 	$(GO) vet -tags "$(PODMAN_TAGS)" ./...
+	$(BENCHGO) mod tidy -diff
 	$(BENCHGO) vet ./...
 	$(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) -tags "$(PODMAN_TAGS)" ./...
 	$(BENCHGO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) ./...
