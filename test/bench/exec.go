@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -136,37 +135,57 @@ func findTool(name string, paths ...string) (string, error) {
 	return p, nil
 }
 
-// moduleRoot finds the directory holding this repository's go.mod, from the
-// working directory up.
-func moduleRoot() (string, error) {
+// benchModule is this harness's module, which holds the holder's source.
+const benchModule = "github.com/tclone/tclone/test/bench"
+
+// benchModuleDir finds this harness's module directory: the working
+// directory or one above it, or test/bench below one of those (so that a
+// harness started from the repository root finds it too).
+func benchModuleDir() (string, error) {
 	dir, err := os.Getwd()
 	if err != nil {
 		return "", err
 	}
 	for {
-		if b, err := os.ReadFile(filepath.Join(dir, "go.mod")); err == nil && bytes.Contains(b, []byte("module github.com/tclone/tclone")) {
-			return dir, nil
+		for _, d := range []string{dir, filepath.Join(dir, "test", "bench")} {
+			if declaresModule(filepath.Join(d, "go.mod"), benchModule) {
+				return d, nil
+			}
 		}
 		parent := filepath.Dir(dir)
 		if parent == dir {
-			return "", errors.New("not inside the tclone checkout (no go.mod of github.com/tclone/tclone above the working directory)")
+			return "", fmt.Errorf("not inside the tclone checkout (no go.mod of %s at or above the working directory, nor in a test/bench there)", benchModule)
 		}
 		dir = parent
 	}
 }
 
+// declaresModule reports whether the go.mod file at path declares module.
+func declaresModule(path, module string) bool {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return false
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) == 2 && f[0] == "module" && f[1] == module {
+			return true
+		}
+	}
+	return false
+}
+
 // buildHolder builds the static holder into dir.
 func buildHolder(ctx context.Context, dir string) (string, error) {
-	root, err := moduleRoot()
+	src, err := benchModuleDir()
 	if err != nil {
 		return "", fmt.Errorf("building the holder: %w (or pass --holder)", err)
 	}
 	out := filepath.Join(dir, "holder")
-	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-o", out, "./test/bench/holder")
-	cmd.Dir = root
+	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-o", out, "./holder")
+	cmd.Dir = src
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if b, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("go build ./test/bench/holder: %w: %s", err, b)
+		return "", fmt.Errorf("go build ./holder in %s: %w: %s", src, err, b)
 	}
 	return out, nil
 }

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"strconv"
 )
@@ -92,24 +91,12 @@ func (b *Bench) fanOutOnce(ctx context.Context, src *Source, name string, n int)
 	if _, err := src.Holder.poke(ctx); err != nil {
 		return nil, names, err
 	}
-	out, wall, err := runCmd(ctx, b.tools.PodmanFork, "--url", b.svc.url, "--print-stats",
-		"--count", strconv.Itoa(n), "--name", name, src.Name)
+	st, wall, err := b.runPodmanFork(ctx, src, name, n)
 	if err != nil {
 		return nil, names, err
 	}
-	var st forkStats
-	if err := json.Unmarshal([]byte(out), &st); err != nil {
-		return nil, names, fmt.Errorf("decoding podman-fork --print-stats: %w", err)
-	}
-	if len(st.Siblings) != n {
-		return nil, names, fmt.Errorf("podman-fork reported %d siblings, want %d", len(st.Siblings), n)
-	}
 	last := st.Siblings[n-1].Name
-	_, execD, err := b.tools.podman(ctx, "exec", last, "true")
-	if err != nil {
-		return nil, names, fmt.Errorf("first command in the last sibling: %w", err)
-	}
-	gap, err := src.Holder.poke(ctx)
+	execD, gap, err := b.firstCommand(ctx, src, last, "the last sibling")
 	if err != nil {
 		return nil, names, err
 	}

@@ -1,16 +1,18 @@
 // Command bench is tclone's benchmark harness (issue 5): fork latency,
 // source pause and memory of `podman container fork`, side by side with
 // stock Podman checkpoint/restore, raw CRIU and the fork() floor, measured
-// in one run on the same container contents.
+// in one run on the same container contents. It is a module of its own, so
+// that its plotting dependencies stay out of tclone's go.mod; from
+// test/bench:
 //
-//	go run ./test/bench --out bench-results --markdown BENCHMARKS.md   # the full run (make bench)
-//	go run ./test/bench --quick --out /tmp/bench-quick                 # smoke test (make bench-quick)
-//	go run ./test/bench --check bench-results                          # validate an earlier run's output
+//	go run . --out ../../bench-results --markdown ../../BENCHMARKS.md   # the full run (make bench)
+//	go run . --quick --out /tmp/bench-quick                             # smoke test (make bench-quick)
+//	go run . --check ../../bench-results                                # validate an earlier run's output
 //
 // It needs root, Podman with tclone installed (hack/install.sh), crun,
 // CRIU, unshare, the local images localhost/tclone-busybox and
 // localhost/tclone-workspace, and the Go toolchain (it builds its static
-// in-container workload, test/bench/holder, unless --holder is given).
+// in-container workload, ./holder of this module, unless --holder is given).
 //
 // Outputs: <out>/results.json (every sample, summaries, ratios, machine),
 // <out>/*.png (plots) and the markdown report. The run exits non-zero when
@@ -124,7 +126,7 @@ func run() int {
 	flag.StringVar(&only, "only", "", "comma-separated workload names to run (for debugging; the others are skipped)")
 	flag.StringVar(&check, "check", "", "only validate the outputs in this directory (and --markdown) and exit")
 	flag.BoolVar(&render, "render", false, "only redraw the plots and the markdown from <out>/results.json, then validate")
-	flag.StringVar(&holder, "holder", "", "static holder binary (default: build ./test/bench/holder)")
+	flag.StringVar(&holder, "holder", "", "static holder binary (default: build ./holder of this module, test/bench)")
 	flag.Parse()
 
 	if cfg.Quick {
@@ -553,28 +555,12 @@ func headline(r *Results) Headline {
 		}
 	}
 	if mem != nil {
+		t, s := mem.Methods[MethodTclone], mem.Methods[MethodPodman]
 		h.MemWorkload = mem.Name
-		h.TclonePauseMs = mem.warmMedian(MethodTclone, "pause_ms")
-		h.PodmanPauseMs = mem.warmMedian(MethodPodman, "pause_ms")
-		h.TcloneGapMs = mem.warmMedian(MethodTclone, "observer_gap_ms")
-		h.PodmanGapMs = mem.warmMedian(MethodPodman, "observer_gap_ms")
-		h.TcloneFirstCommandMs = mem.warmMedian(MethodTclone, "first_command_ms")
-		h.PodmanFirstCommandMs = mem.warmMedian(MethodPodman, "first_command_ms")
-		h.PauseRatio = h.PodmanPauseMs / h.TclonePauseMs
-		h.GapRatio = h.PodmanGapMs / h.TcloneGapMs
-		h.FirstCommandRatio = h.PodmanFirstCommandMs / h.TcloneFirstCommandMs
-		h.TclonePauseRange = mem.warmRange(MethodTclone, "pause_ms")
-		h.PodmanPauseRange = mem.warmRange(MethodPodman, "pause_ms")
-		c := &h.Cold
-		c.TclonePauseMs = mem.coldValue(MethodTclone, "pause_ms")
-		c.PodmanPauseMs = mem.coldValue(MethodPodman, "pause_ms")
-		c.TcloneGapMs = mem.coldValue(MethodTclone, "observer_gap_ms")
-		c.PodmanGapMs = mem.coldValue(MethodPodman, "observer_gap_ms")
-		c.TcloneFirstCommandMs = mem.coldValue(MethodTclone, "first_command_ms")
-		c.PodmanFirstCommandMs = mem.coldValue(MethodPodman, "first_command_ms")
-		c.PauseRatio = c.PodmanPauseMs / c.TclonePauseMs
-		c.GapRatio = c.PodmanGapMs / c.TcloneGapMs
-		c.FirstCommandRatio = c.PodmanFirstCommandMs / c.TcloneFirstCommandMs
+		h.HeadlineValues = headlineValues(t, s, (*MethodResult).warmMedian)
+		h.Cold = headlineValues(t, s, (*MethodResult).coldValue)
+		h.TclonePauseRange = t.warmRange("pause_ms")
+		h.PodmanPauseRange = s.warmRange("pause_ms")
 	}
 	h.TcloneMsPerProcess = procSlope(r, MethodTclone, "to_running_ms")
 	h.TclonePauseMsPerProcess = procSlope(r, MethodTclone, "pause_ms")
@@ -585,6 +571,23 @@ func headline(r *Results) Headline {
 	return h
 }
 
+// headlineValues are the headline's numbers for tclone and stock Podman,
+// each metric read with value: the warm median or the cold fork's.
+func headlineValues(tclone, stock *MethodResult, value func(*MethodResult, string) float64) HeadlineValues {
+	v := HeadlineValues{
+		TclonePauseMs:        value(tclone, "pause_ms"),
+		PodmanPauseMs:        value(stock, "pause_ms"),
+		TcloneGapMs:          value(tclone, "observer_gap_ms"),
+		PodmanGapMs:          value(stock, "observer_gap_ms"),
+		TcloneFirstCommandMs: value(tclone, "first_command_ms"),
+		PodmanFirstCommandMs: value(stock, "first_command_ms"),
+	}
+	v.PauseRatio = v.PodmanPauseMs / v.TclonePauseMs
+	v.GapRatio = v.PodmanGapMs / v.TcloneGapMs
+	v.FirstCommandRatio = v.PodmanFirstCommandMs / v.TcloneFirstCommandMs
+	return v
+}
+
 // procSlope is the least-squares slope of a warm median against the
 // process count over the process-count sweep.
 func procSlope(r *Results, method, metric string) float64 {
@@ -593,7 +596,7 @@ func procSlope(r *Results, method, metric string) float64 {
 		if w.Kind != "procs" {
 			continue
 		}
-		if v := w.warmMedian(method, metric); !math.IsNaN(v) {
+		if v := w.Methods[method].warmMedian(metric); !math.IsNaN(v) {
 			xs = append(xs, float64(w.Procs))
 			ys = append(ys, v)
 		}

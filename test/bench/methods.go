@@ -17,6 +17,7 @@ import (
 	"github.com/checkpoint-restore/go-criu/v7/stats"
 
 	"github.com/tclone/tclone/runtime/plan"
+	"github.com/tclone/tclone/test/bench/internal/holderreport"
 )
 
 // forkStats mirrors the JSON `podman container fork --print-stats` prints
@@ -34,6 +35,37 @@ type forkStats struct {
 		ReadyMs   float64 `json:"ready_ms"`
 		RunningMs float64 `json:"running_ms"`
 	} `json:"siblings"`
+}
+
+// runPodmanFork runs `podman container fork --print-stats --count count
+// --name name` of src through the run's Podman service, and returns its
+// statistics and wall time.
+func (b *Bench) runPodmanFork(ctx context.Context, src *Source, name string, count int) (*forkStats, time.Duration, error) {
+	out, wall, err := runCmd(ctx, b.tools.PodmanFork, "--url", b.svc.url, "--print-stats",
+		"--count", strconv.Itoa(count), "--name", name, src.Name)
+	if err != nil {
+		return nil, 0, err
+	}
+	var st forkStats
+	if err := json.Unmarshal([]byte(out), &st); err != nil {
+		return nil, 0, fmt.Errorf("decoding podman-fork --print-stats: %w: %s", err, tail(out, 300))
+	}
+	if len(st.Siblings) != count {
+		return nil, 0, fmt.Errorf("podman-fork reported %d siblings, want %d", len(st.Siblings), count)
+	}
+	return &st, wall, nil
+}
+
+// firstCommand runs the first command (`podman exec container true`) in
+// container, a copy of src described by what, then reads the largest gap
+// src's observer saw since it was last poked.
+func (b *Bench) firstCommand(ctx context.Context, src *Source, container, what string) (time.Duration, holderreport.Report, error) {
+	_, execD, err := b.tools.podman(ctx, "exec", container, "true")
+	if err != nil {
+		return 0, holderreport.Report{}, fmt.Errorf("first command in %s: %w", what, err)
+	}
+	gap, err := src.Holder.poke(ctx)
+	return execD, gap, err
 }
 
 // podmanCheckpointStats is `podman container checkpoint --print-stats`.
@@ -182,22 +214,11 @@ func (b *Bench) tcloneFork(ctx context.Context, src *Source, sib string) (*Sampl
 		return nil, "", err
 	}
 	b.track(sib)
-	out, wall, err := runCmd(ctx, b.tools.PodmanFork, "--url", b.svc.url, "--print-stats", "--name", sib, src.Name)
+	st, wall, err := b.runPodmanFork(ctx, src, sib, 1)
 	if err != nil {
 		return nil, sib, err
 	}
-	var st forkStats
-	if err := json.Unmarshal([]byte(out), &st); err != nil {
-		return nil, sib, fmt.Errorf("decoding podman-fork --print-stats: %w: %s", err, tail(out, 300))
-	}
-	if len(st.Siblings) != 1 {
-		return nil, sib, fmt.Errorf("podman-fork reported %d siblings, want 1", len(st.Siblings))
-	}
-	_, execD, err := b.tools.podman(ctx, "exec", sib, "true")
-	if err != nil {
-		return nil, sib, fmt.Errorf("first command in the sibling: %w", err)
-	}
-	gap, err := src.Holder.poke(ctx)
+	execD, gap, err := b.firstCommand(ctx, src, sib, "the sibling")
 	if err != nil {
 		return nil, sib, err
 	}
@@ -297,11 +318,7 @@ func (b *Bench) podmanFork(ctx context.Context, w Workload, src *Source, staticD
 	if err := json.Unmarshal([]byte(out), &rs); err != nil || len(rs.Containers) != 1 {
 		return nil, sib, fmt.Errorf("decoding podman restore --print-stats (%v): %s", err, tail(out, 300))
 	}
-	_, execD, err := b.tools.podman(ctx, "exec", sib, "true")
-	if err != nil {
-		return nil, sib, fmt.Errorf("first command in the restored container: %w", err)
-	}
-	gap, err := src.Holder.poke(ctx)
+	execD, gap, err := b.firstCommand(ctx, src, sib, "the restored container")
 	if err != nil {
 		return nil, sib, err
 	}

@@ -126,7 +126,7 @@ func sweepPlot(r *Results, kind, title, xlabel string, ss []series) (*plot.Plot,
 			if w.Kind != kind {
 				continue
 			}
-			v := w.warmMedian(s.method, s.metric)
+			v := w.Methods[s.method].warmMedian(s.metric)
 			if math.IsNaN(v) || v <= 0 {
 				continue
 			}
@@ -176,7 +176,7 @@ func pssPlot(r *Results) (*plot.Plot, error) {
 	// with the source would lie well below it.
 	var ref plotter.XYs
 	for _, w := range r.Workloads {
-		if v := w.warmMedian(MethodTclone, "source_pss_kib"); w.Kind == "mem" && !math.IsNaN(v) {
+		if v := w.Methods[MethodTclone].warmMedian("source_pss_kib"); w.Kind == "mem" && !math.IsNaN(v) {
 			ref = append(ref, plotter.XY{X: float64(w.MemMiB), Y: v / 1024})
 			ymax = math.Max(ymax, v/1024)
 		}
@@ -197,7 +197,7 @@ func pssPlot(r *Results) (*plot.Plot, error) {
 			if w.Kind != "mem" {
 				continue
 			}
-			if v := w.warmMedian(meth, "sibling_pss_kib"); !math.IsNaN(v) {
+			if v := w.Methods[meth].warmMedian("sibling_pss_kib"); !math.IsNaN(v) {
 				after = append(after, plotter.XY{X: float64(w.MemMiB), Y: v / 1024})
 			}
 			if m := w.Methods[meth]; m != nil && m.Later != nil {
@@ -263,11 +263,11 @@ func phasesPlot(r *Results) (*plot.Plot, error) {
 			m := w.Methods[MethodTclone]
 			switch metric {
 			case "checkpoint_rest_ms":
-				v[i] = warmMed(m, "checkpoint_ms") - warmMed(m, "pause_ms")
+				v[i] = m.warmMedian("checkpoint_ms") - m.warmMedian("pause_ms")
 			case "other_ms":
-				v[i] = warmMed(m, "to_running_ms") - warmMed(m, "checkpoint_ms") - warmMed(m, "restore_ms")
+				v[i] = m.warmMedian("to_running_ms") - m.warmMedian("checkpoint_ms") - m.warmMedian("restore_ms")
 			default:
-				v[i] = warmMed(m, metric)
+				v[i] = m.warmMedian(metric)
 			}
 			if math.IsNaN(v[i]) || v[i] < 0 {
 				v[i] = 0

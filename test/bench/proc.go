@@ -11,6 +11,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/tclone/tclone/test/bench/internal/holderreport"
 )
 
 // MemUsage sums smaps_rollup over every process of a tree.
@@ -87,16 +89,6 @@ func rollup(b []byte, field string) int64 {
 	return 0
 }
 
-// holderReport is the holder's report file (see holder/main.go).
-type holderReport struct {
-	Seq      int64   `json:"seq"`
-	Pid      int     `json:"pid"`
-	Procs    int     `json:"procs"`
-	MemKiB   int64   `json:"mem_kib"`
-	MaxGapMs float64 `json:"max_gap_ms"`
-	Ticks    int64   `json:"ticks"`
-}
-
 // holderRef addresses the observer ticker of one source: the holder's host
 // PID, which is signalled, and its report file as seen from the host.
 type holderRef struct {
@@ -104,8 +96,8 @@ type holderRef struct {
 	report string
 }
 
-func (h holderRef) read() (holderReport, error) {
-	var r holderReport
+func (h holderRef) read() (holderreport.Report, error) {
+	var r holderreport.Report
 	b, err := os.ReadFile(h.report)
 	if err != nil {
 		return r, err
@@ -116,7 +108,7 @@ func (h holderRef) read() (holderReport, error) {
 
 // poke asks the holder for a fresh report (which resets its largest gap)
 // and returns it.
-func (h holderRef) poke(ctx context.Context) (holderReport, error) {
+func (h holderRef) poke(ctx context.Context) (holderreport.Report, error) {
 	old, err := h.read()
 	if err != nil {
 		return old, fmt.Errorf("reading the observer's report: %w", err)

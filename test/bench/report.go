@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"iter"
 	"math"
 	"os"
 	"path/filepath"
@@ -73,8 +74,8 @@ func cell(m *MethodResult, metric string) string {
 	if m == nil || m.NotMeasured != "" {
 		return "–"
 	}
-	st, ok := m.Warm[metric]
-	if !ok || st.N == 0 {
+	st, ok := m.warmStat(metric)
+	if !ok {
 		return "–"
 	}
 	if st.N == 1 {
@@ -87,25 +88,25 @@ func coldCell(m *MethodResult, metric string) string {
 	if m == nil || m.NotMeasured != "" {
 		return "–"
 	}
-	v, ok := m.Cold[metric]
-	if !ok {
-		return "–"
-	}
-	return fmtMs(v)
-}
-
-func warmMed(m *MethodResult, metric string) float64 {
-	if m == nil {
-		return math.NaN()
-	}
-	st, ok := m.Warm[metric]
-	if !ok || st.N == 0 {
-		return math.NaN()
-	}
-	return st.Median
+	return fmtMs(m.coldValue(metric))
 }
 
 var methodOrder = []string{MethodTclone, MethodPodman, MethodCriu, MethodFork}
+
+// measuredCopies yields, workload by workload, the measured results of the
+// methods that make a copy (tclone, stock Podman, raw CRIU), in report
+// order.
+func measuredCopies(r *Results) iter.Seq2[*WorkloadResult, *MethodResult] {
+	return func(yield func(*WorkloadResult, *MethodResult) bool) {
+		for _, w := range r.Workloads {
+			for _, meth := range []string{MethodTclone, MethodPodman, MethodCriu} {
+				if mr := w.Methods[meth]; mr != nil && mr.NotMeasured == "" && !yield(w, mr) {
+					return
+				}
+			}
+		}
+	}
+}
 
 func writeMarkdown(r *Results, path, outDir string) error {
 	var b strings.Builder
@@ -155,15 +156,15 @@ func writeMarkdown(r *Results, path, outDir string) error {
 		h.TcloneMsPerProcess, joinInts(r.Config.ProcCounts), h.TclonePauseMsPerProcess, h.PodmanMsPerProcess)
 	if lo, hi := sweepEnds(r, "procs"); lo != nil && hi != nil && lo != hi {
 		p(" tclone to running: %s ms with %d, %s ms with %d processes; source pause %s to %s ms.",
-			fmtMs(lo.warmMedian(MethodTclone, "to_running_ms")), lo.Procs, fmtMs(hi.warmMedian(MethodTclone, "to_running_ms")), hi.Procs,
-			fmtMs(lo.warmMedian(MethodTclone, "pause_ms")), fmtMs(hi.warmMedian(MethodTclone, "pause_ms")))
+			fmtMs(lo.Methods[MethodTclone].warmMedian("to_running_ms")), lo.Procs, fmtMs(hi.Methods[MethodTclone].warmMedian("to_running_ms")), hi.Procs,
+			fmtMs(lo.Methods[MethodTclone].warmMedian("pause_ms")), fmtMs(hi.Methods[MethodTclone].warmMedian("pause_ms")))
 	}
 	p("\n")
 	if lo, hi := sweepEnds(r, "mem"); lo != nil && hi != nil && lo != hi {
 		p("- Memory: tclone to running %s ms at %d MiB, %s ms at %d MiB (source pause %s to %s ms); stock Podman %s to %s ms.\n",
-			fmtMs(lo.warmMedian(MethodTclone, "to_running_ms")), lo.MemMiB, fmtMs(hi.warmMedian(MethodTclone, "to_running_ms")), hi.MemMiB,
-			fmtMs(lo.warmMedian(MethodTclone, "pause_ms")), fmtMs(hi.warmMedian(MethodTclone, "pause_ms")),
-			fmtMs(lo.warmMedian(MethodPodman, "to_running_ms")), fmtMs(hi.warmMedian(MethodPodman, "to_running_ms")))
+			fmtMs(lo.Methods[MethodTclone].warmMedian("to_running_ms")), lo.MemMiB, fmtMs(hi.Methods[MethodTclone].warmMedian("to_running_ms")), hi.MemMiB,
+			fmtMs(lo.Methods[MethodTclone].warmMedian("pause_ms")), fmtMs(hi.Methods[MethodTclone].warmMedian("pause_ms")),
+			fmtMs(lo.Methods[MethodPodman].warmMedian("to_running_ms")), fmtMs(hi.Methods[MethodPodman].warmMedian("to_running_ms")))
 	}
 	if r.FanOut != nil {
 		p("- Fan-out: each extra sibling from the same capture costs **%.0f ms** (slope over %s siblings).\n", h.MarginalMsPerChild, joinInts(r.Config.FanOutCounts))
@@ -272,47 +273,35 @@ func writeMarkdown(r *Results, path, outDir string) error {
 	// Cold vs warm.
 	p("## Cold vs warm\n\nCold: the first fork after the source started (one sample). Warm: median of the others. Milliseconds.\n\n")
 	p("| workload | method | pause cold | pause warm | observer gap cold | observer gap warm | first command cold | first command warm |\n| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |\n")
-	for _, w := range r.Workloads {
-		for _, meth := range []string{MethodTclone, MethodPodman, MethodCriu} {
-			mr := w.Methods[meth]
-			if mr == nil || mr.NotMeasured != "" {
-				continue
-			}
-			first := "first_command_ms"
-			if meth == MethodCriu {
-				first = "to_running_ms"
-			}
-			p("| %s | %s | %s | %s | %s | %s | %s | %s |\n", w.Name, methodTitles[meth],
-				coldCell(mr, "pause_ms"), fmtMs(warmMed(mr, "pause_ms")),
-				coldCell(mr, "observer_gap_ms"), fmtMs(warmMed(mr, "observer_gap_ms")),
-				coldCell(mr, first), fmtMs(warmMed(mr, first)))
+	for w, mr := range measuredCopies(r) {
+		first := "first_command_ms"
+		if mr.Method == MethodCriu {
+			first = "to_running_ms"
 		}
+		p("| %s | %s | %s | %s | %s | %s | %s | %s |\n", w.Name, methodTitles[mr.Method],
+			coldCell(mr, "pause_ms"), fmtMs(mr.warmMedian("pause_ms")),
+			coldCell(mr, "observer_gap_ms"), fmtMs(mr.warmMedian("observer_gap_ms")),
+			coldCell(mr, first), fmtMs(mr.warmMedian(first)))
 	}
 	p("\nFor raw CRIU the last two columns are the time to the copy running (there is no exec).\n\n")
 
 	// Memory.
 	p("## Memory of source and sibling\n\nMiB, summed over the tree's processes. *After*: warm median right after the first command. *Later*: the cold fork's source and sibling %.0f s after that fork.\n\n", r.Config.LaterDelayS)
 	p("| workload | method | procs src/sib | source RSS | source PSS | sibling RSS | sibling PSS | source PSS later | sibling RSS later | sibling PSS later |\n| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
-	for _, w := range r.Workloads {
-		for _, meth := range []string{MethodTclone, MethodPodman, MethodCriu} {
-			mr := w.Methods[meth]
-			if mr == nil || mr.NotMeasured != "" {
-				continue
-			}
-			later := [3]string{"–", "–", "–"}
-			if mr.Later != nil {
-				later = [3]string{fmtMiB(float64(mr.Later.Source.PssKiB)), fmtMiB(float64(mr.Later.Sibling.RssKiB)), fmtMiB(float64(mr.Later.Sibling.PssKiB))}
-			}
-			p("| %s | %s | %s/%s | %s | %s | %s | %s | %s | %s | %s |\n", w.Name, methodTitles[meth],
-				fmtNum(warmMed(mr, "source_procs")), fmtNum(warmMed(mr, "sibling_procs")),
-				fmtMiB(warmMed(mr, "source_rss_kib")), fmtMiB(warmMed(mr, "source_pss_kib")),
-				fmtMiB(warmMed(mr, "sibling_rss_kib")), fmtMiB(warmMed(mr, "sibling_pss_kib")),
-				later[0], later[1], later[2])
+	for w, mr := range measuredCopies(r) {
+		later := [3]string{"–", "–", "–"}
+		if mr.Later != nil {
+			later = [3]string{fmtMiB(float64(mr.Later.Source.PssKiB)), fmtMiB(float64(mr.Later.Sibling.RssKiB)), fmtMiB(float64(mr.Later.Sibling.PssKiB))}
 		}
+		p("| %s | %s | %s/%s | %s | %s | %s | %s | %s | %s | %s |\n", w.Name, methodTitles[mr.Method],
+			fmtNum(mr.warmMedian("source_procs")), fmtNum(mr.warmMedian("sibling_procs")),
+			fmtMiB(mr.warmMedian("source_rss_kib")), fmtMiB(mr.warmMedian("source_pss_kib")),
+			fmtMiB(mr.warmMedian("sibling_rss_kib")), fmtMiB(mr.warmMedian("sibling_pss_kib")),
+			later[0], later[1], later[2])
 	}
 	if _, hi := sweepEnds(r, "mem"); hi != nil {
 		if t := hi.Methods[MethodTclone]; t != nil {
-			srcPss, sibPss, sibRss := warmMed(t, "source_pss_kib"), warmMed(t, "sibling_pss_kib"), warmMed(t, "sibling_rss_kib")
+			srcPss, sibPss, sibRss := t.warmMedian("source_pss_kib"), t.warmMedian("sibling_pss_kib"), t.warmMedian("sibling_rss_kib")
 			if srcPss > 0 && sibRss > 0 {
 				p("\nAt `%s`, a tclone sibling's PSS is %.2f of its RSS, and source plus sibling hold %.2f times the source's PSS alone: ", hi.Name, sibPss/sibRss, (srcPss+sibPss)/srcPss)
 				if sibPss/sibRss > 0.9 {
@@ -328,14 +317,8 @@ func writeMarkdown(r *Results, path, outDir string) error {
 	// Bytes.
 	p("## Bytes written\n\nWarm median per fork. tmpfs: tclone's page images in its plan store / stock Podman's export archive / raw CRIU's images. Disk: tclone's root-filesystem snapshot / CRIU's image directory in the stock container's storage.\n\n")
 	p("| workload | method | tmpfs | disk | pages written |\n| --- | --- | ---: | ---: | ---: |\n")
-	for _, w := range r.Workloads {
-		for _, meth := range []string{MethodTclone, MethodPodman, MethodCriu} {
-			mr := w.Methods[meth]
-			if mr == nil || mr.NotMeasured != "" {
-				continue
-			}
-			p("| %s | %s | %s | %s | %s |\n", w.Name, methodTitles[meth], fmtBytesMiB(warmMed(mr, "tmpfs_bytes")), fmtBytesMiB(warmMed(mr, "disk_bytes")), fmtNum(warmMed(mr, "pages_written")))
-		}
+	for w, mr := range measuredCopies(r) {
+		p("| %s | %s | %s | %s | %s |\n", w.Name, methodTitles[mr.Method], fmtBytesMiB(mr.warmMedian("tmpfs_bytes")), fmtBytesMiB(mr.warmMedian("disk_bytes")), fmtNum(mr.warmMedian("pages_written")))
 	}
 	p("\n")
 
@@ -348,9 +331,9 @@ func writeMarkdown(r *Results, path, outDir string) error {
 			continue
 		}
 		p("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", w.Name,
-			fmtMs(warmMed(t, "freeze_ms")), fmtMs(warmMed(t, "dump_ms")), fmtMs(warmMed(t, "fs_snapshot_ms")), fmtMs(warmMed(t, "thaw_ms")),
-			fmtMs(warmMed(t, "pause_ms")), fmtMs(warmMed(t, "checkpoint_ms")), fmtMs(warmMed(t, "restore_ms")), fmtMs(warmMed(t, "ready_ms")),
-			fmtMs(warmMed(t, "exec_ms")), fmtMs(warmMed(t, "first_command_ms")), dominantPhase(t), fmtMs(warmMed(s, "checkpoint_ms")), fmtMs(warmMed(s, "restore_ms")))
+			fmtMs(t.warmMedian("freeze_ms")), fmtMs(t.warmMedian("dump_ms")), fmtMs(t.warmMedian("fs_snapshot_ms")), fmtMs(t.warmMedian("thaw_ms")),
+			fmtMs(t.warmMedian("pause_ms")), fmtMs(t.warmMedian("checkpoint_ms")), fmtMs(t.warmMedian("restore_ms")), fmtMs(t.warmMedian("ready_ms")),
+			fmtMs(t.warmMedian("exec_ms")), fmtMs(t.warmMedian("first_command_ms")), dominantPhase(t), fmtMs(s.warmMedian("checkpoint_ms")), fmtMs(s.warmMedian("restore_ms")))
 	}
 	p("\n![%s](%s)\n\n", plotTitle("tclone-phases.png"), rel("tclone-phases.png"))
 
@@ -382,7 +365,7 @@ func writeMarkdown(r *Results, path, outDir string) error {
 		if f == nil || f.NotMeasured != "" {
 			continue
 		}
-		p("| %s | %s | %s | %s | %s | %s |\n", w.Name, fmtNum(warmMed(f, "floor_mem_mib")), cell(f, "fork_ms"), fmtMs(warmMed(f, "fork_tiny_ms")), fmtNum(warmMed(f, "floor_procs")), cell(f, "floor_ms"))
+		p("| %s | %s | %s | %s | %s | %s |\n", w.Name, fmtNum(f.warmMedian("floor_mem_mib")), cell(f, "fork_ms"), fmtMs(f.warmMedian("fork_tiny_ms")), fmtNum(f.warmMedian("floor_procs")), cell(f, "floor_ms"))
 	}
 	p("\n")
 
@@ -467,14 +450,14 @@ func dominantPhase(t *MethodResult) string {
 		name string
 		v    float64
 	}{
-		{"source pause (CRIU dump)", warmMed(t, "pause_ms")},
-		{"rest of checkpoint call", warmMed(t, "checkpoint_ms") - warmMed(t, "pause_ms")},
-		{"restore call", warmMed(t, "restore_ms")},
-		{"podman-fork other", warmMed(t, "to_running_ms") - warmMed(t, "checkpoint_ms") - warmMed(t, "restore_ms")},
-		{"exec", warmMed(t, "exec_ms")},
+		{"source pause (CRIU dump)", t.warmMedian("pause_ms")},
+		{"rest of checkpoint call", t.warmMedian("checkpoint_ms") - t.warmMedian("pause_ms")},
+		{"restore call", t.warmMedian("restore_ms")},
+		{"podman-fork other", t.warmMedian("to_running_ms") - t.warmMedian("checkpoint_ms") - t.warmMedian("restore_ms")},
+		{"exec", t.warmMedian("exec_ms")},
 	}
 	best, bv := "–", 0.0
-	total := warmMed(t, "first_command_ms")
+	total := t.warmMedian("first_command_ms")
 	for _, p := range parts {
 		if !math.IsNaN(p.v) && p.v > bv {
 			best, bv = p.name, p.v

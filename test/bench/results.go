@@ -156,18 +156,10 @@ type Headline struct {
 	// MemWorkload is the memory-sweep workload the ratios are taken at
 	// (mem-1024 in a full run).
 	MemWorkload string `json:"mem_workload"`
-	// Warm medians at MemWorkload, and below the cold (first) fork's
+	// Warm medians at MemWorkload, and in Cold the cold (first) fork's
 	// values, which can differ a lot: the headline shows both.
-	TclonePauseMs        float64      `json:"tclone_pause_ms"`
-	PodmanPauseMs        float64      `json:"podman_pause_ms"`
-	TcloneGapMs          float64      `json:"tclone_observer_gap_ms"`
-	PodmanGapMs          float64      `json:"podman_observer_gap_ms"`
-	TcloneFirstCommandMs float64      `json:"tclone_first_command_ms"`
-	PodmanFirstCommandMs float64      `json:"podman_first_command_ms"`
-	PauseRatio           float64      `json:"pause_ratio_podman_over_tclone"`
-	GapRatio             float64      `json:"observer_gap_ratio_podman_over_tclone"`
-	FirstCommandRatio    float64      `json:"first_command_ratio_podman_over_tclone"`
-	Cold                 HeadlineCold `json:"cold"`
+	HeadlineValues
+	Cold HeadlineValues `json:"cold"`
 	// Warm ranges (min, max) at MemWorkload: a median hides a drift over
 	// the repetitions.
 	TclonePauseRange [2]float64 `json:"tclone_pause_range_ms"`
@@ -180,8 +172,9 @@ type Headline struct {
 	MarginalMsPerChild float64 `json:"marginal_ms_per_child"`
 }
 
-// HeadlineCold is the headline's numbers for the cold fork.
-type HeadlineCold struct {
+// HeadlineValues are the headline's numbers for one kind of fork, warm or
+// cold.
+type HeadlineValues struct {
 	TclonePauseMs        float64 `json:"tclone_pause_ms"`
 	PodmanPauseMs        float64 `json:"podman_pause_ms"`
 	TcloneGapMs          float64 `json:"tclone_observer_gap_ms"`
@@ -266,9 +259,11 @@ func slope(x, y []float64) float64 {
 	return (n*sxy - sx*sy) / d
 }
 
+// The accessors below take a nil m, a method a workload did not run, as
+// one with no samples.
+
 // coldValue returns the cold fork's metric, or NaN.
-func (w *WorkloadResult) coldValue(method, metric string) float64 {
-	m := w.Methods[method]
+func (m *MethodResult) coldValue(metric string) float64 {
 	if m == nil {
 		return math.NaN()
 	}
@@ -279,30 +274,29 @@ func (w *WorkloadResult) coldValue(method, metric string) float64 {
 	return v
 }
 
-// warmRange returns the smallest and largest warm value of metric.
-func (w *WorkloadResult) warmRange(method, metric string) [2]float64 {
-	m := w.Methods[method]
+// warmStat returns the warm summary of metric, and whether it has samples.
+func (m *MethodResult) warmStat(metric string) (Stat, bool) {
 	if m == nil {
-		return [2]float64{math.NaN(), math.NaN()}
+		return Stat{}, false
 	}
 	st, ok := m.Warm[metric]
-	if !ok || st.N == 0 {
-		return [2]float64{math.NaN(), math.NaN()}
-	}
-	return [2]float64{st.Min, st.Max}
+	return st, ok && st.N > 0
 }
 
 // warmMedian returns the warm median of metric, or NaN.
-func (w *WorkloadResult) warmMedian(method, metric string) float64 {
-	m := w.Methods[method]
-	if m == nil {
-		return math.NaN()
+func (m *MethodResult) warmMedian(metric string) float64 {
+	if st, ok := m.warmStat(metric); ok {
+		return st.Median
 	}
-	st, ok := m.Warm[metric]
-	if !ok || st.N == 0 {
-		return math.NaN()
+	return math.NaN()
+}
+
+// warmRange returns the smallest and largest warm value of metric.
+func (m *MethodResult) warmRange(metric string) [2]float64 {
+	if st, ok := m.warmStat(metric); ok {
+		return [2]float64{st.Min, st.Max}
 	}
-	return st.Median
+	return [2]float64{math.NaN(), math.NaN()}
 }
 
 // ratioDef is one ratio of warm medians: num's metric over den's.
@@ -329,8 +323,8 @@ var ratioDefs = []ratioDef{
 func (w *WorkloadResult) computeRatios() {
 	w.Ratios = map[string]float64{}
 	for _, d := range ratioDefs {
-		num := w.warmMedian(d.NumMethod, d.NumMetric)
-		den := w.warmMedian(d.DenMethod, d.DenMetric)
+		num := w.Methods[d.NumMethod].warmMedian(d.NumMetric)
+		den := w.Methods[d.DenMethod].warmMedian(d.DenMetric)
 		if math.IsNaN(num) || math.IsNaN(den) || den <= 0 {
 			continue
 		}

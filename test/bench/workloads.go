@@ -8,13 +8,13 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/tclone/tclone/test/bench/internal/holderreport"
 )
 
 const (
 	busyboxImage   = "localhost/tclone-busybox:latest"
 	workspaceImage = "localhost/tclone-workspace:latest"
-	// reportInCtr is where the holder writes its report inside a container.
-	reportInCtr = "/tmp/tcb-holder.json"
 )
 
 // Workload is one source container's contents.
@@ -39,30 +39,32 @@ type Workload struct {
 }
 
 func procsWorkload(n int) Workload {
-	args := []string{"--procs", strconv.Itoa(n), "--children", "sleep"}
-	return Workload{
-		Name: fmt.Sprintf("procs-%d", n), Kind: "procs", Procs: n,
-		Description: fmt.Sprintf("%d processes: the holder (1 ms ticker) and %d busybox `sleep`", n, n-1),
-		Image:       busyboxImage,
-		Cmd:         append([]string{"/holder", "serve"}, args...),
-		ReadyFiles:  []string{reportInCtr},
-		Settle:      300 * time.Millisecond,
-		HostTree:    true,
-		HolderArgs:  args,
-	}
+	w := holderWorkload(n, 0, "sleep")
+	w.Name, w.Kind = fmt.Sprintf("procs-%d", n), "procs"
+	w.Description = fmt.Sprintf("%d processes: the holder (1 ms ticker) and %d busybox `sleep`", n, n-1)
+	return w
 }
 
 func memWorkload(mib, procs int) Workload {
-	args := []string{"--procs", strconv.Itoa(procs), "--mem-mib", strconv.Itoa(mib), "--children", "holder"}
+	w := holderWorkload(procs, mib, "holder")
+	w.Name, w.Kind = fmt.Sprintf("mem-%d", mib), "mem"
+	w.Description = fmt.Sprintf("%d holder processes touching %d MiB of private anonymous memory between them", procs, mib)
+	return w
+}
+
+// holderWorkload is a holder serve tree of procs processes holding mib MiB
+// between them, with children of the given kind, in the busybox image.
+func holderWorkload(procs, mib int, children string) Workload {
+	args := []string{"--procs", strconv.Itoa(procs), "--mem-mib", strconv.Itoa(mib), "--children", children}
 	return Workload{
-		Name: fmt.Sprintf("mem-%d", mib), Kind: "mem", Procs: procs, MemMiB: mib,
-		Description: fmt.Sprintf("%d holder processes touching %d MiB of private anonymous memory between them", procs, mib),
-		Image:       busyboxImage,
-		Cmd:         append([]string{"/holder", "serve"}, args...),
-		ReadyFiles:  []string{reportInCtr},
-		Settle:      300 * time.Millisecond,
-		HostTree:    true,
-		HolderArgs:  args,
+		Procs:      procs,
+		MemMiB:     mib,
+		Image:      busyboxImage,
+		Cmd:        append([]string{"/holder", "serve"}, args...),
+		ReadyFiles: []string{holderreport.Path},
+		Settle:     300 * time.Millisecond,
+		HostTree:   true,
+		HolderArgs: args,
 	}
 }
 
@@ -109,7 +111,7 @@ func workspaceWorkload(mib int) Workload {
 		Image:       workspaceImage,
 		Env:         []string{"TCB_PY=" + workspacePy, "TCB_PY_MIB=" + strconv.Itoa(mib)},
 		Cmd:         []string{"bash", "-c", workspaceScript},
-		ReadyFiles:  []string{reportInCtr, "/tmp/tcb-py.ready", "/tmp/tmux-0/default"},
+		ReadyFiles:  []string{holderreport.Path, "/tmp/tcb-py.ready", "/tmp/tmux-0/default"},
 		Settle:      time.Second,
 	}
 }
@@ -164,7 +166,7 @@ func (b *Bench) startSource(ctx context.Context, w Workload, name, runtime strin
 	if err != nil {
 		return nil, err
 	}
-	s.Holder = holderRef{pid: hp, report: filepath.Join(fmt.Sprintf("/proc/%d/root", pid), reportInCtr)}
+	s.Holder = holderRef{pid: hp, report: filepath.Join(fmt.Sprintf("/proc/%d/root", pid), holderreport.Path)}
 	sleepCtx(ctx, w.Settle)
 	return s, nil
 }

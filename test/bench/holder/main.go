@@ -24,7 +24,7 @@
 //
 // Build it static, it runs in a busybox image:
 //
-//	CGO_ENABLED=0 go build -o holder ./test/bench/holder
+//	CGO_ENABLED=0 go build -o holder ./holder    # in test/bench
 //
 //go:debug containermaxprocs=0
 package main
@@ -44,6 +44,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/tclone/tclone/test/bench/internal/holderreport"
 	"golang.org/x/sys/unix"
 )
 
@@ -67,17 +68,6 @@ func main() {
 		fmt.Fprintf(os.Stderr, "holder %s: %v\n", os.Args[1], err)
 		os.Exit(1)
 	}
-}
-
-// Report is what serve writes to --report.
-type Report struct {
-	Seq      int64   `json:"seq"`
-	Pid      int     `json:"pid"`
-	Procs    int     `json:"procs"`
-	MemKiB   int64   `json:"mem_kib"`
-	MaxGapMs float64 `json:"max_gap_ms"`
-	Ticks    int64   `json:"ticks"`
-	ReadyMs  float64 `json:"ready_ms"`
 }
 
 // touch maps kib KiB of private anonymous memory and writes every byte of
@@ -108,7 +98,7 @@ func serve(args []string) error {
 	memMiB := fs.Int("mem-mib", 0, "MiB of touched anonymous memory, split evenly between the processes")
 	kind := fs.String("children", "holder", "children: holder (touch their share) or sleep (busybox sleep, no memory)")
 	sleepBin := fs.String("sleep-bin", "/bin/sleep", "sleep binary for --children sleep")
-	report := fs.String("report", "/tmp/tcb-holder.json", "report file, written at ready and on SIGUSR1")
+	report := fs.String("report", holderreport.Path, "report file, written at ready and on SIGUSR1")
 	setsid := fs.Bool("setsid", false, "start a new session first (for a tree started from a shell)")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -191,7 +181,7 @@ func serve(args []string) error {
 
 	var seq int64
 	write := func() error {
-		rep := Report{
+		rep := holderreport.Report{
 			Seq: seq, Pid: os.Getpid(), Procs: *procs, MemKiB: totalKiB,
 			MaxGapMs: float64(maxGap.Swap(0)) / 1e6, Ticks: ticks.Load(),
 			ReadyMs: float64(time.Since(start).Microseconds()) / 1000,
