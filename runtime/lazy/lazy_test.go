@@ -59,7 +59,7 @@ func TestOneDaemonPerPlanExitsWhenIdle(t *testing.T) {
 	defer func(old time.Duration) { IdleExit = old }(IdleExit)
 	IdleExit = 300 * time.Millisecond
 	root := t.TempDir()
-	p := PathsFor(filepath.Join(root, "lazy"), root, "plan1")
+	p := PathsFor(filepath.Join(root, "lazy"), filepath.Join(root, "images"), root, "plan1")
 	planImages := fakePlan(t)
 
 	a, err := Ensure(context.Background(), p, planImages)
@@ -102,7 +102,7 @@ func TestListenRefusal(t *testing.T) {
 	defer func(old time.Duration) { IdleExit = old }(IdleExit)
 	IdleExit = 200 * time.Millisecond
 	root := t.TempDir()
-	p := PathsFor(filepath.Join(root, "lazy"), root, "plan2")
+	p := PathsFor(filepath.Join(root, "lazy"), filepath.Join(root, "images"), root, "plan2")
 	c, err := Ensure(context.Background(), p, fakePlan(t))
 	if err != nil {
 		t.Fatal(err)
@@ -121,14 +121,14 @@ func TestCollectAfterKilledDaemon(t *testing.T) {
 	defer func(old time.Duration) { IdleExit = old }(IdleExit)
 	IdleExit = 200 * time.Millisecond
 	root := t.TempDir()
-	dir := filepath.Join(root, "lazy")
-	live := PathsFor(dir, root, "live")
+	dir, images := filepath.Join(root, "lazy"), filepath.Join(root, "images")
+	live := PathsFor(dir, images, root, "live")
 	c, err := Ensure(context.Background(), live, fakePlan(t))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	dead := PathsFor(dir, root, "dead")
+	dead := PathsFor(dir, images, root, "dead")
 	d, err := Ensure(context.Background(), dead, fakePlan(t))
 	if err != nil {
 		t.Fatal(err)
@@ -140,7 +140,7 @@ func TestCollectAfterKilledDaemon(t *testing.T) {
 	for syscall.Kill(pid, 0) == nil && time.Now().Before(deadline) {
 		time.Sleep(10 * time.Millisecond)
 	}
-	removed, err := Collect(dir, root)
+	removed, err := Collect(dir, images, root)
 	if err != nil || len(removed) != 1 || removed[0] != "dead" {
 		t.Fatalf("collected %v, %v", removed, err)
 	}
