@@ -54,7 +54,7 @@ func TestLazyDaemonKilledWhileFilling(t *testing.T) {
 		t.Fatal("the source's workload reports no memory hash")
 	}
 
-	r := run(t, time.Minute, tcloneBin(), "fork", "--plan-only", "--uses", "3", src.id)
+	r := run(t, time.Minute, tcloneBin(), "fork", "--plan-only", "--file-locks", "--uses", "3", src.id)
 	if r.code != 0 {
 		t.Fatalf("fork --plan-only: exit %d: %s", r.code, r.stderr)
 	}
