@@ -192,7 +192,10 @@ func (s *server) waitIdle() {
 		idle = s.conns == 0 && s.fills == 0
 		s.mu.Unlock()
 		if idle {
+			// The lock file goes too, removed while held: a restore
+			// waiting for it notices and locks a new one (plan.Lock).
 			s.ln.Close()
+			os.Remove(s.cfg.Lock)
 		}
 		unlock()
 		if idle {

@@ -92,6 +92,7 @@ func TestOneDaemonPerPlanExitsWhenIdle(t *testing.T) {
 	b.Close()
 	waitGone(t, p.Control, 5*time.Second)
 	waitGone(t, p.Images, 5*time.Second)
+	waitGone(t, p.Lock, 5*time.Second)
 	if err := b.Listen("/x"); err == nil {
 		t.Fatal("a closed client still talks")
 	}

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -16,8 +17,10 @@ import (
 	"github.com/tclone/tclone/runtime/lazy"
 )
 
-// lazyDaemons lists the running lazy-pages daemons.
-func lazyDaemons() []int {
+// lazyDaemons lists the running lazy-pages daemons, and their guards
+// (which share the daemon's command line), whose command line contains
+// match.
+func lazyDaemons(match ...string) []int {
 	var pids []int
 	entries, _ := os.ReadDir("/proc")
 	for _, e := range entries {
@@ -27,12 +30,34 @@ func lazyDaemons() []int {
 		}
 		cmdline, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
 		args := strings.Split(string(cmdline), "\x00")
-		if len(args) > 1 && args[1] == lazy.DaemonCommand {
+		if len(args) > 1 && args[1] == lazy.DaemonCommand && (len(match) == 0 || strings.Contains(string(cmdline), match[0])) {
 			pids = append(pids, pid)
 		}
 	}
 	return pids
 }
+
+// daemonOf is the lazy-pages daemon of plan id: of the processes with its
+// command line, the one whose parent is not one of them (the guard is a
+// child of the daemon).
+func daemonOf(t *testing.T, id string) int {
+	t.Helper()
+	procs := lazyDaemons(id + ".sock")
+	var daemons []int
+	for _, pid := range procs {
+		stat, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		f := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))
+		if len(f) > 1 && !slices.Contains(procs, atoi(f[1])) {
+			daemons = append(daemons, pid)
+		}
+	}
+	if len(daemons) != 1 {
+		t.Fatalf("want one lazy-pages daemon for plan %s, found %v (with guards: %v)", id, daemons, procs)
+	}
+	return daemons[0]
+}
+
+func atoi(s string) int { n, _ := strconv.Atoi(s); return n }
 
 // Memory is never wrong: the lazy-pages daemon is killed at a random
 // instant while three siblings of one plan receive their memory. Each
@@ -77,12 +102,9 @@ func TestLazyDaemonKilledWhileFilling(t *testing.T) {
 		}
 		sibs = append(sibs, sib)
 	}
-	daemons := lazyDaemons()
-	if len(daemons) != 1 {
-		t.Fatalf("want one lazy-pages daemon for the plan, found %v", daemons)
-	}
+	daemon := daemonOf(t, filepath.Base(planDir))
 	time.Sleep(time.Duration(rng.Int63n(int64(600 * time.Millisecond))))
-	syscall.Kill(daemons[0], syscall.SIGKILL)
+	syscall.Kill(daemon, syscall.SIGKILL)
 
 	complete, gone := 0, 0
 	for i, sib := range sibs {
