@@ -62,10 +62,10 @@ type server struct {
 }
 
 func serve(cfg daemonConfig) error {
+	defer os.RemoveAll(cfg.Images)
 	if err := linkImages(cfg.PlanImages, cfg.Images); err != nil {
 		return err
 	}
-	defer os.RemoveAll(cfg.Images)
 	s := &server{cfg: cfg, change: time.Now()}
 	var err error
 	s.d, err = lazypages.Start(lazypages.Options{ImagesDir: cfg.Images, OnEvent: s.event, ChunkPause: cfg.ChunkPause})
