@@ -66,42 +66,10 @@ func atoi(s string) int { n, _ := strconv.Atoi(s); return n }
 func TestLazyDaemonKilledWhileFilling(t *testing.T) {
 	requireStack(t)
 	requireNoLeftovers(t)
-	bin := t.TempDir()
-	copyWorkload(t, bin)
-	args := []string{"/opt/wl/workload", "serve", "--mem-mib", "256"}
-	src := newBundle(t, "lzsrc", true, args...)
-	src.spec.Mounts = append(src.spec.Mounts, mountBind("/opt/wl", bin))
-	src.save(t)
-	src.start(t)
-	srcExec := func(t *testing.T, a ...string) result { return src.exec(t, rewriteWorkload(a)...) }
-	want := workloadCmd(t, srcExec, "probe", "--hash").MemSHA256
-	if want == "" {
-		t.Fatal("the source's workload reports no memory hash")
-	}
-
-	r := run(t, time.Minute, tcloneBin(), "fork", "--plan-only", "--file-locks", "--uses", "3", src.id)
-	if r.code != 0 {
-		t.Fatalf("fork --plan-only: exit %d: %s", r.code, r.stderr)
-	}
-	planDir := strings.TrimSpace(r.stdout)
+	_, want, planDir, sibs := lazySiblings(t, "lz", 3, "20ms")
 	seed := time.Now().UnixNano()
 	rng := rand.New(rand.NewSource(seed))
 	t.Logf("seed %d", seed)
-
-	var sibs []*bundle
-	for i := 0; i < 3; i++ {
-		sbin := t.TempDir()
-		copyWorkload(t, sbin)
-		sib := newBundle(t, fmt.Sprintf("lzsib%d", i), false, args...)
-		sib.spec.Mounts = append(sib.spec.Mounts, mountBind("/opt/wl", sbin))
-		sib.save(t)
-		res := runDetached(t, []string{lazy.EnvChunkPause + "=20ms"}, tcloneBin(),
-			"restore", "--detach", "--memory", "lazy", "--image-path", planDir, "--bundle", sib.dir, sib.id)
-		if res.code != 0 {
-			t.Fatalf("restore %d: exit %d: %s", i, res.code, res.stderr)
-		}
-		sibs = append(sibs, sib)
-	}
 	daemon := daemonOf(t, filepath.Base(planDir))
 	time.Sleep(time.Duration(rng.Int63n(int64(600 * time.Millisecond))))
 	syscall.Kill(daemon, syscall.SIGKILL)
@@ -158,5 +126,85 @@ func copyWorkload(t *testing.T, dir string) {
 	t.Helper()
 	if out, err := exec.Command("cp", workloadBin(), filepath.Join(dir, "workload")).CombinedOutput(); err != nil {
 		t.Fatalf("%v: %s", err, out)
+	}
+}
+
+// lazySiblings starts a workload holding 256 MiB, captures a plan of it for
+// n siblings and restores them lazily, the daemon pausing pause between
+// background chunks so that they are still filling when it returns. It
+// returns the source, its memory hash, the plan and the siblings.
+func lazySiblings(t *testing.T, prefix string, n int, pause string) (src *bundle, hash, planDir string, sibs []*bundle) {
+	t.Helper()
+	bin := t.TempDir()
+	copyWorkload(t, bin)
+	args := []string{"/opt/wl/workload", "serve", "--mem-mib", "256"}
+	src = newBundle(t, prefix+"src", true, args...)
+	src.spec.Mounts = append(src.spec.Mounts, mountBind("/opt/wl", bin))
+	src.save(t)
+	src.start(t)
+	srcExec := func(t *testing.T, a ...string) result { return src.exec(t, rewriteWorkload(a)...) }
+	hash = workloadCmd(t, srcExec, "probe", "--hash").MemSHA256
+	if hash == "" {
+		t.Fatal("the source's workload reports no memory hash")
+	}
+	r := run(t, time.Minute, tcloneBin(), "fork", "--plan-only", "--file-locks", "--uses", strconv.Itoa(n), src.id)
+	if r.code != 0 {
+		t.Fatalf("fork --plan-only: exit %d: %s", r.code, r.stderr)
+	}
+	planDir = strings.TrimSpace(r.stdout)
+	for i := 0; i < n; i++ {
+		sbin := t.TempDir()
+		copyWorkload(t, sbin)
+		sib := newBundle(t, fmt.Sprintf("%ssib%d", prefix, i), false, args...)
+		sib.spec.Mounts = append(sib.spec.Mounts, mountBind("/opt/wl", sbin))
+		sib.save(t)
+		res := runDetached(t, []string{lazy.EnvChunkPause + "=" + pause}, tcloneBin(),
+			"restore", "--detach", "--memory", "lazy", "--image-path", planDir, "--bundle", sib.dir, sib.id)
+		if res.code != 0 {
+			t.Fatalf("restore %d: exit %d: %s", i, res.code, res.stderr)
+		}
+		sibs = append(sibs, sib)
+	}
+	return src, hash, planDir, sibs
+}
+
+// A sibling started lazily runs before its memory is complete, and a fork
+// of it waits for its memory: with a capture timeout too short for that,
+// the fork is refused saying why, and the sibling is untouched; with the
+// default, the fork waits and its own sibling has the source's memory.
+func TestForkOfFillingSibling(t *testing.T) {
+	requireStack(t)
+	requireNoLeftovers(t)
+	_, want, _, sibs := lazySiblings(t, "lf", 1, "50ms")
+	sib := sibs[0]
+	sibExec := func(t *testing.T, a ...string) result { return sib.exec(t, rewriteWorkload(a)...) }
+
+	r := run(t, time.Minute, tcloneBin(), "fork", "--plan-only", "--file-locks", "--capture-timeout", "100ms", sib.id)
+	if r.code == 0 {
+		t.Fatal("a fork of a sibling still filling was not refused (its memory completed within 100ms?)")
+	}
+	if !strings.Contains(r.stderr, "still receiving") {
+		t.Fatalf("the refusal does not say why: %s", r.stderr)
+	}
+	r = run(t, 2*time.Minute, tcloneBin(), "fork", "--plan-only", "--file-locks", sib.id)
+	if r.code != 0 {
+		t.Fatalf("a fork of the sibling, once filled: exit %d: %s", r.code, r.stderr)
+	}
+	plan2 := strings.TrimSpace(r.stdout)
+	if got := workloadCmd(t, sibExec, "probe", "--hash").MemSHA256; got != want {
+		t.Fatalf("the sibling's memory hash %s, want the source's %s", got, want)
+	}
+	grand := newBundle(t, "lfgrand", false, "/opt/wl/workload", "serve", "--mem-mib", "256")
+	gbin := t.TempDir()
+	copyWorkload(t, gbin)
+	grand.spec.Mounts = append(grand.spec.Mounts, mountBind("/opt/wl", gbin))
+	grand.save(t)
+	res := runDetached(t, nil, tcloneBin(), "restore", "--detach", "--image-path", plan2, "--bundle", grand.dir, grand.id)
+	if res.code != 0 {
+		t.Fatalf("restore of the sibling's sibling: exit %d: %s", res.code, res.stderr)
+	}
+	grandExec := func(t *testing.T, a ...string) result { return grand.exec(t, rewriteWorkload(a)...) }
+	if got := workloadCmd(t, grandExec, "probe", "--hash").MemSHA256; got != want {
+		t.Fatalf("the sibling's sibling has memory hash %s, want %s", got, want)
 	}
 }
