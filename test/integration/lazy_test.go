@@ -112,8 +112,11 @@ func TestLazyDaemonKilledWhileFilling(t *testing.T) {
 	if g := run(t, 2*time.Minute, tcloneBin(), "gc"); g.code != 0 {
 		t.Fatalf("tclone gc: exit %d: %s", g.code, g.stderr)
 	}
-	if left, _ := filepath.Glob("/run/tclone/lazy/*"); len(left) > 0 {
-		t.Errorf("left after gc: %v", left)
+	id := filepath.Base(planDir)
+	for _, pattern := range []string{"/run/tclone/lazy/" + id + ".*", "/run/tclone/plans/.lazy/" + id} {
+		if left, _ := filepath.Glob(pattern); len(left) > 0 {
+			t.Errorf("left after gc: %v", left)
+		}
 	}
 	if _, err := os.Stat(planDir); err == nil {
 		t.Errorf("the used-up plan %s is still there", planDir)
