@@ -189,7 +189,7 @@ func TestForkOfFillingSibling(t *testing.T) {
 	if !strings.Contains(r.stderr, "still receiving") {
 		t.Fatalf("the refusal does not say why: %s", r.stderr)
 	}
-	r = run(t, 2*time.Minute, tcloneBin(), "fork", "--plan-only", "--file-locks", sib.id)
+	r = run(t, 2*time.Minute, tcloneBin(), "fork", "--plan-only", "--file-locks", "--uses", "1", sib.id)
 	if r.code != 0 {
 		t.Fatalf("a fork of the sibling, once filled: exit %d: %s", r.code, r.stderr)
 	}
