@@ -8,7 +8,6 @@ import (
 
 	"github.com/urfave/cli/v2"
 
-	"github.com/tclone/tclone/runtime/criucheck"
 	"github.com/tclone/tclone/runtime/crun"
 	"github.com/tclone/tclone/runtime/fork"
 	"github.com/tclone/tclone/runtime/forkopts"
@@ -37,6 +36,7 @@ var checkpointCommand = &cli.Command{
 		if err != nil {
 			return err
 		}
+		eng := fork.NewEngine(rt)
 		if !c.Bool("pre-dump") {
 			// Podman's stop of the call (SIGTERM) or a ^C stops CRIU at
 			// once: the source runs on and the capture is undone. A fork
@@ -44,7 +44,7 @@ var checkpointCommand = &cli.Command{
 			// fork client reads it.
 			ctx, stop := signalContext(c.Context)
 			defer stop()
-			captured, err := fork.NewEngine(rt).CheckpointForIntent(ctx, id, c.String("image-path"), c.String("work-path"), c.Bool("leave-running"))
+			captured, err := eng.CheckpointForIntent(ctx, id, c.String("image-path"), c.String("work-path"), c.Bool("leave-running"))
 			if err != nil {
 				return err
 			}
@@ -53,7 +53,7 @@ var checkpointCommand = &cli.Command{
 			}
 		}
 		// Refuse before CRIU touches the container if CRIU cannot do the job.
-		check, err := criucheck.Check(c.Context)
+		check, err := eng.CheckCriu(c.Context)
 		if err != nil {
 			return err
 		}

@@ -6,7 +6,6 @@ import (
 
 	"github.com/urfave/cli/v2"
 
-	"github.com/tclone/tclone/runtime/criucheck"
 	"github.com/tclone/tclone/runtime/fork"
 	"github.com/tclone/tclone/runtime/forkopts"
 	"github.com/tclone/tclone/shim/forkflags"
@@ -65,7 +64,7 @@ var restoreCommand = &cli.Command{
 			}
 			return m.Reported()
 		}
-		check, err := criucheck.Check(c.Context)
+		check, err := eng.CheckCriu(c.Context)
 		if err != nil {
 			return err
 		}

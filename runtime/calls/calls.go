@@ -25,6 +25,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/tclone/tclone/runtime/internal/atomicfile"
 	"github.com/tclone/tclone/runtime/journal"
 	"github.com/tclone/tclone/runtime/plan"
 )
@@ -65,8 +66,8 @@ const Linger = 5 * time.Minute
 // Dir is a directory of call records.
 type Dir struct{ Path string }
 
-// DirOf is where calls of the plan store rooted at store.Root are recorded.
-func DirOf(store plan.Store) Dir { return Dir{Path: filepath.Join(store.Root, "calls")} }
+// DirOf is where the calls of store's host are recorded.
+func DirOf(store plan.Store) Dir { return Dir{Path: store.CallsDir()} }
 
 // Call is a record on disk, owned by this process.
 type Call struct {
@@ -121,16 +122,7 @@ func (c *Call) Update(fn func(*Record)) error {
 }
 
 func (c *Call) save() error {
-	data, err := json.Marshal(c.rec)
-	if err != nil {
-		return err
-	}
-	// A reader never sees a half-written record: write, then rename.
-	tmp := c.path + ".tmp"
-	if err := os.WriteFile(tmp, data, 0o600); err != nil {
-		return fmt.Errorf("recording the fork call: %w", err)
-	}
-	if err := os.Rename(tmp, c.path); err != nil {
+	if err := atomicfile.WriteJSON(c.path, c.rec, 0o600); err != nil {
 		return fmt.Errorf("recording the fork call: %w", err)
 	}
 	return nil
@@ -171,12 +163,12 @@ func (d Dir) claimDead() ([]*Call, error) {
 		if !strings.HasSuffix(base, ".json") {
 			continue
 		}
-		if claimed && alive(parseOwner(claimer)) {
+		if claimed && parseOwner(claimer).Running() {
 			continue
 		}
 		path := filepath.Join(d.Path, de.Name())
 		rec, err := readRecord(path)
-		if err != nil || alive(rec.Owner) {
+		if err != nil || rec.Owner.Running() {
 			continue
 		}
 		claim := filepath.Join(d.Path, base+claimSep+formatOwner(self))

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tclone/tclone/runtime/internal/procfs"
 	"github.com/tclone/tclone/runtime/journal"
 	"github.com/tclone/tclone/runtime/plan"
 )
@@ -68,7 +69,7 @@ type fixture struct {
 
 func newFixture(t *testing.T) *fixture {
 	root := t.TempDir()
-	store := plan.Store{Root: filepath.Join(root, "run"), SnapshotRoot: filepath.Join(root, "snap")}
+	store := plan.Store{Layout: plan.LayoutUnder(root)}
 	return &fixture{
 		store: store, dir: DirOf(store), tmp: filepath.Join(root, "tmp"),
 		pm: &fakePodman{ctrs: map[string]map[string]string{}},
@@ -262,8 +263,8 @@ func TestTempDirs(t *testing.T) {
 	exited := make(chan struct{})
 	go func() { svc.Wait(); close(exited) }()
 	withSvc, _ := MkdirTemp("podman-fork-")
-	_, start, _ := journal.ProcessState(svc.Process.Pid)
-	if err := RecordService(withSvc, journal.Owner{Pid: svc.Process.Pid, StartTime: start}); err != nil {
+	svcOwner, _ := journal.OwnerOf(svc.Process.Pid)
+	if err := RecordService(withSvc, svcOwner); err != nil {
 		t.Fatal(err)
 	}
 	o, _ := readDirOwner(withSvc)
@@ -309,21 +310,21 @@ func TestZombieIsDead(t *testing.T) {
 	var o journal.Owner
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		state, start, err := journal.ProcessState(pid)
-		if err == nil && state == 'Z' {
-			o = journal.Owner{Pid: pid, StartTime: start}
+		st, err := procfs.ReadStat(pid)
+		if err == nil && st.State == 'Z' {
+			o = journal.Owner{Pid: pid, StartTime: st.StartTime}
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("no zombie: %c %v", state, err)
+			t.Fatalf("no zombie: %c %v", st.State, err)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
 	defer cmd.Wait()
-	if alive(o) {
+	if o.Running() {
 		t.Fatal("a zombie counts as alive")
 	}
-	if !alive(journal.Self()) {
+	if !journal.Self().Running() {
 		t.Fatal("this process counts as dead")
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/tclone/tclone/runtime/internal/atomicfile"
 	"github.com/tclone/tclone/runtime/journal"
 )
 
@@ -55,15 +56,8 @@ func RecordService(dir string, service journal.Owner) error {
 }
 
 func writeDirOwner(dir string, o DirOwner) error {
-	data, err := json.Marshal(o)
-	if err != nil {
-		return err
-	}
 	path := filepath.Join(dir, OwnerFile)
-	if err := os.WriteFile(path+".tmp", data, 0o600); err != nil {
-		return fmt.Errorf("writing %s: %w", path, err)
-	}
-	if err := os.Rename(path+".tmp", path); err != nil {
+	if err := atomicfile.WriteJSON(path, o, 0o600); err != nil {
 		return fmt.Errorf("writing %s: %w", path, err)
 	}
 	return nil
@@ -135,9 +129,9 @@ func collectTempDir(path string, now time.Time, rep *Report) error {
 		}
 	case err != nil:
 		return err
-	case alive(o.Owner):
+	case o.Owner.Running():
 		return nil
-	case o.Service != nil && alive(*o.Service):
+	case o.Service != nil && o.Service.Running():
 		if err := stopService(*o.Service); err != nil {
 			return err
 		}
@@ -155,27 +149,17 @@ func collectTempDir(path string, now time.Time, rep *Report) error {
 // its own, and is recovered by its own journal if it dies.
 func stopService(o journal.Owner) error {
 	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGKILL} {
-		if !alive(o) {
+		if !o.Running() {
 			return nil
 		}
 		syscall.Kill(o.Pid, sig)
 		deadline := time.Now().Add(10 * time.Second)
-		for alive(o) && time.Now().Before(deadline) {
+		for o.Running() && time.Now().Before(deadline) {
 			time.Sleep(50 * time.Millisecond)
 		}
 	}
-	if alive(o) {
+	if o.Running() {
 		return fmt.Errorf("the Podman service %d of a dead fork client does not exit after SIGKILL", o.Pid)
 	}
 	return nil
-}
-
-// alive is Owner.Alive, except that a zombie counts as dead: a killed client
-// whose parent has not reaped it yet has left everything it holds.
-func alive(o journal.Owner) bool {
-	if o.Pid <= 0 {
-		return false
-	}
-	state, start, err := journal.ProcessState(o.Pid)
-	return err == nil && start == o.StartTime && state != 'Z' && state != 'X'
 }

@@ -17,6 +17,9 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/tclone/tclone/runtime/internal/atomicfile"
+	"github.com/tclone/tclone/runtime/internal/procfs"
 )
 
 // EnvBinary overrides which criu binary tclone uses.
@@ -146,11 +149,6 @@ func kernelRelease() (string, error) {
 	return unix.ByteSliceToString(u.Release[:]), nil
 }
 
-// CacheDir holds the result of the last successful check, so that each fork
-// does not pay for `criu check` again. The cache is keyed by boot, kernel and
-// the criu binary's identity, so an upgrade or a reboot invalidates it.
-var CacheDir = "/run/tclone"
-
 type cacheKey struct {
 	// Format changes when Result gains a field, so that an older cache
 	// is checked again.
@@ -171,7 +169,7 @@ type cacheEntry struct {
 }
 
 func currentKey(path, kernel string) (cacheKey, error) {
-	boot, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	boot, err := procfs.BootID()
 	if err != nil {
 		return cacheKey{}, err
 	}
@@ -179,12 +177,15 @@ func currentKey(path, kernel string) (cacheKey, error) {
 	if err != nil {
 		return cacheKey{}, err
 	}
-	return cacheKey{Format: cacheFormat, BootID: strings.TrimSpace(string(boot)), Kernel: kernel, Path: path, Size: st.Size(), MTime: st.ModTime().UnixNano()}, nil
+	return cacheKey{Format: cacheFormat, BootID: boot, Kernel: kernel, Path: path, Size: st.Size(), MTime: st.ModTime().UnixNano()}, nil
 }
 
-// Check verifies the CRIU tclone will use. It is cheap after the first
-// success on a boot.
-func Check(ctx context.Context) (*Result, error) {
+// Check verifies the CRIU tclone will use. A success is kept in cacheFile
+// (none if empty), so that each fork does not pay for `criu check` again:
+// it is cheap after the first success on a boot. The cache is keyed by
+// boot, kernel and the criu binary's identity, so an upgrade or a reboot
+// invalidates it.
+func Check(ctx context.Context, cacheFile string) (*Result, error) {
 	path, err := Find()
 	if err != nil {
 		return nil, err
@@ -194,9 +195,9 @@ func Check(ctx context.Context) (*Result, error) {
 		return nil, fmt.Errorf("reading kernel release: %w", err)
 	}
 	key, keyErr := currentKey(path, release)
-	cachePath := filepath.Join(CacheDir, "criu-check.json")
-	if keyErr == nil {
-		if r, ok := readCache(cachePath, key); ok {
+	useCache := keyErr == nil && cacheFile != ""
+	if useCache {
+		if r, ok := readCache(cacheFile, key); ok {
 			return r, nil
 		}
 	}
@@ -204,8 +205,8 @@ func Check(ctx context.Context) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	if keyErr == nil {
-		writeCache(cachePath, cacheEntry{Key: key, Result: *r})
+	if useCache {
+		writeCache(cacheFile, cacheEntry{Key: key, Result: *r})
 	}
 	return r, nil
 }
@@ -290,18 +291,7 @@ func readCache(path string, key cacheKey) (*Result, bool) {
 }
 
 func writeCache(path string, e cacheEntry) {
-	data, err := json.Marshal(e)
-	if err != nil {
-		return
-	}
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-		return
-	}
-	tmp := path + ".tmp" + strconv.Itoa(os.Getpid())
-	if os.WriteFile(tmp, data, 0o600) != nil {
-		return
-	}
-	if os.Rename(tmp, path) != nil {
-		os.Remove(tmp)
+	if os.MkdirAll(filepath.Dir(path), 0o700) == nil {
+		atomicfile.WriteJSON(path, e, 0o600)
 	}
 }

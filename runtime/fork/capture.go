@@ -17,6 +17,7 @@ import (
 	"github.com/tclone/tclone/runtime/cgroups"
 	"github.com/tclone/tclone/runtime/criucheck"
 	"github.com/tclone/tclone/runtime/forkopts"
+	"github.com/tclone/tclone/runtime/internal/procfs"
 	"github.com/tclone/tclone/runtime/journal"
 	"github.com/tclone/tclone/runtime/plan"
 	"github.com/tclone/tclone/runtime/rootfs"
@@ -79,7 +80,7 @@ type captureOp struct {
 // recovery, with options normalized.
 func (e *Engine) captureSource(ctx context.Context, src *source, req CaptureRequest) (*Captured, error) {
 	start := time.Now()
-	check, err := criucheck.Check(ctx)
+	check, err := e.CheckCriu(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -136,7 +137,7 @@ func (e *Engine) beginCapture(src *source, req CaptureRequest, check *criucheck.
 		e.Store.Remove(dir)
 		return nil, err
 	}
-	op.entry, err = e.Journal.Begin(journal.Record{
+	op.entry, err = e.journal().Begin(journal.Record{
 		Kind: journal.Capture, Phase: journal.CaptureDump, PlanDir: dir, CrunRoot: e.Crun.Global.Root,
 		Capture: &journal.CaptureRecord{
 			SourceID: src.id, Source: refs,
@@ -263,7 +264,7 @@ func (op *captureOp) dump(ctx context.Context, opts forkopts.Dumped) (*dumped, e
 		// The plan directory goes; the log of the failed dump stays.
 		var cerr *criuhooks.Error
 		if errors.As(err, &cerr) {
-			cerr.LogPath = keepLog(logPath, "dump", src.id)
+			cerr.LogPath = op.e.keepLog(logPath, "dump", src.id)
 		}
 		return nil, explainDumpError(src.id, err, timeout)
 	}
@@ -330,7 +331,7 @@ func captureOptions(src *source, dir string, opts forkopts.Dumped) (_ *rpc.CriuO
 		return nil, nil, err
 	}
 	closeDirs = func() { imagesDir.Close(); workDir.Close() }
-	selfCgroup, err := os.ReadFile("/proc/self/cgroup")
+	selfCgroups, err := procfs.SelfCgroups()
 	if err != nil {
 		closeDirs()
 		return nil, nil, err
@@ -338,7 +339,7 @@ func captureOptions(src *source, dir string, opts forkopts.Dumped) (_ *rpc.CriuO
 	criuOpts, err := dumpOptions(dumpInput{
 		spec: src.spec, pid: src.state.Pid, rootfs: src.status.Rootfs,
 		imagesFd: int(imagesDir.Fd()), workFd: int(workDir.Fd()), opts: opts,
-		selfCgroup: string(selfCgroup), unified: cgroups.Unified(),
+		selfCgroups: selfCgroups, unified: cgroups.Unified(),
 	})
 	if err != nil {
 		closeDirs()

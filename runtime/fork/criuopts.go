@@ -1,7 +1,6 @@
 package fork
 
 import (
-	"bufio"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/tclone/tclone/runtime/cgroups"
 	"github.com/tclone/tclone/runtime/forkopts"
+	"github.com/tclone/tclone/runtime/internal/procfs"
 )
 
 // External keys crun gives namespaces joined by path. Images dumped by tclone
@@ -31,9 +31,9 @@ type dumpInput struct {
 	imagesFd int
 	workFd   int
 	opts     forkopts.Dumped
-	// selfCgroup is /proc/self/cgroup, read by the caller.
-	selfCgroup string
-	unified    bool
+	// selfCgroups are the caller's cgroups (/proc/self/cgroup).
+	selfCgroups []procfs.Cgroup
+	unified     bool
 }
 
 // dumpOptions builds the CRIU options for a leave-running dump that crun's
@@ -89,7 +89,7 @@ func dumpOptions(in dumpInput) (*rpc.CriuOpts, error) {
 		o.NetworkLock = rpc.CriuNetworkLockMethod_SKIP.Enum()
 	}
 	if !in.unified && hasMountType(in.spec, "cgroup") {
-		for _, dir := range v1CgroupMounts(in.selfCgroup) {
+		for _, dir := range v1CgroupMounts(in.selfCgroups) {
 			o.ExtMnt = append(o.ExtMnt, extMount(dir, dir))
 		}
 	}
@@ -147,15 +147,13 @@ func hasMountType(spec *specs.Spec, t string) bool {
 // v1CgroupMounts lists the host's v1 hierarchy mount points that a
 // container's cgroup mount exposes, normalising controller names the way the
 // host mounts them.
-func v1CgroupMounts(selfCgroup string) []string {
+func v1CgroupMounts(selfCgroups []procfs.Cgroup) []string {
 	var dirs []string
-	sc := bufio.NewScanner(strings.NewReader(selfCgroup))
-	for sc.Scan() {
-		parts := strings.SplitN(sc.Text(), ":", 3)
-		if len(parts) != 3 || parts[1] == "" {
+	for _, cg := range selfCgroups {
+		if cg.Controllers == "" {
 			continue
 		}
-		sub := strings.TrimPrefix(parts[1], "name=")
+		sub := strings.TrimPrefix(cg.Controllers, "name=")
 		switch sub {
 		case "net_prio,net_cls":
 			sub = "net_cls,net_prio"

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/tclone/tclone/runtime/criucheck"
 	"github.com/tclone/tclone/runtime/crun"
 	"github.com/tclone/tclone/runtime/journal"
 	"github.com/tclone/tclone/runtime/lazy"
@@ -29,23 +30,31 @@ const DefaultCriuTimeout = 5 * time.Minute
 
 // Engine runs fork operations.
 type Engine struct {
-	Crun    *crun.Runtime
-	Store   plan.Store
-	Journal journal.Journal
+	Crun *crun.Runtime
+	// Store is tclone's state on the host; its Layout names every path
+	// the engine uses.
+	Store plan.Store
 	// CriuTimeout bounds each CRIU restore. (A capture's bound is among
 	// its options: forkopts.Fork.CaptureTimeout.)
 	CriuTimeout time.Duration
 }
 
-// NewEngine returns an engine with tclone's default store and journal.
+// NewEngine returns an engine on tclone's default store.
 func NewEngine(rt *crun.Runtime) *Engine {
-	store := plan.DefaultStore()
 	return &Engine{
 		Crun:        rt,
-		Store:       store,
-		Journal:     journal.Journal{Dir: filepath.Join(store.Root, "journal")},
+		Store:       plan.DefaultStore(),
 		CriuTimeout: DefaultCriuTimeout,
 	}
+}
+
+// journal records the engine's operations in flight.
+func (e *Engine) journal() journal.Journal { return journal.Journal{Dir: e.Store.JournalDir()} }
+
+// CheckCriu verifies the CRIU the engine will use (criucheck), cached in
+// the store.
+func (e *Engine) CheckCriu(ctx context.Context) (*criucheck.Result, error) {
+	return criucheck.Check(ctx, e.Store.CriuCheckFile())
 }
 
 func (e *Engine) criuTimeout() time.Duration {
@@ -71,29 +80,28 @@ func (e *Engine) lockSource(ctx context.Context, id string) (func(), error) {
 	return nil, fmt.Errorf("locking source %s: %w", id, err)
 }
 
-// LogDir keeps the CRIU logs of failed operations, whose work directories
-// are removed with everything else the failure left.
-var LogDir = "/var/log/tclone"
-
-// keepLog copies a CRIU log of a failed operation to LogDir and returns
-// where it is now ("" if it could not be kept).
-func keepLog(path, op, id string) string {
+// keepLog copies a CRIU log of a failed operation to the layout's LogDir
+// and returns where it is now ("" if it could not be kept).
+func (e *Engine) keepLog(path, op, id string) string {
 	if _, err := os.Stat(path); err != nil {
 		return ""
 	}
-	if err := os.MkdirAll(LogDir, 0o700); err != nil {
+	if err := os.MkdirAll(e.Store.LogDir, 0o700); err != nil {
 		return ""
 	}
-	dst := filepath.Join(LogDir, fmt.Sprintf("%s-%s-%s.log", op, id, time.Now().UTC().Format("20060102T150405.000")))
+	dst := filepath.Join(e.Store.LogDir, fmt.Sprintf("%s-%s-%s.log", op, id, logTime()))
 	if err := copyFile(path, dst); err != nil {
 		return ""
 	}
 	return dst
 }
 
+// logTime stamps the name of a log file.
+func logTime() string { return time.Now().UTC().Format("20060102T150405.000") }
+
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
 // lazyPaths names the files of plan id's lazy-pages daemon.
 func (e *Engine) lazyPaths(id string) lazy.Paths {
-	return lazy.PathsFor(lazy.Dir(e.Store.Root), lazy.ImagesDir(e.Store.PlansDir()), LogDir, id)
+	return lazy.PathsFor(lazy.Dir(e.Store.Root), lazy.ImagesDir(e.Store.PlansDir()), e.Store.LogDir, id)
 }

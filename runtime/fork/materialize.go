@@ -160,7 +160,7 @@ func (e *Engine) prepareMaterialize(ctx context.Context, req MaterializeRequest,
 	if _, err := p.Rootfs.CheckTarget(op.root); err != nil {
 		return nil, err
 	}
-	if op.check, err = criucheck.Check(ctx); err != nil {
+	if op.check, err = e.CheckCriu(ctx); err != nil {
 		return nil, err
 	}
 	asked := req.Memory
@@ -176,7 +176,7 @@ func (e *Engine) prepareMaterialize(ctx context.Context, req MaterializeRequest,
 	if op.lease, err = e.Store.Acquire(dir); err != nil {
 		return nil, err
 	}
-	op.entry, err = e.Journal.Begin(journal.Record{
+	op.entry, err = e.journal().Begin(journal.Record{
 		Kind: journal.Materialize, Phase: journal.MaterializePrepare, PlanDir: dir, CrunRoot: e.Crun.Global.Root,
 		Materialize: &journal.MaterializeRecord{
 			SiblingID: req.ID, RootTarget: op.root, ImagesOverlay: op.siblingDir,
@@ -405,7 +405,7 @@ func (op *materializeOp) crunRestore(ctx context.Context, images, work string) e
 	logPath := filepath.Join(work, restoreLogName)
 	reasons := criuhooks.LogErrors(logPath)
 	// The work directory goes with the failed sibling; its log stays.
-	kept := keepLog(logPath, "restore", req.ID)
+	kept := e.keepLog(logPath, "restore", req.ID)
 	cerr := &criuhooks.Error{Op: "restore", Err: fmt.Errorf("crun restore: %s", msg), Reasons: reasons, LogPath: kept}
 	return fmt.Errorf("restoring sibling %s: %w", req.ID, cerr)
 }

@@ -15,8 +15,7 @@ import (
 // plan directory is ignored in favour of its ID in this store, and a plan.json
 // outside the store is just a file.
 func TestPlanDirForTrustsOnlyTheStore(t *testing.T) {
-	root := t.TempDir()
-	e := &Engine{Store: plan.Store{Root: root, SnapshotRoot: filepath.Join(root, "snap")}}
+	e := testEngine(t)
 
 	ordinary := t.TempDir()
 	os.WriteFile(filepath.Join(ordinary, "plan.json"), []byte(`{"version":1}`), 0o600)

@@ -61,7 +61,7 @@ func (e *Engine) Recover(ctx context.Context) (*Recovered, error) {
 	r.StraySnaps = n
 	locks, lerr := e.Store.CollectLocks()
 	r.Locks = locks
-	daemons, derr := lazy.Collect(lazy.Dir(e.Store.Root), lazy.ImagesDir(e.Store.PlansDir()), LogDir)
+	daemons, derr := lazy.Collect(lazy.Dir(e.Store.Root), lazy.ImagesDir(e.Store.PlansDir()), e.Store.LogDir)
 	r.LazyDaemons = daemons
 	return r, errors.Join(err, serr, lerr, derr)
 }
@@ -71,7 +71,7 @@ func (e *Engine) Recover(ctx context.Context) (*Recovered, error) {
 func (e *Engine) recoverOperations(ctx context.Context) (*Recovered, error) {
 	var r Recovered
 	var errs []error
-	orphans, err := e.Journal.Orphans()
+	orphans, err := e.journal().Orphans()
 	if err != nil {
 		return nil, err
 	}

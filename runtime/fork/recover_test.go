@@ -23,15 +23,11 @@ func TestRecoveryThawsOnlyWhatItFroze(t *testing.T) {
 		{journal.CaptureFrozen, "THAWED"},
 		{journal.CaptureDumped, "FROZEN"},
 	} {
-		root := t.TempDir()
-		e := &Engine{
-			Store:   plan.Store{Root: root, SnapshotRoot: filepath.Join(root, "snap")},
-			Journal: journal.Journal{Dir: filepath.Join(root, "journal")},
-		}
+		e := testEngine(t)
 		freezer := t.TempDir()
 		state := filepath.Join(freezer, "freezer.state")
 		os.WriteFile(state, []byte("FROZEN"), 0o644)
-		entry, err := e.Journal.Begin(journal.Record{Kind: journal.Capture, Phase: c.phase, Capture: &journal.CaptureRecord{FreezerDir: freezer, SourceID: "src"}})
+		entry, err := e.journal().Begin(journal.Record{Kind: journal.Capture, Phase: c.phase, Capture: &journal.CaptureRecord{FreezerDir: freezer, SourceID: "src"}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -53,17 +49,13 @@ func TestRecoveryThawsOnlyWhatItFroze(t *testing.T) {
 // testEngine is an engine on scratch directories, with no crun: recovery
 // that reaches for crun fails the test.
 func testEngine(t *testing.T) *Engine {
-	root := t.TempDir()
-	return &Engine{
-		Store:   plan.Store{Root: root, SnapshotRoot: filepath.Join(root, "snap")},
-		Journal: journal.Journal{Dir: filepath.Join(root, "journal")},
-	}
+	return &Engine{Store: plan.Store{Layout: plan.LayoutUnder(t.TempDir())}}
 }
 
 // orphan writes a journal entry whose owner has died.
 func orphan(t *testing.T, e *Engine, rec journal.Record) {
 	t.Helper()
-	entry, err := e.Journal.Begin(rec)
+	entry, err := e.journal().Begin(rec)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -74,7 +66,7 @@ func orphan(t *testing.T, e *Engine, rec journal.Record) {
 }
 
 func journalEntries(t *testing.T, e *Engine) int {
-	entries, err := os.ReadDir(e.Journal.Dir)
+	entries, err := os.ReadDir(e.Store.JournalDir())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,7 +11,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/tclone/tclone/runtime/crun"
-	"github.com/tclone/tclone/runtime/journal"
+	"github.com/tclone/tclone/runtime/internal/procfs"
 )
 
 // source is a container that is about to be captured.
@@ -83,8 +83,8 @@ func processAlive(pid int) bool {
 	if pid <= 0 {
 		return false
 	}
-	state, _, err := journal.ProcessState(pid)
-	return err == nil && state != 'Z' && state != 'X'
+	st, err := procfs.ReadStat(pid)
+	return err == nil && !st.Exited()
 }
 
 // loadSpec reads a bundle's config.json.

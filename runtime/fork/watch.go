@@ -20,6 +20,7 @@ import (
 	"github.com/tclone/tclone/runtime/cgroups"
 	"github.com/tclone/tclone/runtime/crun"
 	"github.com/tclone/tclone/runtime/internal/fds"
+	"github.com/tclone/tclone/runtime/internal/procfs"
 	"github.com/tclone/tclone/runtime/journal"
 	"github.com/tclone/tclone/runtime/plan"
 )
@@ -56,11 +57,9 @@ type restoreWatch struct {
 // watchConfig tells the watchdog where the operation is recorded and how
 // to reach crun the way the restore did.
 type watchConfig struct {
-	JournalDir   string       `json:"journal_dir"`
-	Entry        string       `json:"entry"`
-	StoreRoot    string       `json:"store_root"`
-	SnapshotRoot string       `json:"snapshot_root"`
-	Crun         crun.Runtime `json:"crun"`
+	Layout plan.Layout  `json:"layout"`
+	Entry  string       `json:"entry"`
+	Crun   crun.Runtime `json:"crun"`
 	// Report is set when descriptor 3 is the caller's stderr.
 	Report bool `json:"report"`
 }
@@ -75,9 +74,7 @@ func (e *Engine) startRestoreWatch(entry *journal.Entry, callerStderr io.Writer)
 	}
 	stderr, report := callerStderr.(*os.File)
 	cfg, err := json.Marshal(watchConfig{
-		JournalDir: e.Journal.Dir, Entry: entry.Name(),
-		StoreRoot: e.Store.Root, SnapshotRoot: e.Store.SnapshotRoot, Crun: *e.Crun,
-		Report: report,
+		Layout: e.Store.Layout, Entry: entry.Name(), Crun: *e.Crun, Report: report,
 	})
 	if err != nil {
 		return nil, err
@@ -110,11 +107,11 @@ func (rw *restoreWatch) Watch(pid int) {
 	if rw == nil {
 		return
 	}
-	_, st, err := journal.ProcessState(pid)
-	if err != nil {
+	o, ok := journal.OwnerOf(pid)
+	if !ok {
 		return
 	}
-	fmt.Fprintf(rw.w, "watch %d %d\n", pid, st)
+	fmt.Fprintf(rw.w, "watch %d %d\n", o.Pid, o.StartTime)
 }
 
 // Done releases the watchdog: the sibling was reported, or the operation
@@ -154,11 +151,7 @@ func runRestoreWatch(cfg watchConfig, in io.Reader, report io.Writer) int {
 		return 0
 	}
 	rt := cfg.Crun
-	e := &Engine{
-		Crun:    &rt,
-		Store:   plan.Store{Root: cfg.StoreRoot, SnapshotRoot: cfg.SnapshotRoot},
-		Journal: journal.Journal{Dir: cfg.JournalDir},
-	}
+	e := &Engine{Crun: &rt, Store: plan.Store{Layout: cfg.Layout}}
 	ctx, cancel := context.WithTimeout(context.Background(), abandonTimeout)
 	defer cancel()
 	id, err := e.abandonMaterialize(ctx, cfg.Entry, watched)
@@ -166,7 +159,7 @@ func runRestoreWatch(cfg watchConfig, in io.Reader, report io.Writer) int {
 		return 0 // nothing was left to undo
 	}
 	if err != nil {
-		writeWatchLog(cfg.Entry, err)
+		e.writeWatchLog(cfg.Entry, err)
 		fmt.Fprintf(report, "tclone restore of %s died before the sibling was complete, and removing what it made failed: %v; run `tclone gc`\n", id, err)
 		return 1
 	}
@@ -209,7 +202,7 @@ func (e *Engine) abandonMaterialize(ctx context.Context, name string, watched []
 	for _, o := range watched {
 		killTree(o)
 	}
-	entry, err := e.Journal.Adopt(name)
+	entry, err := e.journal().Adopt(name)
 	if err != nil || entry == nil {
 		return "", err
 	}
@@ -259,8 +252,8 @@ func descendants(root int) []int {
 		if err != nil {
 			continue
 		}
-		if ppid, err := parentPid(pid); err == nil {
-			children[ppid] = append(children[ppid], pid)
+		if st, err := procfs.ReadStat(pid); err == nil {
+			children[st.PPid] = append(children[st.PPid], pid)
 		}
 	}
 	var out []int
@@ -276,30 +269,13 @@ func descendants(root int) []int {
 	return out
 }
 
-func parentPid(pid int) (int, error) {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0, err
-	}
-	s := string(data)
-	i := strings.LastIndexByte(s, ')')
-	if i < 0 {
-		return 0, errors.New("malformed stat")
-	}
-	fields := strings.Fields(s[i+1:])
-	if len(fields) < 2 {
-		return 0, errors.New("short stat")
-	}
-	return strconv.Atoi(fields[1])
-}
-
 // writeWatchLog keeps a watchdog's failure where an administrator looks:
 // its stdio is /dev/null.
-func writeWatchLog(entry string, err error) {
-	if mkErr := os.MkdirAll(LogDir, 0o700); mkErr != nil {
+func (e *Engine) writeWatchLog(entry string, err error) {
+	if mkErr := os.MkdirAll(e.Store.LogDir, 0o700); mkErr != nil {
 		return
 	}
-	name := fmt.Sprintf("restore-watch-%s-%s.log", strings.TrimSuffix(entry, ".json"), time.Now().UTC().Format("20060102T150405.000"))
+	name := fmt.Sprintf("restore-watch-%s-%s.log", strings.TrimSuffix(entry, ".json"), logTime())
 	msg := fmt.Sprintf("%s: %v\nrun `tclone gc` to finish the cleanup\n", time.Now().UTC().Format(time.RFC3339), err)
-	os.WriteFile(filepath.Join(LogDir, name), []byte(msg), 0o600)
+	os.WriteFile(filepath.Join(e.Store.LogDir, name), []byte(msg), 0o600)
 }

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/tclone/tclone/runtime/journal"
+	"github.com/tclone/tclone/runtime/plan"
 )
 
 func TestReadWatchProtocol(t *testing.T) {
@@ -22,14 +23,15 @@ func TestReadWatchProtocol(t *testing.T) {
 // A watchdog whose restore finished touches nothing, even with an entry
 // that would be an orphan.
 func TestWatchdogDoneTouchesNothing(t *testing.T) {
-	j := journal.Journal{Dir: t.TempDir()}
+	l := plan.LayoutUnder(t.TempDir())
+	j := journal.Journal{Dir: l.JournalDir()}
 	e, err := j.Begin(journal.Record{Kind: journal.Materialize, Materialize: &journal.MaterializeRecord{SiblingID: "s"}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	e.Rec.Owner.StartTime++
 	e.Save()
-	cfg := watchConfig{JournalDir: j.Dir, Entry: e.Name()}
+	cfg := watchConfig{Layout: l, Entry: e.Name()}
 	if code := runRestoreWatch(cfg, strings.NewReader("done\n"), io.Discard); code != 0 {
 		t.Fatalf("exit %d", code)
 	}
@@ -40,7 +42,8 @@ func TestWatchdogDoneTouchesNothing(t *testing.T) {
 
 // A watchdog whose restore died undoes what the entry records and ends it.
 func TestWatchdogUndoesAfterDeath(t *testing.T) {
-	j := journal.Journal{Dir: t.TempDir()}
+	l := plan.LayoutUnder(t.TempDir())
+	j := journal.Journal{Dir: l.JournalDir()}
 	overlay := t.TempDir()
 	e, err := j.Begin(journal.Record{Kind: journal.Materialize, Materialize: &journal.MaterializeRecord{SiblingID: "s", ImagesOverlay: overlay}})
 	if err != nil {
@@ -48,7 +51,7 @@ func TestWatchdogUndoesAfterDeath(t *testing.T) {
 	}
 	e.Rec.Owner.StartTime++
 	e.Save()
-	cfg := watchConfig{JournalDir: j.Dir, Entry: e.Name()}
+	cfg := watchConfig{Layout: l, Entry: e.Name()}
 	var report strings.Builder
 	if code := runRestoreWatch(cfg, strings.NewReader("watch 999999999 1\n"), &report); code != 0 {
 		t.Fatalf("exit %d", code)

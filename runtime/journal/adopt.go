@@ -55,8 +55,7 @@ var adoptWait = 5 * time.Second
 func waitGone(o Owner, timeout time.Duration) bool {
 	deadline := time.Now().Add(timeout)
 	for {
-		state, start, err := ProcessState(o.Pid)
-		if err != nil || start != o.StartTime || state == 'Z' || state == 'X' {
+		if !o.Running() {
 			return true
 		}
 		if time.Now().After(deadline) {

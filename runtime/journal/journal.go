@@ -10,9 +10,11 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"time"
+
+	"github.com/tclone/tclone/runtime/internal/atomicfile"
+	"github.com/tclone/tclone/runtime/internal/procfs"
 )
 
 // Kind of operation.
@@ -35,53 +37,34 @@ type Owner struct {
 // Self is the calling process as an Owner.
 func Self() Owner {
 	pid := os.Getpid()
-	st, _ := startTime(pid)
-	return Owner{Pid: pid, StartTime: st}
+	o, _ := OwnerOf(pid)
+	o.Pid = pid
+	return o
 }
 
-// Alive reports whether the owner process still runs.
+// Alive reports whether the owner process still exists. A zombie does:
+// until its parent reaps it, its PID names no other process.
 func (o Owner) Alive() bool {
-	st, err := startTime(o.Pid)
-	return err == nil && st == o.StartTime
+	st, err := procfs.ReadStat(o.Pid)
+	return err == nil && st.StartTime == o.StartTime
+}
+
+// Running reports whether the owner process still runs and has not
+// exited: unlike Alive, a zombie (a process killed before its parent reaped
+// it) is not running, and holds nothing any more.
+func (o Owner) Running() bool {
+	st, err := procfs.ReadStat(o.Pid)
+	return err == nil && st.StartTime == o.StartTime && !st.Exited()
 }
 
 // OwnerOf identifies another running process, such as the CRIU a capture
 // started. The zero Owner (and false) means it is already gone.
 func OwnerOf(pid int) (Owner, bool) {
-	st, err := startTime(pid)
+	st, err := procfs.ReadStat(pid)
 	if err != nil {
 		return Owner{}, false
 	}
-	return Owner{Pid: pid, StartTime: st}, true
-}
-
-func startTime(pid int) (uint64, error) {
-	_, start, err := ProcessState(pid)
-	return start, err
-}
-
-// ProcessState reads a process's state letter (field 3 of /proc/PID/stat:
-// R, S, Z, ...) and its start time in clock ticks since boot (field 22),
-// which together with the PID names the process even after PID reuse.
-func ProcessState(pid int) (state byte, start uint64, err error) {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0, 0, err
-	}
-	// The command name may hold spaces and parentheses; fields start after
-	// the last ')'.
-	s := string(data)
-	i := strings.LastIndexByte(s, ')')
-	if i < 0 {
-		return 0, 0, errors.New("malformed stat")
-	}
-	fields := strings.Fields(s[i+1:])
-	// fields[0] is field 3 (state); start time is field 22.
-	if len(fields) < 20 {
-		return 0, 0, errors.New("short stat")
-	}
-	start, err = strconv.ParseUint(fields[19], 10, 64)
-	return fields[0][0], start, err
+	return Owner{Pid: pid, StartTime: st.StartTime}, true
 }
 
 // Phase is how far an operation got; each kind has its own.
@@ -231,15 +214,7 @@ func (j Journal) Begin(rec Record) (*Entry, error) {
 
 // Save writes the entry's current record.
 func (e *Entry) Save() error {
-	data, err := json.Marshal(e.Rec)
-	if err != nil {
-		return err
-	}
-	tmp := e.path + ".tmp"
-	if err := os.WriteFile(tmp, data, 0o600); err != nil {
-		return fmt.Errorf("writing journal entry: %w", err)
-	}
-	if err := os.Rename(tmp, e.path); err != nil {
+	if err := atomicfile.WriteJSON(e.path, e.Rec, 0o600); err != nil {
 		return fmt.Errorf("writing journal entry: %w", err)
 	}
 	return nil

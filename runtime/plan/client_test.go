@@ -8,8 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/tclone/tclone/runtime/journal"
 )
 
@@ -103,46 +101,5 @@ func TestCollectLocks(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(s.LocksDir(), "held.lock")); err != nil {
 		t.Fatalf("a held lock was removed: %v", err)
-	}
-}
-
-// A process waiting for a lock whose file is removed under it (gc removes
-// it while holding it) locks the file now at the path, so it still
-// excludes every later locker.
-func TestLockSurvivesCollection(t *testing.T) {
-	s := testStore(t)
-	path := filepath.Join(s.LocksDir(), "src.lock")
-	os.MkdirAll(s.LocksDir(), 0o700)
-	collector, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
-	if err != nil {
-		t.Fatal(err)
-	}
-	unix.Flock(int(collector.Fd()), unix.LOCK_EX)
-	got := make(chan func())
-	go func() {
-		unlock, err := Lock(context.Background(), path)
-		if err != nil {
-			t.Error(err)
-		}
-		got <- unlock
-	}()
-	time.Sleep(100 * time.Millisecond) // the waiter has opened the old file
-	os.Remove(path)
-	collector.Close()
-	var unlock func()
-	select {
-	case unlock = <-got:
-	case <-time.After(5 * time.Second):
-		t.Fatal("the waiter never got the lock")
-	}
-	defer unlock()
-	if _, err := os.Stat(path); err != nil {
-		t.Fatalf("the waiter holds a lock on no file at the path: %v", err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
-	defer cancel()
-	if u, err := Lock(ctx, path); err == nil {
-		u()
-		t.Fatal("a second locker got the lock the waiter holds")
 	}
 }

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/tclone/tclone/runtime/forkopts"
+	"github.com/tclone/tclone/runtime/internal/atomicfile"
+	"github.com/tclone/tclone/runtime/internal/procfs"
 	"github.com/tclone/tclone/runtime/journal"
 )
 
@@ -41,7 +43,7 @@ type Intent struct {
 const IntentTTL = 2 * time.Minute
 
 func (s Store) intentPath(containerID string) string {
-	return filepath.Join(s.Root, "intents", containerID+".json")
+	return filepath.Join(s.IntentsDir(), containerID+".json")
 }
 
 // WriteIntent records an intent for its container, replacing an older one.
@@ -49,7 +51,7 @@ func (s Store) WriteIntent(in Intent) error {
 	if in.ContainerID == "" {
 		return errors.New("intent names no container")
 	}
-	if err := os.MkdirAll(filepath.Dir(s.intentPath(in.ContainerID)), 0o700); err != nil {
+	if err := os.MkdirAll(s.IntentsDir(), 0o700); err != nil {
 		return fmt.Errorf("creating intent directory: %w", err)
 	}
 	in.Version = FormatVersion
@@ -59,7 +61,7 @@ func (s Store) WriteIntent(in Intent) error {
 	if in.ExpiresAt.IsZero() {
 		in.ExpiresAt = time.Now().Add(IntentTTL).UTC()
 	}
-	return writeJSONAtomic(s.intentPath(in.ContainerID), in)
+	return atomicfile.WriteJSON(s.intentPath(in.ContainerID), in, 0o600)
 }
 
 // TakeIntent consumes the intent for containerID. It returns nil when there
@@ -124,7 +126,7 @@ func (s Store) intentResultPath(containerID, nonce string) (string, error) {
 	if nonce == "" || strings.ContainsAny(nonce, "/\x00") || nonce == "." || nonce == ".." {
 		return "", fmt.Errorf("fork intent for %s has an unusable nonce %q", containerID, nonce)
 	}
-	return filepath.Join(s.Root, "intents", containerID+"."+nonce+".result.json"), nil
+	return filepath.Join(s.IntentsDir(), containerID+"."+nonce+".result.json"), nil
 }
 
 // WriteIntentResult records why the capture in intent failed, for the
@@ -135,11 +137,11 @@ func (s Store) WriteIntentResult(in *Intent, failure error) error {
 	if err != nil {
 		return err
 	}
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+	if err := os.MkdirAll(s.IntentsDir(), 0o700); err != nil {
 		return fmt.Errorf("creating intent directory: %w", err)
 	}
 	s.removeStaleResults()
-	return writeJSONAtomic(path, IntentResult{Version: FormatVersion, Nonce: in.Nonce, Error: failure.Error()})
+	return atomicfile.WriteJSON(path, IntentResult{Version: FormatVersion, Nonce: in.Nonce, Error: failure.Error()}, 0o600)
 }
 
 // TakeIntentResult returns and removes the failure tclone recorded for the
@@ -165,7 +167,7 @@ func (s Store) TakeIntentResult(containerID, nonce string) (string, error) {
 }
 
 func (s Store) removeStaleResults() {
-	stale, _ := filepath.Glob(filepath.Join(s.Root, "intents", "*.result.json"))
+	stale, _ := filepath.Glob(filepath.Join(s.IntentsDir(), "*.result.json"))
 	for _, path := range stale {
 		if st, err := os.Stat(path); err == nil && time.Since(st.ModTime()) > IntentTTL {
 			os.Remove(path)
@@ -201,8 +203,8 @@ const ReferenceFile = "tclone-plan.json"
 // WriteReference stores a reference in a checkpoint directory.
 func WriteReference(checkpointDir string, ref Reference) error {
 	ref.Version = FormatVersion
-	ref.BootID = bootID()
-	return writeJSONAtomic(filepath.Join(checkpointDir, ReferenceFile), ref)
+	ref.BootID, _ = procfs.BootID()
+	return atomicfile.WriteJSON(filepath.Join(checkpointDir, ReferenceFile), ref, 0o600)
 }
 
 // ReadReference loads a reference from a checkpoint directory. It returns
@@ -219,13 +221,9 @@ func ReadReference(checkpointDir string) (*Reference, error) {
 	if err := json.Unmarshal(data, &ref); err != nil {
 		return nil, fmt.Errorf("decoding %s: %w", ReferenceFile, err)
 	}
-	if ref.BootID != bootID() {
+	// References written before boot IDs were trimmed end in a newline.
+	if boot, _ := procfs.BootID(); strings.TrimSpace(ref.BootID) != boot {
 		return nil, fmt.Errorf("this checkpoint refers to fork plan %s, which lived in memory on another host or an earlier boot; fork plans cannot be moved, so fork the container again", ref.PlanID)
 	}
 	return &ref, nil
-}
-
-func bootID() string {
-	data, _ := os.ReadFile("/proc/sys/kernel/random/boot_id")
-	return string(data)
 }

@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"github.com/tclone/tclone/runtime/forkopts"
+	"github.com/tclone/tclone/runtime/internal/atomicfile"
 	"github.com/tclone/tclone/runtime/rootfs"
 )
 
@@ -153,21 +154,5 @@ func Read(dir string) (*Plan, error) {
 
 // Write stores plan.json atomically in dir.
 func (p *Plan) Write(dir string) error {
-	return writeJSONAtomic(filepath.Join(dir, "plan.json"), p)
-}
-
-func writeJSONAtomic(path string, v any) error {
-	data, err := json.MarshalIndent(v, "", "  ")
-	if err != nil {
-		return err
-	}
-	tmp := fmt.Sprintf("%s.tmp%d", path, os.Getpid())
-	if err := os.WriteFile(tmp, data, 0o600); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		os.Remove(tmp)
-		return err
-	}
-	return nil
+	return atomicfile.WriteJSON(filepath.Join(dir, "plan.json"), p, 0o600)
 }

@@ -1,6 +1,7 @@
 package plan
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -13,34 +14,21 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/tclone/tclone/runtime/forkopts"
+	"github.com/tclone/tclone/runtime/internal/atomicfile"
+	"github.com/tclone/tclone/runtime/internal/flock"
 	"github.com/tclone/tclone/runtime/journal"
 	"github.com/tclone/tclone/runtime/rootfs"
 )
 
-// Store is where plans are kept.
-type Store struct {
-	// Root holds the plan store (Root/plans, always tmpfs).
-	Root string
-	// SnapshotRoot holds root filesystem captures, on disk next to the
-	// container storage so copies can reflink.
-	SnapshotRoot string
-}
+// Store is tclone's state on a host, laid out by its Layout: the plans,
+// their intents, uses and locks.
+type Store struct{ Layout }
 
 // DefaultStore is the store tclone uses unless told otherwise.
-func DefaultStore() Store {
-	return Store{Root: "/run/tclone", SnapshotRoot: "/var/lib/tclone/snapshots"}
-}
-
-// PlansDir is the tmpfs directory that holds every plan.
-func (s Store) PlansDir() string { return filepath.Join(s.Root, "plans") }
+func DefaultStore() Store { return Store{Layout: DefaultLayout()} }
 
 // Dir is the directory of plan id.
 func (s Store) Dir(id string) string { return filepath.Join(s.PlansDir(), id) }
-
-// SiblingDir is the private scratch directory of a sibling being
-// materialised. It is on the plan store's tmpfs, so it can hard-link the
-// plan's images.
-func (s Store) SiblingDir(id string) string { return filepath.Join(s.PlansDir(), ".siblings", id) }
 
 // ImagesDir is where CRIU's images of plan id are.
 func ImagesDir(dir string) string { return filepath.Join(dir, "images") }
@@ -165,7 +153,7 @@ func (s Store) RecordExternalSnapshot(id, path string) error {
 	if err := os.MkdirAll(s.SnapshotRoot, 0o700); err != nil {
 		return err
 	}
-	return os.WriteFile(filepath.Join(s.SnapshotRoot, id+ExternalSnapshotSuffix), []byte(path), 0o600)
+	return atomicfile.WriteFile(filepath.Join(s.SnapshotRoot, id+ExternalSnapshotSuffix), []byte(path), 0o600)
 }
 
 // RemoveSnapshots removes the snapshots of plan id: the one in
@@ -238,7 +226,7 @@ func usesPath(dir string) string { return filepath.Join(dir, "uses") }
 // client without its client recorded.
 func SetUses(dir string, n int, client *journal.Owner) error {
 	return withLock(dir, func() error {
-		return writeJSONAtomic(usesPath(dir), Uses{Remaining: n, Client: client})
+		return atomicfile.WriteJSON(usesPath(dir), Uses{Remaining: n, Client: client}, 0o600)
 	})
 }
 
@@ -272,7 +260,7 @@ func HoldFor(dir string, client journal.Owner) error {
 			return fmt.Errorf("reading uses of plan %s: %w", dir, err)
 		}
 		u.Client = &client
-		return writeJSONAtomic(usesPath(dir), u)
+		return atomicfile.WriteJSON(usesPath(dir), u, 0o600)
 	})
 }
 
@@ -310,7 +298,7 @@ func (s Store) Acquire(dir string) (*Lease, error) {
 			u.Remaining--
 		}
 		u.InFlight = append(u.InFlight, owner)
-		return writeJSONAtomic(usesPath(dir), u)
+		return atomicfile.WriteJSON(usesPath(dir), u, 0o600)
 	})
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, fmt.Errorf("%w at %s (it was used up, expired or never completed; capture a new one)", ErrNotFound, dir)
@@ -405,7 +393,7 @@ func (s Store) settle(dir string, change func(*Uses)) error {
 		if len(u.InFlight) == 0 && (u.Remaining == 0 || u.abandoned()) {
 			return s.Remove(dir)
 		}
-		return writeJSONAtomic(usesPath(dir), u)
+		return atomicfile.WriteJSON(usesPath(dir), u, 0o600)
 	})
 	if errors.Is(err, os.ErrNotExist) {
 		return nil
@@ -413,14 +401,13 @@ func (s Store) settle(dir string, change func(*Uses)) error {
 	return err
 }
 
+// withLock runs fn holding the lock of plan dir. A plan removed while its
+// lock was awaited fails with an error that wraps os.ErrNotExist.
 func withLock(dir string, fn func() error) error {
-	f, err := os.OpenFile(filepath.Join(dir, "lock"), os.O_RDWR|os.O_CREATE, 0o600)
+	unlock, err := flock.Lock(context.Background(), filepath.Join(dir, "lock"))
 	if err != nil {
 		return err
 	}
-	defer f.Close()
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
-		return err
-	}
+	defer unlock()
 	return fn()
 }

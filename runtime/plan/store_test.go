@@ -10,14 +10,14 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/tclone/tclone/runtime/forkopts"
+	"github.com/tclone/tclone/runtime/internal/atomicfile"
 )
 
 // testStore is a store whose plan directory is an ordinary directory: the
 // tmpfs mount is exercised by the integration tests.
 func testStore(t *testing.T) Store {
 	t.Helper()
-	root := t.TempDir()
-	s := Store{Root: root, SnapshotRoot: filepath.Join(root, "snapshots")}
+	s := Store{Layout: LayoutUnder(t.TempDir())}
 	if err := os.MkdirAll(s.PlansDir(), 0o700); err != nil {
 		t.Fatal(err)
 	}
@@ -120,7 +120,7 @@ func TestDeadHoldersUseIsGivenBack(t *testing.T) {
 	}
 	u, _ := ReadUses(dir)
 	u.InFlight[0].StartTime++ // the holder is now a process that no longer runs
-	writeJSONAtomic(usesPath(dir), u)
+	atomicfile.WriteJSON(usesPath(dir), u, 0o600)
 	for i := 0; i < 2; i++ {
 		if _, err := s.Sweep(dir, time.Now()); err != nil {
 			t.Fatal(err)
@@ -190,7 +190,7 @@ func TestEnsureTmpfsMountsWhereNeeded(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("mounting needs root")
 	}
-	s := Store{Root: t.TempDir()}
+	s := testStore(t)
 	if err := s.EnsureTmpfs(); err != nil {
 		t.Fatal(err)
 	}
@@ -209,7 +209,7 @@ func TestEnsureTmpfsMountsWhereNeeded(t *testing.T) {
 // Only plans inside the store are plans: a directory elsewhere, however it
 // looks, is not, because a plan names host paths tclone copies and removes.
 func TestResolveOnlyInsideTheStore(t *testing.T) {
-	s := Store{Root: "/run/tclone"}
+	s := testStore(t)
 	id := NewID()
 	good := map[string]string{
 		id:                                       s.Dir(id),

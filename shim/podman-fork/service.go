@@ -140,8 +140,8 @@ func startService(podman, socket, logPath string) (*service, error) {
 }
 
 func (s *service) owner() journal.Owner {
-	_, start, _ := journal.ProcessState(s.cmd.Process.Pid)
-	return journal.Owner{Pid: s.cmd.Process.Pid, StartTime: start}
+	o, _ := journal.OwnerOf(s.cmd.Process.Pid)
+	return o
 }
 
 // stop ends the service. Only the service: a runtime it runs (tclone

@@ -2,8 +2,6 @@ package integration
 
 import (
 	"encoding/json"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -99,8 +97,7 @@ func TestPlanServesSeveralSiblings(t *testing.T) {
 	planDir := strings.TrimSpace(r.stdout)
 	t.Cleanup(func() {
 		// Only a failed test leaves the plan; it must not fail the next.
-		os.RemoveAll(planDir)
-		os.RemoveAll(filepath.Join("/var/lib/tclone/snapshots", filepath.Base(planDir)))
+		removePlan(planDir)
 	})
 	var sibs []*bundle
 	for i := 0; i < 3; i++ {

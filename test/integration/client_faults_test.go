@@ -17,7 +17,6 @@ import (
 
 	"github.com/tclone/tclone/runtime/calls"
 	"github.com/tclone/tclone/runtime/journal"
-	"github.com/tclone/tclone/runtime/plan"
 )
 
 // shellImage has a shell and nothing else: no `true`, no coreutils.
@@ -227,7 +226,7 @@ func TestPodmanForkExecLeavesNoConmon(t *testing.T) {
 // of a finished rollback.
 func liveCalls(t *testing.T) []string {
 	t.Helper()
-	paths, _ := filepath.Glob(filepath.Join(calls.DirOf(plan.DefaultStore()).Path, "*.json*"))
+	paths, _ := filepath.Glob(filepath.Join(hostStore.CallsDir(), "*.json*"))
 	var out []string
 	for _, p := range paths {
 		data, err := os.ReadFile(p)
@@ -268,10 +267,7 @@ func clientDirs(pid int) map[string]calls.DirOwner {
 	return out
 }
 
-func processGone(o journal.Owner) bool {
-	state, start, err := journal.ProcessState(o.Pid)
-	return err != nil || start != o.StartTime || state == 'Z'
-}
+func processGone(o journal.Owner) bool { return !o.Running() }
 
 // Kill podman-fork with SIGKILL once its first sibling exists: its private
 // Podman service exits by itself, and the next fork (first round) or the
@@ -315,7 +311,7 @@ func TestPodmanForkKilledClient(t *testing.T) {
 				return nil
 			})
 			if cleaner == "gc" {
-				rep, err := calls.Collect(context.Background(), plan.DefaultStore())
+				rep, err := calls.Collect(context.Background(), hostStore)
 				if err != nil {
 					t.Fatalf("collecting: %v", err)
 				}

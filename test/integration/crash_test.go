@@ -9,18 +9,23 @@ import (
 	"time"
 
 	"github.com/tclone/tclone/runtime/fork"
+	"github.com/tclone/tclone/runtime/plan"
 )
 
-// leftovers lists what tclone keeps on the host for forks in flight; after
-// a finished or recovered fork, none of it may remain.
-func leftovers(t *testing.T) []string {
-	t.Helper()
+// hostStore is the state of the tclone under test: the installed one, at
+// its default layout.
+var hostStore = plan.DefaultStore()
+
+// leftovers lists what tclone keeps on the host for forks in flight (plans,
+// siblings' scratch, journal entries, snapshots); after a finished or
+// recovered fork, none of it may remain.
+func leftovers() []string {
 	var found []string
 	for _, pattern := range []string{
-		"/run/tclone/plans/[^.]*",
-		"/run/tclone/plans/.siblings/*",
-		"/run/tclone/journal/*",
-		"/var/lib/tclone/snapshots/*",
+		hostStore.Dir("[^.]*"),
+		hostStore.SiblingDir("*"),
+		filepath.Join(hostStore.JournalDir(), "*"),
+		filepath.Join(hostStore.SnapshotRoot, "*"),
 	} {
 		matches, _ := filepath.Glob(pattern)
 		found = append(found, matches...)
@@ -28,12 +33,15 @@ func leftovers(t *testing.T) []string {
 	return found
 }
 
+// removePlan removes a plan a test made, with its snapshot.
+func removePlan(dir string) { hostStore.Remove(dir) }
+
 // requireNoLeftovers waits briefly for in-flight cleanups, then fails if
 // anything of a fork remains.
 func requireNoLeftovers(t *testing.T) {
 	t.Helper()
 	eventually(t, 10*time.Second, "no fork leftovers", func() error {
-		if l := leftovers(t); len(l) > 0 {
+		if l := leftovers(); len(l) > 0 {
 			return fmt.Errorf("left behind: %v", l)
 		}
 		return nil

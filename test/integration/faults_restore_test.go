@@ -270,7 +270,7 @@ func TestKilledRestoreWithoutClient(t *testing.T) {
 	sib := name(t, "krc-sib")
 
 	// A fork checkpoint, asked for the way podman-fork asks.
-	store := plan.DefaultStore()
+	store := hostStore
 	srcID := containerID(t, src)
 	unlock, err := store.LockIntents(srcID)
 	if err != nil {
@@ -379,7 +379,7 @@ func clientFiles(t *testing.T, pid int) (dirs, plans []string) {
 			dirs = append(dirs, d)
 		}
 	}
-	store := plan.DefaultStore()
+	store := hostStore
 	ids, _ := store.List()
 	for _, id := range ids {
 		u, err := plan.ReadUses(store.Dir(id))
@@ -457,7 +457,7 @@ func TestGCCollectsOnlyWhatDeadClientsLeft(t *testing.T) {
 	<-done
 
 	// A lock someone holds, and directories of a live and a dead owner.
-	held := filepath.Join(plan.DefaultStore().LocksDir(), "tct-held-"+src+".lock")
+	held := filepath.Join(hostStore.LocksDir(), "tct-held-"+src+".lock")
 	holder := exec.Command("flock", "-x", held, "sleep", "600")
 	// flock runs sleep as its child, holding the lock too: the group goes.
 	holder.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
@@ -482,14 +482,14 @@ func TestGCCollectsOnlyWhatDeadClientsLeft(t *testing.T) {
 	}
 	srcID := containerID(t, src)
 	for _, l := range []string{srcID + ".lock", "intent-" + srcID + ".lock"} {
-		if !reported(rep.Locks, filepath.Join(plan.DefaultStore().LocksDir(), l)) {
+		if !reported(rep.Locks, filepath.Join(hostStore.LocksDir(), l)) {
 			t.Errorf("lock %s not collected: %v", l, rep.Locks)
 		}
 	}
 	if reported(rep.Locks, held) {
 		t.Errorf("a held lock was collected")
 	}
-	for path, want := range map[string]bool{dirs[0]: false, deadDir: false, liveDir: true, held: true, plan.DefaultStore().Dir(plans[0]): false} {
+	for path, want := range map[string]bool{dirs[0]: false, deadDir: false, liveDir: true, held: true, hostStore.Dir(plans[0]): false} {
 		if _, err := os.Stat(path); (err == nil) != want {
 			t.Errorf("%s: exists %v, want %v", path, err == nil, want)
 		}
@@ -512,16 +512,16 @@ func ownedDir(t *testing.T, live bool) string {
 	if err := owner.Start(); err != nil {
 		t.Fatal(err)
 	}
-	_, start, err := journal.ProcessState(owner.Process.Pid)
-	if err != nil {
-		t.Fatal(err)
+	o, ok := journal.OwnerOf(owner.Process.Pid)
+	if !ok {
+		t.Fatal("the owner process is gone")
 	}
 	dir, err := os.MkdirTemp("", "podman-fork-"+"tct-")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
-	rec := fmt.Sprintf(`{"owner":{"pid":%d,"start_time":%d}}`, owner.Process.Pid, start)
+	rec := fmt.Sprintf(`{"owner":{"pid":%d,"start_time":%d}}`, o.Pid, o.StartTime)
 	if err := os.WriteFile(filepath.Join(dir, calls.OwnerFile), []byte(rec), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -583,7 +583,7 @@ func TestRestoreWatchdogSurvivesCallerCgroupKill(t *testing.T) {
 		if st := crunState(t, sib.id); st != "" {
 			return fmt.Errorf("crun still has it (%s)", st)
 		}
-		if l := leftovers(t); len(l) > 0 {
+		if l := leftovers(); len(l) > 0 {
 			return fmt.Errorf("left: %v", l)
 		}
 		return nil

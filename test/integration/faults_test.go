@@ -204,12 +204,8 @@ func counterAdvances(t *testing.T, src string) error {
 // after recovery none of it may remain. The source's own lock file is not
 // listed: it lives as long as the source may be forked.
 func forkLeftovers() []string {
-	var found []string
+	found := leftovers()
 	for _, pattern := range []string{
-		"/run/tclone/plans/[^.]*",
-		"/run/tclone/plans/.siblings/*",
-		"/run/tclone/journal/*",
-		"/var/lib/tclone/snapshots/*",
 		filepath.Join(os.TempDir(), "podman-fork-*"),
 		filepath.Join(os.TempDir(), "tclone-fork-*"),
 	} {

@@ -61,10 +61,9 @@ func leaked() []string {
 	for _, pid := range lazyDaemons() {
 		out = append(out, fmt.Sprintf("lazy-pages daemon %d", pid))
 	}
-	for _, pattern := range []string{"/run/tclone/plans/[^.]*", "/run/tclone/plans/.siblings/*", "/run/tclone/plans/.lazy/*",
-		"/run/tclone/journal/*", "/run/tclone/lazy/*", "/var/lib/tclone/snapshots/*"} {
+	for _, pattern := range []string{"/run/tclone/plans/.lazy/*", "/run/tclone/lazy/*"} {
 		m, _ := filepath.Glob(pattern)
 		out = append(out, m...)
 	}
-	return out
+	return append(out, leftovers()...)
 }

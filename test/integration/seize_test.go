@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/tclone/tclone/runtime/fork"
+	"github.com/tclone/tclone/runtime/plan"
 )
 
 // A capture holds its source with CRIU's ptrace only. These tests kill or
@@ -96,9 +97,8 @@ func startCapture(t *testing.T, id string, pid int, extra ...string) (*exec.Cmd,
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	t.Cleanup(func() {
 		// A capture that finished before it could be stopped made a plan.
-		if dir := strings.TrimSpace(stdout.String()); strings.HasPrefix(dir, "/run/tclone/plans/") {
-			os.RemoveAll(dir)
-			os.RemoveAll(filepath.Join("/var/lib/tclone/snapshots", filepath.Base(dir)))
+		if dir := strings.TrimSpace(stdout.String()); hostStore.Contains(dir) {
+			removePlan(dir)
 		}
 	})
 	if err := cmd.Start(); err != nil {
@@ -121,7 +121,7 @@ func startCapture(t *testing.T, id string, pid int, extra ...string) (*exec.Cmd,
 func waitForPages(t *testing.T) {
 	deadline := time.Now().Add(10 * time.Second)
 	for time.Now().Before(deadline) {
-		pages, _ := filepath.Glob("/run/tclone/plans/*/images/pages-*.img")
+		pages, _ := filepath.Glob(filepath.Join(plan.ImagesDir(hostStore.Dir("*")), "pages-*.img"))
 		for _, p := range pages {
 			if st, err := os.Stat(p); err == nil && st.Size() > 0 {
 				return
@@ -337,9 +337,7 @@ func TestKilledCaptureNetworkIsRecovered(t *testing.T) {
 	if r.code != 0 {
 		t.Fatalf("capture after a killed one: exit %d: %s", r.code, r.stderr)
 	}
-	planDir := strings.TrimSpace(r.stdout)
-	os.RemoveAll(planDir)
-	os.RemoveAll(filepath.Join("/var/lib/tclone/snapshots", filepath.Base(planDir)))
+	removePlan(strings.TrimSpace(r.stdout))
 	if locked() {
 		t.Fatal("the network lock is still in place after the next capture")
 	}
@@ -364,7 +362,7 @@ func TestForkThawsSourceLeftFrozenByOlderVersion(t *testing.T) {
 	}
 	entry := fmt.Sprintf(`{"kind":"capture","owner":{"pid":%d,"start_time":1},"started":"2026-01-01T00:00:00Z","phase":"frozen","source_id":%q,"freezer_dir":%q}`,
 		os.Getpid(), src.id, freezer)
-	path := filepath.Join("/run/tclone/journal", fmt.Sprintf("capture-%d-1.json", os.Getpid()))
+	path := filepath.Join(hostStore.JournalDir(), fmt.Sprintf("capture-%d-1.json", os.Getpid()))
 	os.MkdirAll(filepath.Dir(path), 0o700)
 	if err := os.WriteFile(path, []byte(entry), 0o600); err != nil {
 		t.Fatal(err)

@@ -272,7 +272,7 @@ func TestPodmanForkReportsTcloneErrors(t *testing.T) {
 	if strings.Contains(r.stderr, "exit status 1") {
 		t.Errorf("the user got Podman's runtime failure instead of tclone's reason: %s", r.stderr)
 	}
-	if left, _ := filepath.Glob("/run/tclone/intents/*.result.json"); len(left) != 0 {
+	if left, _ := filepath.Glob(filepath.Join(hostStore.IntentsDir(), "*.result.json")); len(left) != 0 {
 		t.Errorf("results left behind: %v", left)
 	}
 	if got := state(t, src); got != "running" {
@@ -319,10 +319,7 @@ func planOnly(t *testing.T, src *bundle, extra ...string) (string, map[string]an
 	if err := json.Unmarshal([]byte(r.stdout), &out); err != nil {
 		t.Fatalf("--print-stats: %v: %s", err, r.stdout)
 	}
-	t.Cleanup(func() {
-		os.RemoveAll(out.Dir)
-		os.RemoveAll(filepath.Join("/var/lib/tclone/snapshots", filepath.Base(out.Dir)))
-	})
+	t.Cleanup(func() { removePlan(out.Dir) })
 	return out.Dir, out.Plan
 }
 

@@ -1,0 +1,70 @@
+package plan
+
+import "path/filepath"
+
+// Layout names every host path where tclone keeps state. The default is
+// DefaultLayout; a test lays one out under a scratch directory
+// (LayoutUnder), and everything it then does stays there.
+//
+//	<Root>/plans/<id>/        fork plans (see the package comment)
+//	<Root>/plans/.siblings/   private scratch of siblings being made
+//	<Root>/journal/           fork operations in flight (journal)
+//	<Root>/locks/             lock files of sources and fork requests
+//	<Root>/intents/           fork intents, and their failed captures' results
+//	<Root>/calls/             fork client calls in progress (calls)
+//	<Root>/criu-check.json    the last successful CRIU check (criucheck)
+//	<SnapshotRoot>/<id>/      root filesystem captures
+//	<LogDir>/                 CRIU logs of failed operations
+type Layout struct {
+	// Root holds tclone's live state. It is tmpfs, or its plans directory
+	// is made one (Store.EnsureTmpfs): page images never touch a disk,
+	// and a reboot, which ends every process the state describes, clears it.
+	Root string `json:"root"`
+	// SnapshotRoot holds root filesystem captures, on disk next to the
+	// container storage so that copies can reflink.
+	SnapshotRoot string `json:"snapshot_root"`
+	// LogDir keeps the CRIU logs of failed operations, whose work
+	// directories are removed with everything else the failure left.
+	LogDir string `json:"log_dir"`
+}
+
+// DefaultLayout is where tclone keeps its state on a host.
+func DefaultLayout() Layout {
+	return Layout{Root: "/run/tclone", SnapshotRoot: "/var/lib/tclone/snapshots", LogDir: "/var/log/tclone"}
+}
+
+// LayoutUnder lays tclone's state out under dir, which must exist.
+func LayoutUnder(dir string) Layout {
+	return Layout{
+		Root:         filepath.Join(dir, "run"),
+		SnapshotRoot: filepath.Join(dir, "snapshots"),
+		LogDir:       filepath.Join(dir, "log"),
+	}
+}
+
+// PlansDir is the tmpfs directory that holds every plan.
+func (l Layout) PlansDir() string { return filepath.Join(l.Root, "plans") }
+
+// SiblingDir is the private scratch directory of a sibling being
+// materialised. It is on the plan store's tmpfs, so it can hard-link the
+// plan's images.
+func (l Layout) SiblingDir(id string) string { return filepath.Join(l.PlansDir(), ".siblings", id) }
+
+// JournalDir holds the records of fork operations in flight.
+func (l Layout) JournalDir() string { return filepath.Join(l.Root, "journal") }
+
+// LocksDir holds tclone's lock files: one per source for its captures, one
+// per container for its fork requests. A file is made the first time
+// something locks it, and `tclone gc` removes those no one holds
+// (Store.CollectLocks); so everything that locks a file here must use Lock,
+// which notices a file removed while it waited.
+func (l Layout) LocksDir() string { return filepath.Join(l.Root, "locks") }
+
+// IntentsDir holds fork intents and the results of their failed captures.
+func (l Layout) IntentsDir() string { return filepath.Join(l.Root, "intents") }
+
+// CallsDir holds the records of fork client calls in progress.
+func (l Layout) CallsDir() string { return filepath.Join(l.Root, "calls") }
+
+// CriuCheckFile caches the last successful CRIU check.
+func (l Layout) CriuCheckFile() string { return filepath.Join(l.Root, "criu-check.json") }
