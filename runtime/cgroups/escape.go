@@ -1,7 +1,6 @@
 package cgroups
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"os"
@@ -10,6 +9,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/moby/sys/mountinfo"
 )
 
 // KeeperCgroup is the cgroup, at the top of a hierarchy, that holds tclone's
@@ -44,23 +45,17 @@ func Escape(pid int) error {
 
 // keeperHierarchies lists the mount points of the hierarchies Escape uses.
 func keeperHierarchies() ([]string, error) {
-	f, err := os.Open("/proc/self/mounts")
+	mounts, err := mountinfo.GetMounts(mountinfo.FSTypeFilter("cgroup", "cgroup2"))
 	if err != nil {
 		return nil, err
 	}
-	defer f.Close()
 	var out []string
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) < 4 || !strings.HasPrefix(fields[1], Root) {
-			continue
-		}
-		if keeperMount(fields[2], fields[3]) {
-			out = append(out, fields[1])
+	for _, m := range mounts {
+		if strings.HasPrefix(m.Mountpoint, Root) && keeperMount(m.FSType, m.VFSOptions) {
+			out = append(out, m.Mountpoint)
 		}
 	}
-	return out, sc.Err()
+	return out, nil
 }
 
 // keeperMount decides from a mount's type and options whether it is a

@@ -19,8 +19,9 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Root is where cgroup filesystems are mounted.
-var Root = "/sys/fs/cgroup"
+// Root is where the kernel's cgroup filesystems are mounted: the host's, not
+// tclone's, so no Layout names it.
+const Root = "/sys/fs/cgroup"
 
 // Unified reports whether Root itself is cgroup v2 (no v1 hierarchies). On
 // hybrid hosts (v1 controllers plus cgroup2 at Root/unified) the freezer is

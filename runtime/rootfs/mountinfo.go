@@ -1,84 +1,37 @@
 package rootfs
 
 import (
-	"bufio"
 	"fmt"
-	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/moby/sys/mountinfo"
 )
-
-// mountEntry is one line of /proc/self/mountinfo.
-type mountEntry struct {
-	MountPoint string
-	FSType     string
-	Source     string
-	SuperOpts  string
-}
-
-// unescapeMountinfo undoes the octal escapes the kernel applies to spaces,
-// tabs, newlines and backslashes in mountinfo paths.
-func unescapeMountinfo(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+4 <= len(s) {
-			var v int
-			if _, err := fmt.Sscanf(s[i+1:i+4], "%03o", &v); err == nil {
-				b.WriteByte(byte(v))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
-}
-
-func parseMountinfoLine(line string) (mountEntry, bool) {
-	pre, post, ok := strings.Cut(line, " - ")
-	if !ok {
-		return mountEntry{}, false
-	}
-	fields := strings.Fields(pre)
-	tail := strings.Fields(post)
-	if len(fields) < 5 || len(tail) < 3 {
-		return mountEntry{}, false
-	}
-	return mountEntry{
-		MountPoint: unescapeMountinfo(fields[4]),
-		FSType:     tail[0],
-		Source:     unescapeMountinfo(tail[1]),
-		SuperOpts:  tail[2],
-	}, true
-}
 
 // mountAt returns the topmost mount whose mount point is exactly path, or
 // false when path is not a mount point.
-func mountAt(path string) (mountEntry, bool, error) {
+func mountAt(path string) (*mountinfo.Info, bool, error) {
 	resolved, err := filepath.EvalSymlinks(path)
 	if err != nil {
-		return mountEntry{}, false, err
+		return nil, false, err
 	}
-	f, err := os.Open("/proc/self/mountinfo")
-	if err != nil {
-		return mountEntry{}, false, err
+	m, err := topmost(mountinfo.GetMounts(at(resolved)))
+	return m, m != nil, err
+}
+
+// at keeps the mounts whose mount point is path (mountinfo unescapes the
+// kernel's octal escapes of spaces, tabs, newlines and backslashes).
+func at(path string) mountinfo.FilterFunc {
+	return func(m *mountinfo.Info) (skip, stop bool) { return m.Mountpoint != path, false }
+}
+
+// topmost is the last of mounts, in mountinfo's order: later lines are
+// mounted on top of earlier ones.
+func topmost(mounts []*mountinfo.Info, err error) (*mountinfo.Info, error) {
+	if err != nil || len(mounts) == 0 {
+		return nil, err
 	}
-	defer f.Close()
-	var found mountEntry
-	ok := false
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 64*1024), 1024*1024)
-	for sc.Scan() {
-		m, valid := parseMountinfoLine(sc.Text())
-		if valid && m.MountPoint == resolved {
-			// Later lines are mounted on top of earlier ones.
-			found, ok = m, true
-		}
-	}
-	return found, ok, sc.Err()
+	return mounts[len(mounts)-1], nil
 }
 
 // overlayLayers is an overlay mount's layers.

@@ -2,19 +2,33 @@ package rootfs
 
 import (
 	"reflect"
+	"strings"
 	"testing"
+
+	"github.com/moby/sys/mountinfo"
 )
 
-func TestParseMountinfoLine(t *testing.T) {
-	line := `48 43 0:41 / /var/lib/containers/storage/overlay/8a85/merged rw,nodev,relatime - overlay overlay rw,lowerdir=/l/A:/l/B,upperdir=/o/8a85/diff,workdir=/o/8a85/work,uuid=on`
-	m, ok := parseMountinfoLine(line)
-	if !ok {
-		t.Fatal("not parsed")
+// mountIn finds the topmost mount at path in a mountinfo text, the way
+// mountAt does in the process's own.
+func mountIn(t *testing.T, mountinfoText, path string) *mountinfo.Info {
+	t.Helper()
+	m, err := topmost(mountinfo.GetMountsFromReader(strings.NewReader(mountinfoText), at(path)))
+	if err != nil || m == nil {
+		t.Fatalf("no mount at %s: %v", path, err)
 	}
-	if m.MountPoint != "/var/lib/containers/storage/overlay/8a85/merged" || m.FSType != "overlay" {
-		t.Fatalf("%+v", m)
+	return m
+}
+
+func TestOverlayMount(t *testing.T) {
+	merged := "/var/lib/containers/storage/overlay/8a85/merged"
+	m := mountIn(t, `47 43 0:40 / `+merged+` rw - tmpfs tmpfs rw
+48 47 0:41 / `+merged+` rw,nodev,relatime shared:5 - overlay overlay rw,lowerdir=/l/A:/l/B,upperdir=/o/8a85/diff,workdir=/o/8a85/work,uuid=on
+49 43 0:42 / /other rw - overlay overlay rw,lowerdir=/x,upperdir=/y,workdir=/z
+`, merged)
+	if m.FSType != "overlay" {
+		t.Fatalf("not the topmost mount: %+v", m)
 	}
-	l, err := parseOverlayOpts(m.SuperOpts)
+	l, err := parseOverlayOpts(m.VFSOptions)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -25,9 +39,18 @@ func TestParseMountinfoLine(t *testing.T) {
 }
 
 func TestMountinfoEscapes(t *testing.T) {
-	m, ok := parseMountinfoLine(`1 2 0:1 / /a\040b rw - tmpfs t\134x rw`)
-	if !ok || m.MountPoint != "/a b" || m.Source != `t\x` {
+	if m := mountIn(t, `1 2 0:1 / /a\040b rw - tmpfs t\134x rw`+"\n", "/a b"); m.Source != `t\x` {
 		t.Fatalf("%+v", m)
+	}
+}
+
+func TestMountAtSelf(t *testing.T) {
+	if m, ok, err := mountAt("/"); err != nil || !ok || m.Mountpoint != "/" {
+		t.Fatalf("/: %+v %v %v", m, ok, err)
+	}
+	dir := t.TempDir()
+	if m, ok, err := mountAt(dir); err != nil || ok {
+		t.Fatalf("%s is no mount point, got %+v %v", dir, m, err)
 	}
 }
 

@@ -67,7 +67,7 @@ func Detect(root string) (Source, error) {
 		return Source{}, fmt.Errorf("inspecting root filesystem %s: %w", root, err)
 	}
 	if isMount && m.FSType == "overlay" {
-		layers, err := parseOverlayOpts(m.SuperOpts)
+		layers, err := parseOverlayOpts(m.VFSOptions)
 		if err != nil {
 			return Source{}, fmt.Errorf("root filesystem %s: %w", root, err)
 		}
@@ -177,7 +177,7 @@ func (s *Snapshot) CheckTarget(target string) (overlay bool, err error) {
 		return false, fmt.Errorf("inspecting sibling root %s: %w", target, err)
 	}
 	if isMount && m.FSType == "overlay" {
-		layers, err := parseOverlayOpts(m.SuperOpts)
+		layers, err := parseOverlayOpts(m.VFSOptions)
 		if err != nil {
 			return false, fmt.Errorf("sibling root %s: %w", target, err)
 		}
