@@ -16,7 +16,6 @@ package calls
 import (
 	"crypto/rand"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -181,13 +180,9 @@ func (d Dir) claimDead() ([]*Call, error) {
 }
 
 func readRecord(path string) (*Record, error) {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return nil, err
-	}
 	var rec Record
-	if err := json.Unmarshal(data, &rec); err != nil {
-		return nil, fmt.Errorf("decoding fork call %s: %w", path, err)
+	if err := atomicfile.ReadJSON(path, &rec); err != nil {
+		return nil, err
 	}
 	return &rec, nil
 }

@@ -1,7 +1,6 @@
 package calls
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -64,13 +63,9 @@ func writeDirOwner(dir string, o DirOwner) error {
 }
 
 func readDirOwner(dir string) (*DirOwner, error) {
-	data, err := os.ReadFile(filepath.Join(dir, OwnerFile))
-	if err != nil {
-		return nil, err
-	}
 	var o DirOwner
-	if err := json.Unmarshal(data, &o); err != nil {
-		return nil, fmt.Errorf("decoding %s: %w", filepath.Join(dir, OwnerFile), err)
+	if err := atomicfile.ReadJSON(filepath.Join(dir, OwnerFile), &o); err != nil {
+		return nil, err
 	}
 	return &o, nil
 }

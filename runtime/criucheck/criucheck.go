@@ -7,7 +7,6 @@ package criucheck
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -279,12 +278,8 @@ func lastErrors(out string) string {
 }
 
 func readCache(path string, key cacheKey) (*Result, bool) {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return nil, false
-	}
 	var e cacheEntry
-	if json.Unmarshal(data, &e) != nil || e.Key != key {
+	if atomicfile.ReadJSON(path, &e) != nil || e.Key != key {
 		return nil, false
 	}
 	return &e.Result, true

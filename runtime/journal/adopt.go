@@ -1,12 +1,13 @@
 package journal
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"time"
+
+	"github.com/tclone/tclone/runtime/internal/atomicfile"
 )
 
 // Name is the entry's file name in its journal, by which a keeper process
@@ -20,16 +21,13 @@ func (e *Entry) Name() string { return filepath.Base(e.path) }
 // another recovery claimed it first).
 func (j Journal) Adopt(name string) (*Entry, error) {
 	path := filepath.Join(j.Dir, name)
-	data, err := os.ReadFile(path)
+	var rec Record
+	err := atomicfile.ReadJSON(path, &rec)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("reading journal entry %s: %w", path, err)
-	}
-	var rec Record
-	if err := json.Unmarshal(data, &rec); err != nil {
-		return nil, fmt.Errorf("decoding journal entry %s: %w", path, err)
+		return nil, fmt.Errorf("reading journal entry: %w", err)
 	}
 	// A keeper learns of its owner's death when the owner's files close,
 	// a moment before the owner is a zombie, and until its parent reaps it

@@ -279,12 +279,8 @@ func (j Journal) Orphans() ([]*Entry, error) {
 			continue
 		}
 		path := filepath.Join(j.Dir, name)
-		data, err := os.ReadFile(path)
-		if err != nil {
-			continue
-		}
 		var rec Record
-		if err := json.Unmarshal(data, &rec); err != nil || rec.Owner.Alive() {
+		if err := atomicfile.ReadJSON(path, &rec); err != nil || rec.Owner.Alive() {
 			continue
 		}
 		claim := filepath.Join(j.Dir, base+claimSep+formatOwner(self))

@@ -2,7 +2,6 @@ package plan
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -76,13 +75,9 @@ func (s Store) TakeIntent(containerID string) (*Intent, error) {
 		return nil, err
 	}
 	defer os.Remove(taken)
-	data, err := os.ReadFile(taken)
-	if err != nil {
-		return nil, err
-	}
 	var in Intent
-	if err := json.Unmarshal(data, &in); err != nil {
-		return nil, fmt.Errorf("decoding fork intent for %s: %w", containerID, err)
+	if err := atomicfile.ReadJSON(taken, &in); err != nil {
+		return nil, fmt.Errorf("reading the fork intent for %s: %w", containerID, err)
 	}
 	if in.ContainerID != containerID || time.Now().After(in.ExpiresAt) {
 		return nil, nil
@@ -94,17 +89,12 @@ func (s Store) TakeIntent(containerID string) (*Intent, error) {
 // one with this nonce (another fork may have replaced it).
 func (s Store) RemoveIntent(containerID, nonce string) error {
 	path := s.intentPath(containerID)
-	data, err := os.ReadFile(path)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
 	var in Intent
-	if json.Unmarshal(data, &in) == nil && in.Nonce != nonce {
+	err := atomicfile.ReadJSON(path, &in)
+	if errors.Is(err, os.ErrNotExist) || (err == nil && in.Nonce != nonce) {
 		return nil
 	}
+	// An intent that cannot be read is no one's: it goes too.
 	err = os.Remove(path)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil
@@ -151,17 +141,14 @@ func (s Store) TakeIntentResult(containerID, nonce string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	data, err := os.ReadFile(path)
+	var r IntentResult
+	err = atomicfile.ReadJSON(path, &r)
 	if errors.Is(err, os.ErrNotExist) {
 		return "", nil
 	}
-	if err != nil {
-		return "", err
-	}
 	os.Remove(path)
-	var r IntentResult
-	if err := json.Unmarshal(data, &r); err != nil {
-		return "", fmt.Errorf("decoding tclone's result for the fork of %s: %w", containerID, err)
+	if err != nil {
+		return "", fmt.Errorf("reading tclone's result for the fork of %s: %w", containerID, err)
 	}
 	return r.Error, nil
 }
@@ -210,16 +197,13 @@ func WriteReference(checkpointDir string, ref Reference) error {
 // ReadReference loads a reference from a checkpoint directory. It returns
 // nil when the directory holds an ordinary checkpoint.
 func ReadReference(checkpointDir string) (*Reference, error) {
-	data, err := os.ReadFile(filepath.Join(checkpointDir, ReferenceFile))
+	var ref Reference
+	err := atomicfile.ReadJSON(filepath.Join(checkpointDir, ReferenceFile), &ref)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
 	}
 	if err != nil {
 		return nil, err
-	}
-	var ref Reference
-	if err := json.Unmarshal(data, &ref); err != nil {
-		return nil, fmt.Errorf("decoding %s: %w", ReferenceFile, err)
 	}
 	// References written before boot IDs were trimmed end in a newline.
 	if boot, _ := procfs.BootID(); strings.TrimSpace(ref.BootID) != boot {

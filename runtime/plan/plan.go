@@ -17,7 +17,6 @@ package plan
 import (
 	"crypto/rand"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -135,16 +134,13 @@ var ErrNotFound = errors.New("fork plan not found")
 
 // Read loads plan.json from a plan directory.
 func Read(dir string) (*Plan, error) {
-	data, err := os.ReadFile(filepath.Join(dir, "plan.json"))
+	var p Plan
+	err := atomicfile.ReadJSON(filepath.Join(dir, "plan.json"), &p)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, fmt.Errorf("%w at %s (it was used up, expired or never completed; capture a new one)", ErrNotFound, dir)
 	}
 	if err != nil {
 		return nil, err
-	}
-	var p Plan
-	if err := json.Unmarshal(data, &p); err != nil {
-		return nil, fmt.Errorf("decoding %s/plan.json: %w", dir, err)
 	}
 	if p.Version != FormatVersion {
 		return nil, fmt.Errorf("%s/plan.json has format version %d; this tclone reads version %d (capture it again with this tclone)", dir, p.Version, FormatVersion)

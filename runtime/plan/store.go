@@ -2,7 +2,6 @@ package plan
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -233,11 +232,8 @@ func SetUses(dir string, n int, client *journal.Owner) error {
 // ReadUses returns a plan's use count.
 func ReadUses(dir string) (Uses, error) {
 	var u Uses
-	data, err := os.ReadFile(usesPath(dir))
-	if err != nil {
-		return u, err
-	}
-	return u, json.Unmarshal(data, &u)
+	err := atomicfile.ReadJSON(usesPath(dir), &u)
+	return u, err
 }
 
 // ErrUsedUp reports a plan whose every use has been taken.

@@ -1,5 +1,6 @@
 // Package atomicfile replaces files whole: a reader sees the old content or
 // the new, never a part, and a writer that dies midway leaves the old file.
+// ReadJSON reads back what WriteJSON wrote.
 // The data goes to a temporary file beside the target, renamed over it once
 // complete. Nothing is synced: tclone's state lives on tmpfs, and a record
 // that a power loss takes away is gone with the processes it described.
@@ -7,6 +8,7 @@ package atomicfile
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 )
@@ -45,4 +47,18 @@ func WriteJSON(path string, v any, perm os.FileMode) error {
 		return err
 	}
 	return WriteFile(path, append(data, '\n'), perm)
+}
+
+// ReadJSON decodes the JSON file at path into v. A missing file is an
+// error that wraps os.ErrNotExist; one that does not decode is an error
+// that names the file.
+func ReadJSON(path string, v any) error {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	if err := json.Unmarshal(data, v); err != nil {
+		return fmt.Errorf("decoding %s: %w", path, err)
+	}
+	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 )
@@ -91,6 +92,25 @@ func TestWriteJSONConcurrent(t *testing.T) {
 			return
 		default:
 		}
+	}
+}
+
+func TestReadJSON(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "v.json")
+	var v map[string]int
+	if err := ReadJSON(path, &v); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("a missing file: %v", err)
+	}
+	if err := WriteJSON(path, map[string]int{"a": 1}, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := ReadJSON(path, &v); err != nil || v["a"] != 1 {
+		t.Fatalf("%v %v", v, err)
+	}
+	os.WriteFile(path, []byte("{"), 0o600)
+	if err := ReadJSON(path, &v); err == nil || !strings.Contains(err.Error(), path) {
+		t.Fatalf("a broken file: %v", err)
 	}
 }
 
