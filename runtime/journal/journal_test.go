@@ -73,9 +73,16 @@ func TestOrphanClaimedOnce(t *testing.T) {
 	if err := os.Rename(first[0].path, dead); err != nil {
 		t.Fatal(err)
 	}
+	requireReclaimed(t, j, "a dead claimer's orphan")
+}
+
+// requireReclaimed claims the one orphan left in j, of a capture of plan
+// "/p", and ends it.
+func requireReclaimed(t *testing.T, j Journal, what string) {
+	t.Helper()
 	again, _ := j.Orphans()
 	if len(again) != 1 || again[0].Rec.PlanDir != "/p" {
-		t.Fatalf("a dead claimer's orphan was not reclaimed: %+v", again)
+		t.Fatalf("%s was not claimed again: %+v", what, again)
 	}
 	again[0].End()
 	if entries, _ := os.ReadDir(j.Dir); len(entries) != 0 {
@@ -116,14 +123,7 @@ func TestUnclaim(t *testing.T) {
 	if err := first[0].Unclaim(); err != nil {
 		t.Fatal(err)
 	}
-	again, _ := j.Orphans()
-	if len(again) != 1 || again[0].Rec.PlanDir != "/p" {
-		t.Fatalf("an unclaimed orphan was not claimed again: %+v", again)
-	}
-	again[0].End()
-	if entries, _ := os.ReadDir(j.Dir); len(entries) != 0 {
-		t.Fatalf("left: %v", entries)
-	}
+	requireReclaimed(t, j, "an unclaimed orphan")
 }
 
 // Entries written by older versions were flat: their fields are read into
