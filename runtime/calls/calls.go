@@ -20,7 +20,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 	"sync"
 	"time"
 
@@ -141,57 +140,25 @@ func (c *Call) End() error {
 	return err
 }
 
-// claimSep separates a record's name from the collector that claimed it.
-const claimSep = ".claimed-by-"
-
-// claimDead claims and returns the records whose owner is gone. Claiming
-// renames a record to name its collector, so two collectors never undo the
-// same call at once; a claim whose collector died is claimed again.
+// claimDead claims and returns the records whose owner is gone, a zombie
+// included (journal.ClaimOrphans): two collectors never undo the same call
+// at once, and a claim whose collector died is claimed again.
 func (d Dir) claimDead() ([]*Call, error) {
-	entries, err := os.ReadDir(d.Path)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
-	}
+	claims, err := journal.ClaimOrphans(d.Path, func(r *Record) journal.Owner { return r.Owner }, func(o journal.Owner) bool { return !o.Running() })
 	if err != nil {
 		return nil, fmt.Errorf("reading fork calls in %s: %w", d.Path, err)
 	}
-	self := journal.Self()
 	var out []*Call
-	for _, de := range entries {
-		base, claimer, claimed := strings.Cut(de.Name(), claimSep)
-		if !strings.HasSuffix(base, ".json") {
-			continue
-		}
-		if claimed && parseOwner(claimer).Running() {
-			continue
-		}
-		path := filepath.Join(d.Path, de.Name())
-		rec, err := readRecord(path)
-		if err != nil || rec.Owner.Running() {
-			continue
-		}
-		claim := filepath.Join(d.Path, base+claimSep+formatOwner(self))
-		if err := os.Rename(path, claim); err != nil {
-			continue // another collector claimed it first
-		}
-		out = append(out, &Call{path: claim, rec: *rec})
+	for _, c := range claims {
+		out = append(out, &Call{path: c.Path, rec: c.Rec})
 	}
 	return out, nil
-}
-
-func readRecord(path string) (*Record, error) {
-	var rec Record
-	if err := atomicfile.ReadJSON(path, &rec); err != nil {
-		return nil, err
-	}
-	return &rec, nil
 }
 
 // release gives a claimed record back under its own name, for the next
 // collector: a rollback that failed, or a tombstone still lingering.
 func (c *Call) release() error {
-	base, _, _ := strings.Cut(filepath.Base(c.path), claimSep)
-	dst := filepath.Join(filepath.Dir(c.path), base)
+	dst := journal.Unclaimed(c.path)
 	if err := c.save(); err != nil {
 		return err
 	}
@@ -200,12 +167,4 @@ func (c *Call) release() error {
 	}
 	c.path = dst
 	return nil
-}
-
-func formatOwner(o journal.Owner) string { return fmt.Sprintf("%d-%d", o.Pid, o.StartTime) }
-
-func parseOwner(s string) journal.Owner {
-	var o journal.Owner
-	fmt.Sscanf(s, "%d-%d", &o.Pid, &o.StartTime)
-	return o
 }

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tclone/tclone/runtime/internal/atomicfile"
 	"github.com/tclone/tclone/runtime/internal/procfs"
 	"github.com/tclone/tclone/runtime/journal"
 	"github.com/tclone/tclone/runtime/plan"
@@ -179,7 +180,7 @@ func TestTombstoneSweepsLateContainers(t *testing.T) {
 	if _, err := col.Collect(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if n := f.records(t); len(n) != 1 || strings.Contains(n[0], claimSep) {
+	if n := f.records(t); len(n) != 1 || strings.Contains(n[0], journal.ClaimSep) {
 		t.Fatalf("tombstone %v", n)
 	}
 	f.pm.ctrs["late"] = map[string]string{LabelCall: nonce}
@@ -213,7 +214,7 @@ func TestFailedRollbackIsRetried(t *testing.T) {
 	if _, err := f.collector().Collect(context.Background()); err == nil {
 		t.Fatal("a failed removal was not reported")
 	}
-	if n := f.records(t); len(n) != 1 || strings.Contains(n[0], claimSep) {
+	if n := f.records(t); len(n) != 1 || strings.Contains(n[0], journal.ClaimSep) {
 		t.Fatalf("record not handed back: %v", n)
 	}
 	f.pm.failRm = false
@@ -237,8 +238,7 @@ func TestClaims(t *testing.T) {
 	}
 	// The claimer dies.
 	dead := deadOwner(t)
-	base, _, _ := strings.Cut(filepath.Base(first[0].path), claimSep)
-	os.Rename(first[0].path, filepath.Join(f.dir.Path, base+claimSep+formatOwner(dead)))
+	os.Rename(first[0].path, journal.ClaimedBy(journal.Unclaimed(first[0].path), dead))
 	if again, _ := f.dir.claimDead(); len(again) != 1 {
 		t.Fatal("the claim of a dead collector was not taken over")
 	}
@@ -338,4 +338,10 @@ func TestIsTempDir(t *testing.T) {
 			t.Errorf("isTempDir(%q) = %v", path, got)
 		}
 	}
+}
+
+func readRecord(path string) (*Record, error) {
+	var rec Record
+	err := atomicfile.ReadJSON(path, &rec)
+	return &rec, err
 }

@@ -35,7 +35,7 @@ func (j Journal) Adopt(name string) (*Entry, error) {
 	if !waitGone(rec.Owner, adoptWait) {
 		return nil, fmt.Errorf("journal entry %s: its owner (pid %d) still runs; only an orphan can be adopted", path, rec.Owner.Pid)
 	}
-	claim := filepath.Join(j.Dir, name+claimSep+formatOwner(Self()))
+	claim := ClaimedBy(path, Self())
 	if err := os.Rename(path, claim); err != nil {
 		if errors.Is(err, os.ErrNotExist) {
 			return nil, nil

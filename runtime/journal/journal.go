@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 	"time"
 
 	"github.com/tclone/tclone/runtime/internal/atomicfile"
@@ -243,11 +242,10 @@ func (e *Entry) End() error {
 // Unclaim gives back an orphan this process claimed but could not finish,
 // so that the next recovery (the next fork, or tclone gc) tries again.
 func (e *Entry) Unclaim() error {
-	base, _, claimed := strings.Cut(filepath.Base(e.path), claimSep)
-	if !claimed {
+	orig := Unclaimed(e.path)
+	if orig == e.path {
 		return nil
 	}
-	orig := filepath.Join(filepath.Dir(e.path), base)
 	if err := os.Rename(e.path, orig); err != nil {
 		return fmt.Errorf("returning journal entry %s for a later recovery: %w", orig, err)
 	}
@@ -255,52 +253,15 @@ func (e *Entry) Unclaim() error {
 	return nil
 }
 
-// Orphans claims and returns the entries whose owner is no longer running.
-// Claiming renames an entry to name its new owner, so when two processes
-// recover at once, each orphan goes to exactly one of them; a claim whose
-// claimer died in turn is claimed again.
+// Orphans claims and returns the entries whose owner is no longer running
+// (see ClaimOrphans).
 func (j Journal) Orphans() ([]*Entry, error) {
-	entries, err := os.ReadDir(j.Dir)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, err
-	}
-	self := Self()
+	claims, err := ClaimOrphans(j.Dir, func(r *Record) Owner { return r.Owner }, func(o Owner) bool { return !o.Alive() })
 	var out []*Entry
-	for _, de := range entries {
-		name := de.Name()
-		base, claimer, claimed := strings.Cut(name, claimSep)
-		if !strings.HasSuffix(base, ".json") {
-			continue
-		}
-		if claimed && parseOwner(claimer).Alive() {
-			continue
-		}
-		path := filepath.Join(j.Dir, name)
-		var rec Record
-		if err := atomicfile.ReadJSON(path, &rec); err != nil || rec.Owner.Alive() {
-			continue
-		}
-		claim := filepath.Join(j.Dir, base+claimSep+formatOwner(self))
-		if err := os.Rename(path, claim); err != nil {
-			continue // another recovery claimed it first
-		}
-		out = append(out, &Entry{path: claim, Rec: rec})
+	for _, c := range claims {
+		out = append(out, &Entry{path: c.Path, Rec: c.Rec})
 	}
-	return out, nil
-}
-
-// claimSep separates an entry's name from the owner that claimed it.
-const claimSep = ".claimed-by-"
-
-func formatOwner(o Owner) string { return fmt.Sprintf("%d-%d", o.Pid, o.StartTime) }
-
-func parseOwner(s string) Owner {
-	var o Owner
-	fmt.Sscanf(s, "%d-%d", &o.Pid, &o.StartTime)
-	return o
+	return out, err
 }
 
 // CaptureRec is the capture's record; never nil, so that a damaged entry

@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -69,7 +68,7 @@ func TestOrphanClaimedOnce(t *testing.T) {
 		t.Fatalf("claimed %d then %d times", len(first), len(second))
 	}
 	// The claimer (this process, under a false identity) dies.
-	dead := filepath.Join(j.Dir, strings.Split(filepath.Base(first[0].path), claimSep)[0]+claimSep+formatOwner(Owner{Pid: os.Getpid(), StartTime: 1}))
+	dead := ClaimedBy(Unclaimed(first[0].path), Owner{Pid: os.Getpid(), StartTime: 1})
 	if err := os.Rename(first[0].path, dead); err != nil {
 		t.Fatal(err)
 	}
