@@ -49,17 +49,22 @@ type Captured struct {
 // lets the tree go the moment CRIU dies, whoever kills it. tclone kills CRIU
 // when the capture timeout passes or the caller gives up.
 func (e *Engine) Capture(ctx context.Context, req CaptureRequest) (*Captured, error) {
-	if err := req.Fork.Normalize(); err != nil {
-		return nil, err
-	}
-	// Before the source is judged: an older capture that died may have left
-	// it frozen, which would read as paused.
-	e.RecoverQuietly(ctx)
-	src, err := loadSource(ctx, e.Crun, req.Source)
+	src, err := e.prepare(ctx, req.Source, &req.Fork)
 	if err != nil {
 		return nil, err
 	}
 	return e.captureSource(ctx, src, req)
+}
+
+// prepare normalizes a fork's options and loads its source, once recovery
+// has run: an older capture that died may have left the source frozen,
+// which would read as paused.
+func (e *Engine) prepare(ctx context.Context, id string, f *forkopts.Fork) (*source, error) {
+	if err := f.Normalize(); err != nil {
+		return nil, err
+	}
+	e.RecoverQuietly(ctx)
+	return loadSource(ctx, e.Crun, id)
 }
 
 // captureOp is one capture in progress: the source it holds, and what it

@@ -41,15 +41,9 @@ func (r *Report) Reported() error { return r.Sibling.Reported() }
 func (e *Engine) Fork(ctx context.Context, req ForkRequest) (*Report, error) {
 	start := time.Now()
 	req.Fork.Uses = 1
-	if err := req.Fork.Normalize(); err != nil {
-		return nil, err
-	}
-	// Before the source is judged: an older capture that died may have left
-	// it frozen, which would read as paused.
-	e.RecoverQuietly(ctx)
 	// Everything that can be checked about the source and the sibling is
 	// checked before the source is seized for it.
-	src, err := loadSource(ctx, e.Crun, req.Source)
+	src, err := e.prepare(ctx, req.Source, &req.Fork)
 	if err != nil {
 		return nil, err
 	}
