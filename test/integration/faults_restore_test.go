@@ -375,7 +375,8 @@ func clientFiles(t *testing.T, pid int) (dirs, plans []string) {
 	matches, _ := filepath.Glob(filepath.Join(os.TempDir(), "tclone-fork-"+"*"))
 	for _, d := range matches {
 		data, _ := os.ReadFile(filepath.Join(d, calls.OwnerFile))
-		if bytes.Contains(data, []byte(fmt.Sprintf(`"pid":%d,`, pid))) {
+		var o calls.DirOwner
+		if json.Unmarshal(data, &o) == nil && o.Owner.Pid == pid {
 			dirs = append(dirs, d)
 		}
 	}
