@@ -4,17 +4,16 @@ import (
 	"context"
 	"errors"
 	"os"
-	"path/filepath"
 	"strings"
 
 	"github.com/tclone/tclone/runtime/plan"
 )
 
-// Collect removes what daemons that died left in dir (the store's lazy
-// directory) and imagesDir: their image links, control sockets and lock
-// files. A daemon that answers, or whose lock is held (it is starting or
+// Collect removes what daemons that died left in layout l's lazy and lazy
+// images directories: their image links, control sockets and lock files. A daemon that answers, or whose lock is held (it is starting or
 // stopping), is left alone. It returns the plan IDs it cleaned up after.
-func Collect(dir, imagesDir, logDir string) ([]string, error) {
+func Collect(l plan.Layout) ([]string, error) {
+	dir, imagesDir := l.LazyDir(), l.LazyImagesDir()
 	seen := map[string]bool{}
 	for _, d := range []string{dir, imagesDir} {
 		entries, err := os.ReadDir(d)
@@ -37,7 +36,7 @@ func Collect(dir, imagesDir, logDir string) ([]string, error) {
 	var removed []string
 	var errs []error
 	for id := range seen {
-		p := PathsFor(dir, imagesDir, logDir, id)
+		p := PathsFor(l, id)
 		done, cancel := context.WithCancel(context.Background())
 		cancel() // take the lock only if it is free
 		unlock, err := plan.Lock(done, p.Lock)
@@ -62,10 +61,3 @@ func ignoreMissing(err error) error {
 	}
 	return err
 }
-
-// Dir is the lazy directory of a store rooted at root.
-func Dir(root string) string { return filepath.Join(root, "lazy") }
-
-// ImagesDir is where daemons of a store whose plans are in plansDir keep
-// their image links: on the plans' tmpfs.
-func ImagesDir(plansDir string) string { return filepath.Join(plansDir, ".lazy") }

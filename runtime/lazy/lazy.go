@@ -22,6 +22,8 @@ import (
 	"fmt"
 	"path/filepath"
 	"time"
+
+	"github.com/tclone/tclone/runtime/plan"
 )
 
 // DaemonCommand is the hidden argv[1] under which the tclone binary runs as
@@ -51,15 +53,15 @@ type Paths struct {
 	Log string `json:"log"`
 }
 
-// PathsFor names the files of plan id's daemon: its socket and lock in dir
-// (the store's lazy directory), its image links in imagesDir (on the plan
-// store's tmpfs, where hard links to the plan's images can be made), its
-// log in logDir.
-func PathsFor(dir, imagesDir, logDir, id string) Paths {
+// PathsFor names the files of plan id's daemon in layout l: its socket and
+// lock in the lazy directory, its image links in the lazy images directory
+// (on the plan store's tmpfs, where hard links to the plan's images can be
+// made), its log in the log directory.
+func PathsFor(l plan.Layout, id string) Paths {
 	return Paths{
-		Control: filepath.Join(dir, id+".sock"),
-		Lock:    filepath.Join(dir, id+".lock"),
-		Images:  filepath.Join(imagesDir, id),
-		Log:     filepath.Join(logDir, fmt.Sprintf("lazy-pages-%s.log", id)),
+		Control: filepath.Join(l.LazyDir(), id+".sock"),
+		Lock:    filepath.Join(l.LazyDir(), id+".lock"),
+		Images:  filepath.Join(l.LazyImagesDir(), id),
+		Log:     filepath.Join(l.LogDir, fmt.Sprintf("lazy-pages-%s.log", id)),
 	}
 }

@@ -9,6 +9,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/tclone/tclone/runtime/plan"
 )
 
 // The test binary is the daemon too, as tclone is.
@@ -58,8 +60,7 @@ func TestOneDaemonPerPlanExitsWhenIdle(t *testing.T) {
 	requireRoot(t)
 	defer func(old time.Duration) { IdleExit = old }(IdleExit)
 	IdleExit = 300 * time.Millisecond
-	root := t.TempDir()
-	p := PathsFor(filepath.Join(root, "lazy"), filepath.Join(root, "images"), root, "plan1")
+	p := PathsFor(plan.LayoutUnder(t.TempDir()), "plan1")
 	planImages := fakePlan(t)
 
 	a, err := Ensure(context.Background(), p, planImages)
@@ -102,8 +103,7 @@ func TestListenRefusal(t *testing.T) {
 	requireRoot(t)
 	defer func(old time.Duration) { IdleExit = old }(IdleExit)
 	IdleExit = 200 * time.Millisecond
-	root := t.TempDir()
-	p := PathsFor(filepath.Join(root, "lazy"), filepath.Join(root, "images"), root, "plan2")
+	p := PathsFor(plan.LayoutUnder(t.TempDir()), "plan2")
 	c, err := Ensure(context.Background(), p, fakePlan(t))
 	if err != nil {
 		t.Fatal(err)
@@ -121,15 +121,14 @@ func TestCollectAfterKilledDaemon(t *testing.T) {
 	requireRoot(t)
 	defer func(old time.Duration) { IdleExit = old }(IdleExit)
 	IdleExit = 200 * time.Millisecond
-	root := t.TempDir()
-	dir, images := filepath.Join(root, "lazy"), filepath.Join(root, "images")
-	live := PathsFor(dir, images, root, "live")
+	l := plan.LayoutUnder(t.TempDir())
+	live := PathsFor(l, "live")
 	c, err := Ensure(context.Background(), live, fakePlan(t))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	dead := PathsFor(dir, images, root, "dead")
+	dead := PathsFor(l, "dead")
 	d, err := Ensure(context.Background(), dead, fakePlan(t))
 	if err != nil {
 		t.Fatal(err)
@@ -141,7 +140,7 @@ func TestCollectAfterKilledDaemon(t *testing.T) {
 	for syscall.Kill(pid, 0) == nil && time.Now().Before(deadline) {
 		time.Sleep(10 * time.Millisecond)
 	}
-	removed, err := Collect(dir, images, root)
+	removed, err := Collect(l)
 	if err != nil || len(removed) != 1 || removed[0] != "dead" {
 		t.Fatalf("collected %v, %v", removed, err)
 	}

@@ -8,10 +8,12 @@ import "path/filepath"
 //
 //	<Root>/plans/<id>/        fork plans (see the package comment)
 //	<Root>/plans/.siblings/   private scratch of siblings being made
+//	<Root>/plans/.lazy/       lazy-pages daemons' links to plans' images
 //	<Root>/journal/           fork operations in flight (journal)
 //	<Root>/locks/             lock files of sources and fork requests
 //	<Root>/intents/           fork intents, and their failed captures' results
 //	<Root>/calls/             fork client calls in progress (calls)
+//	<Root>/lazy/              lazy-pages daemons' sockets and locks (lazy)
 //	<Root>/criu-check.json    the last successful CRIU check (criucheck)
 //	<SnapshotRoot>/<id>/      root filesystem captures
 //	<LogDir>/                 CRIU logs of failed operations
@@ -49,6 +51,13 @@ func (l Layout) PlansDir() string { return filepath.Join(l.Root, "plans") }
 // materialised. It is on the plan store's tmpfs, so it can hard-link the
 // plan's images.
 func (l Layout) SiblingDir(id string) string { return filepath.Join(l.PlansDir(), ".siblings", id) }
+
+// LazyImagesDir holds the lazy-pages daemons' hard links to their plans'
+// images: on the plans' tmpfs, where such links can be made.
+func (l Layout) LazyImagesDir() string { return filepath.Join(l.PlansDir(), ".lazy") }
+
+// LazyDir holds the lazy-pages daemons' control sockets and lock files.
+func (l Layout) LazyDir() string { return filepath.Join(l.Root, "lazy") }
 
 // JournalDir holds the records of fork operations in flight.
 func (l Layout) JournalDir() string { return filepath.Join(l.Root, "journal") }

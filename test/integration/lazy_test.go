@@ -113,7 +113,7 @@ func TestLazyDaemonKilledWhileFilling(t *testing.T) {
 		t.Fatalf("tclone gc: exit %d: %s", g.code, g.stderr)
 	}
 	id := filepath.Base(planDir)
-	for _, pattern := range []string{"/run/tclone/lazy/" + id + ".*", "/run/tclone/plans/.lazy/" + id} {
+	for _, pattern := range []string{filepath.Join(hostStore.LazyDir(), id+".*"), filepath.Join(hostStore.LazyImagesDir(), id)} {
 		if left, _ := filepath.Glob(pattern); len(left) > 0 {
 			t.Errorf("left after gc: %v", left)
 		}

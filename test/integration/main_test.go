@@ -61,7 +61,7 @@ func leaked() []string {
 	for _, pid := range lazyDaemons() {
 		out = append(out, fmt.Sprintf("lazy-pages daemon %d", pid))
 	}
-	for _, pattern := range []string{"/run/tclone/plans/.lazy/*", "/run/tclone/lazy/*"} {
+	for _, pattern := range []string{filepath.Join(hostStore.LazyImagesDir(), "*"), filepath.Join(hostStore.LazyDir(), "*")} {
 		m, _ := filepath.Glob(pattern)
 		out = append(out, m...)
 	}
