@@ -127,14 +127,10 @@ func (rw *restoreWatch) Done() {
 
 // RunRestoreWatchIfAsked runs the watchdog and exits when argv asks for it.
 func RunRestoreWatchIfAsked() {
-	if len(os.Args) < 3 || os.Args[1] != RestoreWatchCommand {
+	var cfg watchConfig
+	if !fds.HelperArgs(RestoreWatchCommand, &cfg, 3) {
 		return
 	}
-	var cfg watchConfig
-	if err := json.Unmarshal([]byte(os.Args[2]), &cfg); err != nil {
-		os.Exit(2)
-	}
-	fds.CloseInherited(3)
 	report := io.Discard
 	if cfg.Report {
 		// Closed when the watchdog exits: that is what lets conmon go on.

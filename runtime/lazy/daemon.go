@@ -3,7 +3,6 @@ package lazy
 import (
 	"bufio"
 	"context"
-	"encoding/json"
 	"fmt"
 	"net"
 	"os"
@@ -32,14 +31,10 @@ type daemonConfig struct {
 
 // RunDaemonIfAsked runs a plan's daemon and exits when argv asks for it.
 func RunDaemonIfAsked() {
-	if len(os.Args) < 3 || os.Args[1] != DaemonCommand {
+	var cfg daemonConfig
+	if !fds.HelperArgs(DaemonCommand, &cfg, 2) {
 		return
 	}
-	var cfg daemonConfig
-	if err := json.Unmarshal([]byte(os.Args[2]), &cfg); err != nil {
-		os.Exit(2)
-	}
-	fds.CloseInherited(2)
 	if f, err := os.OpenFile(cfg.Log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600); err == nil {
 		logrus.SetOutput(f)
 	}

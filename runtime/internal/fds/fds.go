@@ -1,7 +1,10 @@
-// Package fds handles the descriptors a process inherits.
+// Package fds handles the descriptors a process inherits, and the start
+// of tclone's helper processes (the binary re-executed under a hidden
+// command).
 package fds
 
 import (
+	"encoding/json"
 	"os"
 	"strconv"
 
@@ -28,4 +31,19 @@ func CloseInherited(keep int) {
 			unix.Close(fd)
 		}
 	}
+}
+
+// HelperArgs reports whether argv asks for the helper command, and decodes
+// its configuration (argv[2], JSON) into cfg; a configuration that does not
+// decode exits with status 2. It then closes the descriptors the helper
+// inherited above keep.
+func HelperArgs(command string, cfg any, keep int) bool {
+	if len(os.Args) < 3 || os.Args[1] != command {
+		return false
+	}
+	if err := json.Unmarshal([]byte(os.Args[2]), cfg); err != nil {
+		os.Exit(2)
+	}
+	CloseInherited(keep)
+	return true
 }
