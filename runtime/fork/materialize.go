@@ -393,6 +393,14 @@ func (op *materializeOp) crunRestore(ctx context.Context, images, work string) e
 	err := cmd.Start()
 	if err == nil {
 		op.watch.Watch(cmd.Process.Pid)
+		// On record too, for a recovery after the watchdog died as well:
+		// a crun restore left running (or stopped) keeps CRIU, and the
+		// caller's stdio, busy.
+		if crunProc, ok := journal.OwnerOf(cmd.Process.Pid); ok {
+			if uerr := op.entry.Update(func(r *journal.Record) { r.Materialize.Restorer = &crunProc }); uerr != nil {
+				logrus.Warnf("recording crun's restore of %s: %v", req.ID, uerr)
+			}
+		}
 		err = cmd.Wait()
 	}
 	if err == nil {
@@ -414,6 +422,11 @@ func (op *materializeOp) crunRestore(ctx context.Context, images, work string) e
 // its journal record says it got.
 func (e *Engine) undoMaterialize(ctx context.Context, r journal.Record) error {
 	rec := r.MaterializeRec()
+	// A crun restore that still runs (or was left stopped) would go on
+	// making the sibling, or hold CRIU and the caller's stdio for ever.
+	if rec.Restorer != nil {
+		killTree(*rec.Restorer)
+	}
 	var errs []error
 	if rec.SiblingCreated && rec.SiblingID != "" {
 		errs = append(errs, e.removeSibling(ctx, r.CrunRoot, rec.SiblingID))

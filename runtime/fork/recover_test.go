@@ -2,10 +2,12 @@ package fork
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -172,6 +174,53 @@ func TestRecoveryKeepsCommittedSibling(t *testing.T) {
 	}
 	if _, err := os.Stat(marker); err != nil {
 		t.Fatalf("recovery emptied a committed sibling's root: %v", err)
+	}
+	if n := journalEntries(t, e); n != 0 {
+		t.Fatalf("%d journal entries left", n)
+	}
+}
+
+// A materialisation whose tclone and watchdog both died leaves its crun
+// restore running, or stopped where the watchdog stopped it: recovery
+// kills it and what it started, which frees the caller's stdio.
+func TestRecoveryKillsOrphanRestore(t *testing.T) {
+	e := testEngine(t)
+	// A stand-in for crun with CRIU below it, stopped.
+	cmd := exec.Command("sh", "-c", "sleep 300 & wait")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	t.Cleanup(func() { cmd.Process.Kill() })
+	deadline := time.Now().Add(5 * time.Second)
+	for len(descendants(cmd.Process.Pid)) == 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	child := descendants(cmd.Process.Pid)
+	if len(child) != 1 {
+		t.Fatalf("stand-in children %v", child)
+	}
+	syscall.Kill(cmd.Process.Pid, syscall.SIGSTOP)
+	crunProc, ok := journal.OwnerOf(cmd.Process.Pid)
+	if !ok {
+		t.Fatal("stand-in gone")
+	}
+	orphan(t, e, journal.Record{Kind: journal.Materialize, Phase: journal.MaterializeRestore,
+		Materialize: &journal.MaterializeRecord{SiblingID: "sib", Restorer: &crunProc}})
+	if _, err := e.Recover(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the orphan restore still runs after recovery")
+	}
+	if syscall.Kill(child[0], 0) == nil {
+		// Reparented and not yet reaped is fine; alive is not.
+		if st, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", child[0])); err == nil && !strings.Contains(string(st), ") Z") {
+			t.Fatalf("the restore's child %d survived recovery", child[0])
+		}
 	}
 	if n := journalEntries(t, e); n != 0 {
 		t.Fatalf("%d journal entries left", n)

@@ -142,6 +142,9 @@ type MaterializeRecord struct {
 	SiblingCgroup string `json:"sibling_cgroup,omitempty"`
 	// ImagesOverlay is a per-sibling image directory to remove.
 	ImagesOverlay string `json:"images_overlay,omitempty"`
+	// Restorer is the crun restore process, with CRIU below it, while it
+	// runs: recovery kills what is left of it.
+	Restorer *Owner `json:"restorer,omitempty"`
 }
 
 // UnmarshalJSON reads a record, and the flat records of older versions,
