@@ -1,6 +1,6 @@
 #!/bin/busybox sh
 # PID 1 of the vma_cherrypick test VM. Loads the module, runs the suite,
-# checks the kernel log, prints one verdict line and powers off. The host
+# checks the kernel log, prints one verdict line and stops the VM. The host
 # (kernel/vmtest/run.sh) reads the verdict and the log from the serial console.
 /bin/busybox --install -s /bin
 export PATH=/bin
@@ -9,10 +9,12 @@ mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev
 mount -t tmpfs tmpfs /tmp
 
+# Stops the VM: run.sh starts qemu with -no-reboot, so a reboot ends it. Not
+# poweroff: that needs ACPI, which the debug kernel (tinyconfig) has not.
 verdict() {
 	echo "VCP-RESULT: $*"
 	sync
-	poweroff -f
+	reboot -f
 	sleep 10
 }
 
