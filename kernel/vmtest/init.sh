@@ -71,20 +71,31 @@ fi
 /vcptest
 rc=$?
 
-# Unloading is part of the contract too (no leaked references).
-rmmod vma_cherrypick || rc=1
-
 # Every object allocated since the clear above that nothing points to any
 # more is a leak: by the module, or by the kernel on a path the module
 # drives. kmemleak reports objects older than 5 s only, and a second scan
-# drops those a first one saw in transit.
-leaks=0
-if [ -n "$kmemleak" ]; then
+# drops those a first one saw in transit. Scanned with the module loaded
+# (its functions are named in the backtraces only then) and after rmmod
+# (what unloading leaves).
+kmemleak_scan() {
 	sleep 6
 	echo scan >"$kmemleak" && echo scan >"$kmemleak" || verdict "FAIL kmemleak did not scan"
 	leaks=$(grep -c '^unreferenced object' "$kmemleak")
-	echo "VCP-KMEMLEAK: $leaks unreferenced objects"
+}
+leaks=0
+if [ -n "$kmemleak" ]; then
+	kmemleak_scan
 	[ "$leaks" = 0 ] || cat "$kmemleak"
+fi
+
+# Unloading is part of the contract too (no leaked references).
+rmmod vma_cherrypick || rc=1
+
+if [ -n "$kmemleak" ]; then
+	loaded=$leaks
+	kmemleak_scan
+	echo "VCP-KMEMLEAK: $loaded unreferenced objects with the module loaded, $leaks after rmmod"
+	[ "$leaks" = "$loaded" ] || cat "$kmemleak"
 fi
 
 dmesg >/tmp/dmesg.txt
