@@ -18,7 +18,7 @@ kernel-test: kernel-unit-test
 # KASAN, kmemleak, DEBUG_VM and DEBUG_PAGEALLOC
 # (kernel/vmtest/build-debug-kernel.sh, cached in kernel/_build/debug-root).
 # Not part of `make test`: the kernel build takes about 10 minutes and the
-# run about 25 (kernel/README.md). Time limits are stretched
+# run 20 to 25 (kernel/README.md). Time limits are stretched
 # (KERNEL_DEBUG_SLOW: the stress test alone takes about 10 minutes), the
 # debug kernel has no BTF (no pahole in its root), and timings mean nothing
 # under KASAN, hence the skipped tests.
