@@ -21,11 +21,14 @@ log() { printf 'kernel-buildcheck: %s\n' "$*"; }
 rm -rf "$work"
 mkdir -p "$work"
 
-# module NAME BODY: a one-file module whose init and exit are given.
+# module NAME BODY: a one-file module whose init and exit are given. Built
+# with the compiler the kernel was built with, named in its .config as
+# vma_cherrypick's Makefile takes it (Debian's kernels: x86_64-linux-gnu-gcc-14;
+# the debug kernel: gcc-14).
 module() {
 	mkdir -p "$work/src/$1"
-	printf 'obj-m := %s.o\nifeq ($(KERNELRELEASE),)\nmodules:\n\t$(MAKE) -C $(KDIR) M=$(CURDIR) CC=x86_64-linux-gnu-gcc-14 modules\nendif\n' \
-		"$1" >"$work/src/$1/Makefile"
+	printf 'obj-m := %s.o\nifeq ($(KERNELRELEASE),)\nKCC := $(shell sed -n %s $(KDIR)/.config)\nmodules:\n\t$(MAKE) -C $(KDIR) M=$(CURDIR) CC=$(KCC) modules\nendif\n' \
+		"$1" "'s/^CONFIG_CC_VERSION_TEXT=\"\([^ ]*\) .*/\1/p'" >"$work/src/$1/Makefile"
 	{
 		printf '#include <linux/module.h>\n#include <linux/init.h>\n'
 		printf '%s\n' "$2"
