@@ -95,5 +95,5 @@ func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
 // lazyPaths names the files of plan id's lazy-pages daemon.
 func (e *Engine) lazyPaths(id string) lazy.Paths {
-	return lazy.PathsFor(lazy.Dir(e.Store.Root), LogDir, id)
+	return lazy.PathsFor(lazy.Dir(e.Store.Root), lazy.ImagesDir(e.Store.PlansDir()), LogDir, id)
 }

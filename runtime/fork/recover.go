@@ -61,7 +61,7 @@ func (e *Engine) Recover(ctx context.Context) (*Recovered, error) {
 	r.StraySnaps = n
 	locks, lerr := e.Store.CollectLocks()
 	r.Locks = locks
-	daemons, derr := lazy.Collect(lazy.Dir(e.Store.Root), LogDir)
+	daemons, derr := lazy.Collect(lazy.Dir(e.Store.Root), lazy.ImagesDir(e.Store.PlansDir()), LogDir)
 	r.LazyDaemons = daemons
 	return r, errors.Join(err, serr, lerr, derr)
 }

@@ -11,30 +11,33 @@ import (
 )
 
 // Collect removes what daemons that died left in dir (the store's lazy
-// directory): their image links, control sockets and lock files. A daemon
-// that answers, or whose lock is held (it is starting or stopping), is left
-// alone. It returns the plan IDs it cleaned up after.
-func Collect(dir, logDir string) ([]string, error) {
-	entries, err := os.ReadDir(dir)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, err
-	}
+// directory) and imagesDir: their image links, control sockets and lock
+// files. A daemon that answers, or whose lock is held (it is starting or
+// stopping), is left alone. It returns the plan IDs it cleaned up after.
+func Collect(dir, imagesDir, logDir string) ([]string, error) {
 	seen := map[string]bool{}
-	for _, e := range entries {
-		name := e.Name()
-		for _, suffix := range []string{".images", ".sock", ".lock"} {
-			if id, ok := strings.CutSuffix(name, suffix); ok {
-				seen[id] = true
+	for _, d := range []string{dir, imagesDir} {
+		entries, err := os.ReadDir(d)
+		if err != nil && !errors.Is(err, os.ErrNotExist) {
+			return nil, err
+		}
+		for _, e := range entries {
+			name := e.Name()
+			if d == imagesDir {
+				seen[name] = true
+				continue
+			}
+			for _, suffix := range []string{".sock", ".lock"} {
+				if id, ok := strings.CutSuffix(name, suffix); ok {
+					seen[id] = true
+				}
 			}
 		}
 	}
 	var removed []string
 	var errs []error
 	for id := range seen {
-		p := PathsFor(dir, logDir, id)
+		p := PathsFor(dir, imagesDir, logDir, id)
 		done, cancel := context.WithCancel(context.Background())
 		cancel() // take the lock only if it is free
 		unlock, err := plan.Lock(done, p.Lock)
@@ -62,3 +65,7 @@ func ignoreMissing(err error) error {
 
 // Dir is the lazy directory of a store rooted at root.
 func Dir(root string) string { return filepath.Join(root, "lazy") }
+
+// ImagesDir is where daemons of a store whose plans are in plansDir keep
+// their image links: on the plans' tmpfs.
+func ImagesDir(plansDir string) string { return filepath.Join(plansDir, ".lazy") }

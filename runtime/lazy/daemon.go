@@ -62,10 +62,10 @@ type server struct {
 }
 
 func serve(cfg daemonConfig) error {
+	defer os.RemoveAll(cfg.Images)
 	if err := linkImages(cfg.PlanImages, cfg.Images); err != nil {
 		return err
 	}
-	defer os.RemoveAll(cfg.Images)
 	s := &server{cfg: cfg, change: time.Now()}
 	var err error
 	s.d, err = lazypages.Start(lazypages.Options{ImagesDir: cfg.Images, OnEvent: s.event, ChunkPause: cfg.ChunkPause})
@@ -192,7 +192,10 @@ func (s *server) waitIdle() {
 		idle = s.conns == 0 && s.fills == 0
 		s.mu.Unlock()
 		if idle {
+			// The lock file goes too, removed while held: a restore
+			// waiting for it notices and locks a new one (plan.Lock).
 			s.ln.Close()
+			os.Remove(s.cfg.Lock)
 		}
 		unlock()
 		if idle {

@@ -44,19 +44,22 @@ type Paths struct {
 	Control string `json:"control"`
 	// Lock serialises starting and stopping the daemon.
 	Lock string `json:"lock"`
-	// Images holds the daemon's hard links to the plan's images.
+	// Images holds the daemon's hard links to the plan's images; it must
+	// be on the plan store's file system.
 	Images string `json:"images"`
 	// Log is where the daemon logs.
 	Log string `json:"log"`
 }
 
-// PathsFor names the files of plan id's daemon under dir (the store's lazy
-// directory) and logDir.
-func PathsFor(dir, logDir, id string) Paths {
+// PathsFor names the files of plan id's daemon: its socket and lock in dir
+// (the store's lazy directory), its image links in imagesDir (on the plan
+// store's tmpfs, where hard links to the plan's images can be made), its
+// log in logDir.
+func PathsFor(dir, imagesDir, logDir, id string) Paths {
 	return Paths{
 		Control: filepath.Join(dir, id+".sock"),
 		Lock:    filepath.Join(dir, id+".lock"),
-		Images:  filepath.Join(dir, id+".images"),
+		Images:  filepath.Join(imagesDir, id),
 		Log:     filepath.Join(logDir, fmt.Sprintf("lazy-pages-%s.log", id)),
 	}
 }

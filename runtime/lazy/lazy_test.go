@@ -59,7 +59,7 @@ func TestOneDaemonPerPlanExitsWhenIdle(t *testing.T) {
 	defer func(old time.Duration) { IdleExit = old }(IdleExit)
 	IdleExit = 300 * time.Millisecond
 	root := t.TempDir()
-	p := PathsFor(filepath.Join(root, "lazy"), root, "plan1")
+	p := PathsFor(filepath.Join(root, "lazy"), filepath.Join(root, "images"), root, "plan1")
 	planImages := fakePlan(t)
 
 	a, err := Ensure(context.Background(), p, planImages)
@@ -92,6 +92,7 @@ func TestOneDaemonPerPlanExitsWhenIdle(t *testing.T) {
 	b.Close()
 	waitGone(t, p.Control, 5*time.Second)
 	waitGone(t, p.Images, 5*time.Second)
+	waitGone(t, p.Lock, 5*time.Second)
 	if err := b.Listen("/x"); err == nil {
 		t.Fatal("a closed client still talks")
 	}
@@ -102,7 +103,7 @@ func TestListenRefusal(t *testing.T) {
 	defer func(old time.Duration) { IdleExit = old }(IdleExit)
 	IdleExit = 200 * time.Millisecond
 	root := t.TempDir()
-	p := PathsFor(filepath.Join(root, "lazy"), root, "plan2")
+	p := PathsFor(filepath.Join(root, "lazy"), filepath.Join(root, "images"), root, "plan2")
 	c, err := Ensure(context.Background(), p, fakePlan(t))
 	if err != nil {
 		t.Fatal(err)
@@ -121,14 +122,14 @@ func TestCollectAfterKilledDaemon(t *testing.T) {
 	defer func(old time.Duration) { IdleExit = old }(IdleExit)
 	IdleExit = 200 * time.Millisecond
 	root := t.TempDir()
-	dir := filepath.Join(root, "lazy")
-	live := PathsFor(dir, root, "live")
+	dir, images := filepath.Join(root, "lazy"), filepath.Join(root, "images")
+	live := PathsFor(dir, images, root, "live")
 	c, err := Ensure(context.Background(), live, fakePlan(t))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	dead := PathsFor(dir, root, "dead")
+	dead := PathsFor(dir, images, root, "dead")
 	d, err := Ensure(context.Background(), dead, fakePlan(t))
 	if err != nil {
 		t.Fatal(err)
@@ -140,7 +141,7 @@ func TestCollectAfterKilledDaemon(t *testing.T) {
 	for syscall.Kill(pid, 0) == nil && time.Now().Before(deadline) {
 		time.Sleep(10 * time.Millisecond)
 	}
-	removed, err := Collect(dir, root)
+	removed, err := Collect(dir, images, root)
 	if err != nil || len(removed) != 1 || removed[0] != "dead" {
 		t.Fatalf("collected %v, %v", removed, err)
 	}

@@ -162,7 +162,6 @@ func (f *forker) restoreAll(ctx context.Context, archive string) ([]*Result, err
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	results := make([]*Result, f.opts.Count)
-	errs := make([]error, f.opts.Count)
 	slots := make(chan struct{}, f.opts.Parallel)
 	var wg sync.WaitGroup
 	for i := range results {
@@ -177,20 +176,16 @@ func (f *forker) restoreAll(ctx context.Context, archive string) ([]*Result, err
 		go func() {
 			defer wg.Done()
 			defer func() { <-slots }()
-			results[i], errs[i] = f.restoreNamed(ctx, archive, i)
-			if errs[i] != nil {
-				cancel(errs[i])
+			var err error
+			if results[i], err = f.restoreNamed(ctx, archive, i); err != nil {
+				cancel(err)
 			}
 		}()
 	}
 	wg.Wait()
+	// The first failure (the cause of the cancellation), not what the
+	// cancellation did to the restores under way.
 	if err := context.Cause(ctx); err != nil {
-		// The first failure, not the cancellations it caused.
-		for _, e := range errs {
-			if e != nil && !errors.Is(e, context.Canceled) {
-				return nil, e
-			}
-		}
 		return nil, err
 	}
 	return results, nil

@@ -354,7 +354,7 @@ func TestPodmanForkKilledClientMidRestore(t *testing.T) {
 		t.Fatal("no system Podman service (hack/podman-service.sh start)")
 	}
 	src := demoWorkspace(t)
-	cmd := exec.Command(podmanForkBin(), "--count", "2", src)
+	cmd := exec.Command(podmanForkBin(), "--count", "2", "--parallel", "1", src)
 	cmd.Env = append(os.Environ(), "PODMAN_IGNORE_CGROUPSV1_WARNING=1")
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -390,12 +390,12 @@ func clientFiles(t *testing.T, pid int) (dirs, plans []string) {
 	return dirs, plans
 }
 
-// startForkInHook starts a two-sibling fork whose hook keeps it busy, and
-// waits until the first sibling exists: the plan then holds one unused use
-// for the client.
+// startForkInHook starts a two-sibling fork whose hook keeps it busy, one
+// sibling at a time, and waits until the first sibling exists: the plan
+// then holds one unused use for the client.
 func startForkInHook(t *testing.T, src string) (*exec.Cmd, chan error) {
 	t.Helper()
-	cmd := exec.Command(podmanForkBin(), "--count", "2", "--hook", "sleep 6", src)
+	cmd := exec.Command(podmanForkBin(), "--count", "2", "--parallel", "1", "--hook", "sleep 6", src)
 	cmd.Env = append(os.Environ(), "PODMAN_IGNORE_CGROUPSV1_WARNING=1")
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

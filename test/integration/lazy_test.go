@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -16,8 +17,10 @@ import (
 	"github.com/tclone/tclone/runtime/lazy"
 )
 
-// lazyDaemons lists the running lazy-pages daemons.
-func lazyDaemons() []int {
+// lazyDaemons lists the running lazy-pages daemons, and their guards
+// (which share the daemon's command line), whose command line contains
+// match.
+func lazyDaemons(match ...string) []int {
 	var pids []int
 	entries, _ := os.ReadDir("/proc")
 	for _, e := range entries {
@@ -27,12 +30,34 @@ func lazyDaemons() []int {
 		}
 		cmdline, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
 		args := strings.Split(string(cmdline), "\x00")
-		if len(args) > 1 && args[1] == lazy.DaemonCommand {
+		if len(args) > 1 && args[1] == lazy.DaemonCommand && (len(match) == 0 || strings.Contains(string(cmdline), match[0])) {
 			pids = append(pids, pid)
 		}
 	}
 	return pids
 }
+
+// daemonOf is the lazy-pages daemon of plan id: of the processes with its
+// command line, the one whose parent is not one of them (the guard is a
+// child of the daemon).
+func daemonOf(t *testing.T, id string) int {
+	t.Helper()
+	procs := lazyDaemons(id + ".sock")
+	var daemons []int
+	for _, pid := range procs {
+		stat, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		f := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))
+		if len(f) > 1 && !slices.Contains(procs, atoi(f[1])) {
+			daemons = append(daemons, pid)
+		}
+	}
+	if len(daemons) != 1 {
+		t.Fatalf("want one lazy-pages daemon for plan %s, found %v (with guards: %v)", id, daemons, procs)
+	}
+	return daemons[0]
+}
+
+func atoi(s string) int { n, _ := strconv.Atoi(s); return n }
 
 // Memory is never wrong: the lazy-pages daemon is killed at a random
 // instant while three siblings of one plan receive their memory. Each
@@ -41,48 +66,13 @@ func lazyDaemons() []int {
 func TestLazyDaemonKilledWhileFilling(t *testing.T) {
 	requireStack(t)
 	requireNoLeftovers(t)
-	bin := t.TempDir()
-	copyWorkload(t, bin)
-	args := []string{"/opt/wl/workload", "serve", "--mem-mib", "256"}
-	src := newBundle(t, "lzsrc", true, args...)
-	src.spec.Mounts = append(src.spec.Mounts, mountBind("/opt/wl", bin))
-	src.save(t)
-	src.start(t)
-	srcExec := func(t *testing.T, a ...string) result { return src.exec(t, rewriteWorkload(a)...) }
-	want := workloadCmd(t, srcExec, "probe", "--hash").MemSHA256
-	if want == "" {
-		t.Fatal("the source's workload reports no memory hash")
-	}
-
-	r := run(t, time.Minute, tcloneBin(), "fork", "--plan-only", "--uses", "3", src.id)
-	if r.code != 0 {
-		t.Fatalf("fork --plan-only: exit %d: %s", r.code, r.stderr)
-	}
-	planDir := strings.TrimSpace(r.stdout)
+	_, want, planDir, sibs := lazySiblings(t, "lz", 3, "20ms")
 	seed := time.Now().UnixNano()
 	rng := rand.New(rand.NewSource(seed))
 	t.Logf("seed %d", seed)
-
-	var sibs []*bundle
-	for i := 0; i < 3; i++ {
-		sbin := t.TempDir()
-		copyWorkload(t, sbin)
-		sib := newBundle(t, fmt.Sprintf("lzsib%d", i), false, args...)
-		sib.spec.Mounts = append(sib.spec.Mounts, mountBind("/opt/wl", sbin))
-		sib.save(t)
-		res := runDetached(t, []string{lazy.EnvChunkPause + "=20ms"}, tcloneBin(),
-			"restore", "--detach", "--memory", "lazy", "--image-path", planDir, "--bundle", sib.dir, sib.id)
-		if res.code != 0 {
-			t.Fatalf("restore %d: exit %d: %s", i, res.code, res.stderr)
-		}
-		sibs = append(sibs, sib)
-	}
-	daemons := lazyDaemons()
-	if len(daemons) != 1 {
-		t.Fatalf("want one lazy-pages daemon for the plan, found %v", daemons)
-	}
+	daemon := daemonOf(t, filepath.Base(planDir))
 	time.Sleep(time.Duration(rng.Int63n(int64(600 * time.Millisecond))))
-	syscall.Kill(daemons[0], syscall.SIGKILL)
+	syscall.Kill(daemon, syscall.SIGKILL)
 
 	complete, gone := 0, 0
 	for i, sib := range sibs {
@@ -122,8 +112,11 @@ func TestLazyDaemonKilledWhileFilling(t *testing.T) {
 	if g := run(t, 2*time.Minute, tcloneBin(), "gc"); g.code != 0 {
 		t.Fatalf("tclone gc: exit %d: %s", g.code, g.stderr)
 	}
-	if left, _ := filepath.Glob("/run/tclone/lazy/*"); len(left) > 0 {
-		t.Errorf("left after gc: %v", left)
+	id := filepath.Base(planDir)
+	for _, pattern := range []string{"/run/tclone/lazy/" + id + ".*", "/run/tclone/plans/.lazy/" + id} {
+		if left, _ := filepath.Glob(pattern); len(left) > 0 {
+			t.Errorf("left after gc: %v", left)
+		}
 	}
 	if _, err := os.Stat(planDir); err == nil {
 		t.Errorf("the used-up plan %s is still there", planDir)
@@ -136,5 +129,85 @@ func copyWorkload(t *testing.T, dir string) {
 	t.Helper()
 	if out, err := exec.Command("cp", workloadBin(), filepath.Join(dir, "workload")).CombinedOutput(); err != nil {
 		t.Fatalf("%v: %s", err, out)
+	}
+}
+
+// lazySiblings starts a workload holding 256 MiB, captures a plan of it for
+// n siblings and restores them lazily, the daemon pausing pause between
+// background chunks so that they are still filling when it returns. It
+// returns the source, its memory hash, the plan and the siblings.
+func lazySiblings(t *testing.T, prefix string, n int, pause string) (src *bundle, hash, planDir string, sibs []*bundle) {
+	t.Helper()
+	bin := t.TempDir()
+	copyWorkload(t, bin)
+	args := []string{"/opt/wl/workload", "serve", "--mem-mib", "256"}
+	src = newBundle(t, prefix+"src", true, args...)
+	src.spec.Mounts = append(src.spec.Mounts, mountBind("/opt/wl", bin))
+	src.save(t)
+	src.start(t)
+	srcExec := func(t *testing.T, a ...string) result { return src.exec(t, rewriteWorkload(a)...) }
+	hash = workloadCmd(t, srcExec, "probe", "--hash").MemSHA256
+	if hash == "" {
+		t.Fatal("the source's workload reports no memory hash")
+	}
+	r := run(t, time.Minute, tcloneBin(), "fork", "--plan-only", "--file-locks", "--uses", strconv.Itoa(n), src.id)
+	if r.code != 0 {
+		t.Fatalf("fork --plan-only: exit %d: %s", r.code, r.stderr)
+	}
+	planDir = strings.TrimSpace(r.stdout)
+	for i := 0; i < n; i++ {
+		sbin := t.TempDir()
+		copyWorkload(t, sbin)
+		sib := newBundle(t, fmt.Sprintf("%ssib%d", prefix, i), false, args...)
+		sib.spec.Mounts = append(sib.spec.Mounts, mountBind("/opt/wl", sbin))
+		sib.save(t)
+		res := runDetached(t, []string{lazy.EnvChunkPause + "=" + pause}, tcloneBin(),
+			"restore", "--detach", "--memory", "lazy", "--image-path", planDir, "--bundle", sib.dir, sib.id)
+		if res.code != 0 {
+			t.Fatalf("restore %d: exit %d: %s", i, res.code, res.stderr)
+		}
+		sibs = append(sibs, sib)
+	}
+	return src, hash, planDir, sibs
+}
+
+// A sibling started lazily runs before its memory is complete, and a fork
+// of it waits for its memory: with a capture timeout too short for that,
+// the fork is refused saying why, and the sibling is untouched; with the
+// default, the fork waits and its own sibling has the source's memory.
+func TestForkOfFillingSibling(t *testing.T) {
+	requireStack(t)
+	requireNoLeftovers(t)
+	_, want, _, sibs := lazySiblings(t, "lf", 1, "50ms")
+	sib := sibs[0]
+	sibExec := func(t *testing.T, a ...string) result { return sib.exec(t, rewriteWorkload(a)...) }
+
+	r := run(t, time.Minute, tcloneBin(), "fork", "--plan-only", "--file-locks", "--capture-timeout", "100ms", sib.id)
+	if r.code == 0 {
+		t.Fatal("a fork of a sibling still filling was not refused (its memory completed within 100ms?)")
+	}
+	if !strings.Contains(r.stderr, "still receiving") {
+		t.Fatalf("the refusal does not say why: %s", r.stderr)
+	}
+	r = run(t, 2*time.Minute, tcloneBin(), "fork", "--plan-only", "--file-locks", "--uses", "1", sib.id)
+	if r.code != 0 {
+		t.Fatalf("a fork of the sibling, once filled: exit %d: %s", r.code, r.stderr)
+	}
+	plan2 := strings.TrimSpace(r.stdout)
+	if got := workloadCmd(t, sibExec, "probe", "--hash").MemSHA256; got != want {
+		t.Fatalf("the sibling's memory hash %s, want the source's %s", got, want)
+	}
+	grand := newBundle(t, "lfgrand", false, "/opt/wl/workload", "serve", "--mem-mib", "256")
+	gbin := t.TempDir()
+	copyWorkload(t, gbin)
+	grand.spec.Mounts = append(grand.spec.Mounts, mountBind("/opt/wl", gbin))
+	grand.save(t)
+	res := runDetached(t, nil, tcloneBin(), "restore", "--detach", "--image-path", plan2, "--bundle", grand.dir, grand.id)
+	if res.code != 0 {
+		t.Fatalf("restore of the sibling's sibling: exit %d: %s", res.code, res.stderr)
+	}
+	grandExec := func(t *testing.T, a ...string) result { return grand.exec(t, rewriteWorkload(a)...) }
+	if got := workloadCmd(t, grandExec, "probe", "--hash").MemSHA256; got != want {
+		t.Fatalf("the sibling's sibling has memory hash %s, want %s", got, want)
 	}
 }

@@ -7,7 +7,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/tclone/tclone/runtime/lazy"
 	"github.com/tclone/tclone/test/inheritfd"
 )
 
@@ -51,7 +53,16 @@ func leaked() []string {
 	for _, cg := range cgs {
 		out = append(out, "cgroup "+cg)
 	}
-	for _, pattern := range []string{"/run/tclone/plans/[^.]*", "/run/tclone/plans/.siblings/*", "/run/tclone/journal/*", "/var/lib/tclone/snapshots/*"} {
+	// A lazy-pages daemon exits on its own once idle for lazy.IdleExit.
+	deadline := time.Now().Add(lazy.IdleExit + 5*time.Second)
+	for len(lazyDaemons()) > 0 && time.Now().Before(deadline) {
+		time.Sleep(200 * time.Millisecond)
+	}
+	for _, pid := range lazyDaemons() {
+		out = append(out, fmt.Sprintf("lazy-pages daemon %d", pid))
+	}
+	for _, pattern := range []string{"/run/tclone/plans/[^.]*", "/run/tclone/plans/.siblings/*", "/run/tclone/plans/.lazy/*",
+		"/run/tclone/journal/*", "/run/tclone/lazy/*", "/var/lib/tclone/snapshots/*"} {
 		m, _ := filepath.Glob(pattern)
 		out = append(out, m...)
 	}
