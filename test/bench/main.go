@@ -44,24 +44,27 @@ import (
 
 // Config is the command line.
 type Config struct {
-	Quick         bool
-	Out           string
-	Markdown      string
-	WarmReps      int
-	LargeWarmReps int
-	LargeFromMiB  int
-	ProcCounts    []int
-	MemMiBs       []int
-	MemProcs      int
-	Workspace     bool
-	WorkspaceMiB  int
-	FanOutCounts  []int
-	FanOutReps    int
-	FanOutMemMiB  int
-	LaterDelay    time.Duration
-	ArchiveDir    string
-	CriuDir       string
-	Only          []string
+	Quick           bool
+	Out             string
+	Markdown        string
+	WarmReps        int
+	LargeWarmReps   int
+	LargeFromMiB    int
+	ProcCounts      []int
+	MemMiBs         []int
+	MemProcs        int
+	Workspace       bool
+	WorkspaceMiB    int
+	LazyKinds       []string
+	FanOutCounts    []int
+	FanOutReps      int
+	FanOutVariants  []fanOutVariant
+	FanOutExtraReps int
+	FanOutMemMiB    int
+	LaterDelay      time.Duration
+	ArchiveDir      string
+	CriuDir         string
+	Only            []string
 }
 
 // Bench is one run.
@@ -104,7 +107,7 @@ func intList(s string) ([]int, error) {
 
 func run() int {
 	var cfg Config
-	var procs, mems, fan, only, check, holder string
+	var procs, mems, fan, only, check, holder, lazyKinds, variants string
 	var render bool
 	flag.BoolVar(&cfg.Quick, "quick", false, "smoke test: tiny workloads, one warm repetition, short waits; checks only that the outputs are well formed")
 	flag.StringVar(&cfg.Out, "out", "bench-results", "directory for results.json and the plots")
@@ -118,7 +121,10 @@ func run() int {
 	flag.BoolVar(&cfg.Workspace, "workspace", true, "run the realistic workspace")
 	flag.IntVar(&cfg.WorkspaceMiB, "workspace-mib", 200, "memory of the workspace's multi-threaded process")
 	flag.StringVar(&fan, "fan-out", "1,4,16", "sibling counts of the fan-out experiment (empty: skip)")
-	flag.IntVar(&cfg.FanOutReps, "fan-out-reps", 5, "repetitions per fan-out count")
+	flag.StringVar(&lazyKinds, "lazy-kinds", "mem", "workload kinds (procs, mem, workspace) measured with tclone --memory lazy as well as copy (empty: none)")
+	flag.IntVar(&cfg.FanOutReps, "fan-out-reps", 5, "repetitions per fan-out count of the main (first) variant")
+	flag.StringVar(&variants, "fan-out-variants", "lazy:0,lazy:1,copy:0", "fan-out variants MEMORY:PARALLEL (parallel 0: podman-fork's default); the first is the main one")
+	flag.IntVar(&cfg.FanOutExtraReps, "fan-out-extra-reps", 3, "repetitions per fan-out count of the other variants")
 	flag.IntVar(&cfg.FanOutMemMiB, "fan-out-mem", 256, "memory of the fan-out source, MiB, in --mem-procs processes")
 	flag.DurationVar(&cfg.LaterDelay, "later", 30*time.Second, "when to read memory again after the cold fork")
 	flag.StringVar(&cfg.ArchiveDir, "archive-dir", "/dev/shm", "where stock Podman's export archives go (tmpfs, like tclone's plans)")
@@ -144,13 +150,18 @@ func run() int {
 		setDefault("workspace-mib", "16")
 		setDefault("fan-out", "1,2")
 		setDefault("fan-out-reps", "1")
+		setDefault("fan-out-extra-reps", "1")
 		setDefault("fan-out-mem", "16")
 		setDefault("later", "3s")
 	}
 	var err error
 	if cfg.ProcCounts, err = intList(procs); err == nil {
 		if cfg.MemMiBs, err = intList(mems); err == nil {
-			cfg.FanOutCounts, err = intList(fan)
+			if cfg.FanOutCounts, err = intList(fan); err == nil {
+				if cfg.FanOutVariants, err = parseVariants(variants); err == nil {
+					cfg.LazyKinds, err = parseKinds(lazyKinds)
+				}
+			}
 		}
 	}
 	if err != nil {
@@ -401,7 +412,9 @@ func (b *Bench) run(ctx context.Context, holder string) (*Results, error) {
 		WarmReps: b.cfg.WarmReps, LargeWarmReps: b.cfg.LargeWarmReps, LargeFromMiB: b.cfg.LargeFromMiB,
 		ProcCounts: b.cfg.ProcCounts, MemMiBs: b.cfg.MemMiBs, MemProcs: b.cfg.MemProcs,
 		Workspace: b.cfg.Workspace, WorkspaceMiB: b.cfg.WorkspaceMiB,
+		LazyKinds:    b.cfg.LazyKinds,
 		FanOutCounts: b.cfg.FanOutCounts, FanOutReps: b.cfg.FanOutReps, FanOutMemMiB: b.cfg.FanOutMemMiB,
+		FanOutVariants: variantNames(b.cfg.FanOutVariants), FanOutExtraReps: b.cfg.FanOutExtraReps,
 		LaterDelayS: b.cfg.LaterDelay.Seconds(), ArchiveDir: b.cfg.ArchiveDir, CriuImageDir: b.cfg.CriuDir,
 	}
 	if b.svc, err = startService(t.Podman); err != nil {
@@ -428,6 +441,9 @@ func (b *Bench) run(ctx context.Context, holder string) (*Results, error) {
 			Description: w.Description, Methods: map[string]*MethodResult{}}
 		b.res.Workloads = append(b.res.Workloads, wr)
 		b.runContainerMethod(ctx, w, wr, MethodTclone)
+		if slices.Contains(b.cfg.LazyKinds, w.Kind) {
+			b.runContainerMethod(ctx, w, wr, MethodTcloneLazy)
+		}
 		b.runContainerMethod(ctx, w, wr, MethodPodman)
 		b.runCriu(ctx, w, wr)
 		b.runFork(ctx, w, wr)
@@ -525,6 +541,16 @@ func sanitize(r *Results) {
 		}
 	}
 	h := &r.Headline
+	for _, hv := range []*HeadlineValues{&h.Lazy, &h.LazyCold} {
+		for _, v := range []*float64{&hv.TclonePauseMs, &hv.PodmanPauseMs, &hv.TcloneGapMs, &hv.PodmanGapMs,
+			&hv.TcloneFirstCommandMs, &hv.PodmanFirstCommandMs, &hv.PauseRatio, &hv.GapRatio, &hv.FirstCommandRatio} {
+			fix(v)
+		}
+	}
+	for i := range h.Targets {
+		fix(&h.Targets[i].Value)
+		fix(&h.Targets[i].Bound)
+	}
 	for _, v := range []*float64{&h.TclonePauseMs, &h.PodmanPauseMs, &h.TcloneGapMs, &h.PodmanGapMs,
 		&h.TcloneFirstCommandMs, &h.PodmanFirstCommandMs, &h.PauseRatio, &h.GapRatio, &h.FirstCommandRatio,
 		&h.TcloneMsPerProcess, &h.TclonePauseMsPerProcess, &h.PodmanMsPerProcess, &h.MarginalMsPerChild,
@@ -534,7 +560,16 @@ func sanitize(r *Results) {
 		fix(v)
 	}
 	if r.FanOut != nil {
-		fix(&r.FanOut.MarginalMsPerChild)
+		for _, v := range r.FanOut.Variants {
+			fix(&v.MarginalMsPerChild)
+			for _, m := range []map[string]float64{v.MarginalPairs, v.MarginalOverFirst} {
+				for k, x := range m {
+					if math.IsNaN(x) || math.IsInf(x, 0) {
+						delete(m, k)
+					}
+				}
+			}
+		}
 	}
 }
 
@@ -561,13 +596,18 @@ func headline(r *Results) Headline {
 		h.Cold = headlineValues(t, s, (*MethodResult).coldValue)
 		h.TclonePauseRange = t.warmRange("pause_ms")
 		h.PodmanPauseRange = s.warmRange("pause_ms")
+		if l := mem.Methods[MethodTcloneLazy]; l != nil {
+			h.Lazy = headlineValues(l, s, (*MethodResult).warmMedian)
+			h.LazyCold = headlineValues(l, s, (*MethodResult).coldValue)
+		}
 	}
 	h.TcloneMsPerProcess = procSlope(r, MethodTclone, "to_running_ms")
 	h.TclonePauseMsPerProcess = procSlope(r, MethodTclone, "pause_ms")
 	h.PodmanMsPerProcess = procSlope(r, MethodPodman, "to_running_ms")
-	if r.FanOut != nil {
-		h.MarginalMsPerChild = r.FanOut.MarginalMsPerChild
+	if r.FanOut != nil && len(r.FanOut.Variants) > 0 {
+		h.MarginalMsPerChild = r.FanOut.Variants[0].MarginalMsPerChild
 	}
+	h.Targets = targets(r)
 	return h
 }
 
@@ -609,6 +649,8 @@ func standardNotes(cfg Config) []string {
 		"Cold is the first fork after the source started (one sample per workload and method); warm statistics are over the following repetitions.",
 		"p95 interpolates linearly between order statistics; with 5 samples it lies between the two largest.",
 		"tclone is driven through `podman container fork` (podman-fork) against a Podman API service this run starts; stock Podman through the podman CLI. Both timings include their client's start-up.",
+		"tclone's first command is the `true` podman-fork runs in the sibling through the Podman API (`--ready exec`) as soon as it runs; stock Podman's is a `podman exec` CLI call, which also pays a podman start-up. Each tclone sample also records a `podman exec SIBLING true` the harness ran after podman-fork returned (cli_exec_ms), and the targets give the ratio with it too.",
+		"`--print-stats` makes podman-fork wait until a sibling's memory is complete before it returns (and report memory_complete_ms); tclone's times to running and to the first command are its own figures for those moments, not its wall time. The fan-out runs without `--print-stats` (see there).",
 		"tclone is Podman's default runtime on this machine. The podman CLI restores an imported checkpoint with the runtime its archive names (crun here) unless told otherwise, while Podman's API service uses its default runtime; the stock restore names crun explicitly (`podman --runtime crun container restore --import`), and every sample records the runtime Podman says the copy has (`podman inspect --format {{.OCIRuntime}}`) as restore_runtime.",
 		"Stock Podman's pause is CRIU's freezing_time + frozen_time from `--print-stats`; raw CRIU's the same from its stats-dump; tclone's is its own freeze-to-thaw figure. The observer gap is measured the same way for all three.",
 		"Stock Podman's tmpfs bytes are the export archive (written to " + cfg.ArchiveDir + " here); its disk bytes are CRIU's image directory in the source container's storage; `restore --import` writes those images once more under the new container (not counted).",

@@ -20,38 +20,75 @@ import (
 	"github.com/tclone/tclone/test/bench/internal/holderreport"
 )
 
+// forkSibling is one sibling as `podman container fork` reports it, in
+// --print-stats and in --format json (shim/podmanfork.Result).
+type forkSibling struct {
+	ID               string  `json:"id"`
+	Name             string  `json:"name"`
+	RestoreMs        float64 `json:"restore_ms"`
+	ReadyMs          float64 `json:"ready_ms"`
+	RunningMs        float64 `json:"running_ms"`
+	FirstCommandMs   float64 `json:"first_command_ms"`
+	MemoryCompleteMs float64 `json:"memory_complete_ms"`
+}
+
 // forkStats mirrors the JSON `podman container fork --print-stats` prints
 // (shim/podmanfork.Stats), without linking the Podman bindings.
 type forkStats struct {
-	Source        string    `json:"source"`
-	CheckpointMs  float64   `json:"checkpoint_ms"`
-	SourcePauseMs float64   `json:"source_pause_ms"`
-	Capture       plan.Plan `json:"capture"`
-	TotalMs       float64   `json:"total_ms"`
-	Siblings      []struct {
-		ID        string  `json:"id"`
-		Name      string  `json:"name"`
-		RestoreMs float64 `json:"restore_ms"`
-		ReadyMs   float64 `json:"ready_ms"`
-		RunningMs float64 `json:"running_ms"`
-	} `json:"siblings"`
+	Source        string        `json:"source"`
+	CheckpointMs  float64       `json:"checkpoint_ms"`
+	SourcePauseMs float64       `json:"source_pause_ms"`
+	Capture       plan.Plan     `json:"capture"`
+	TotalMs       float64       `json:"total_ms"`
+	Siblings      []forkSibling `json:"siblings"`
 }
 
-// runPodmanFork runs `podman container fork --print-stats --count count
-// --name name` of src through the run's Podman service, and returns its
-// statistics and wall time.
-func (b *Bench) runPodmanFork(ctx context.Context, src *Source, name string, count int) (*forkStats, time.Duration, error) {
-	out, wall, err := runCmd(ctx, b.tools.PodmanFork, "--url", b.svc.url, "--print-stats",
-		"--count", strconv.Itoa(count), "--name", name, src.Name)
+// forkRequest is one `podman container fork` of a source.
+type forkRequest struct {
+	name   string
+	count  int
+	memory string // --memory: copy or lazy
+	// ready is --ready (empty: podman-fork's default, running).
+	ready string
+	// parallel is --parallel (0: podman-fork's default).
+	parallel int
+	// stats asks for --print-stats, which also waits until every
+	// sibling's memory is complete; without it the call prints the
+	// siblings (--format json) and returns once they are ready.
+	stats bool
+}
+
+// runPodmanFork runs `podman container fork` of src through the run's
+// Podman service, and returns its statistics (without req.stats only the
+// siblings) and wall time. A failure carries podman-fork's stderr.
+func (b *Bench) runPodmanFork(ctx context.Context, src *Source, req forkRequest) (*forkStats, time.Duration, error) {
+	args := []string{"--url", b.svc.url, "--count", strconv.Itoa(req.count), "--name", req.name, "--memory", req.memory}
+	if req.ready != "" {
+		args = append(args, "--ready", req.ready)
+	}
+	if req.parallel > 0 {
+		args = append(args, "--parallel", strconv.Itoa(req.parallel))
+	}
+	if req.stats {
+		args = append(args, "--print-stats")
+	} else {
+		args = append(args, "--format", "json")
+	}
+	out, wall, err := runCmd(ctx, b.tools.PodmanFork, append(args, src.Name)...)
 	if err != nil {
 		return nil, 0, err
 	}
 	var st forkStats
-	if err := json.Unmarshal([]byte(out), &st); err != nil {
-		return nil, 0, fmt.Errorf("decoding podman-fork --print-stats: %w: %s", err, tail(out, 300))
+	if req.stats {
+		err = json.Unmarshal([]byte(out), &st)
+	} else {
+		err = json.Unmarshal([]byte(out), &st.Siblings)
 	}
-	if len(st.Siblings) != count {
-		return nil, 0, fmt.Errorf("podman-fork reported %d siblings, want %d", len(st.Siblings), count)
+	if err != nil {
+		return nil, 0, fmt.Errorf("decoding podman-fork's output: %w: %s", err, tail(out, 300))
+	}
+	if len(st.Siblings) != req.count {
+		return nil, 0, fmt.Errorf("podman-fork reported %d siblings, want %d", len(st.Siblings), req.count)
 	}
 	return &st, wall, nil
 }
@@ -160,14 +197,25 @@ func (b *Bench) warmReps(w Workload) int {
 	return b.cfg.WarmReps
 }
 
-// runContainerMethod measures tclone or stock Podman on a fresh source
-// container of w.
+// memoryOf is the --memory of a tclone method.
+func memoryOf(method string) string {
+	if method == MethodTcloneLazy {
+		return "lazy"
+	}
+	return "copy"
+}
+
+// runContainerMethod measures tclone (copy or lazy) or stock Podman on a
+// fresh source container of w.
 func (b *Bench) runContainerMethod(ctx context.Context, w Workload, wr *WorkloadResult, method string) {
 	mr := &MethodResult{Method: method}
 	wr.Methods[method] = mr
 	rt, tag := "tclone", "tc"
-	if method == MethodPodman {
+	switch method {
+	case MethodPodman:
 		rt, tag = stockRuntime, "pd"
+	case MethodTcloneLazy:
+		tag = "tl"
 	}
 	prefix := fmt.Sprintf("tcb-%s-%s-%s", b.runID, w.Name, tag)
 	src, err := b.startSource(ctx, w, prefix+"-src", rt)
@@ -182,9 +230,10 @@ func (b *Bench) runContainerMethod(ctx context.Context, w Workload, wr *Workload
 	}
 	var fork forkFunc
 	switch method {
-	case MethodTclone:
+	case MethodTclone, MethodTcloneLazy:
+		memory := memoryOf(method)
 		fork = func(ctx context.Context, rep int) (*Sample, string, error) {
-			return b.tcloneFork(ctx, src, fmt.Sprintf("%s%d", prefix, rep))
+			return b.tcloneFork(ctx, src, fmt.Sprintf("%s%d", prefix, rep), memory)
 		}
 	case MethodPodman:
 		staticDir, _, err := b.tools.podman(ctx, "inspect", "--format", "{{.StaticDir}}", src.Name)
@@ -208,31 +257,48 @@ func (b *Bench) runContainerMethod(ctx context.Context, w Workload, wr *Workload
 		})
 }
 
-// tcloneFork is one `podman container fork` of src.
-func (b *Bench) tcloneFork(ctx context.Context, src *Source, sib string) (*Sample, string, error) {
+// tcloneFork is one `podman container fork --memory memory --ready exec
+// --print-stats` of src. Its times come from podman-fork's own figures,
+// each from the start of its fork request, plus the client's share of its
+// wall time (start-up, connecting, printing: the wall time less its
+// total_ms), so that they run from starting the command like stock
+// Podman's: running, the first command (`true`, which podman-fork runs in
+// the sibling through the API as soon as it runs), and memory complete
+// (which --print-stats waits for). Then the harness runs `podman exec
+// SIBLING true` itself (cli_exec_ms) and reads the observer.
+func (b *Bench) tcloneFork(ctx context.Context, src *Source, sib, memory string) (*Sample, string, error) {
 	if _, err := src.Holder.poke(ctx); err != nil {
 		return nil, "", err
 	}
 	b.track(sib)
-	st, wall, err := b.runPodmanFork(ctx, src, sib, 1)
+	st, wall, err := b.runPodmanFork(ctx, src, forkRequest{name: sib, count: 1, memory: memory, ready: "exec", stats: true})
 	if err != nil {
 		return nil, sib, err
+	}
+	s0 := st.Siblings[0]
+	if s0.FirstCommandMs <= 0 || s0.MemoryCompleteMs <= 0 {
+		return nil, sib, fmt.Errorf("podman-fork --print-stats --ready exec reported no first_command_ms (%v) or memory_complete_ms (%v)", s0.FirstCommandMs, s0.MemoryCompleteMs)
 	}
 	execD, gap, err := b.firstCommand(ctx, src, sib, "the sibling")
 	if err != nil {
 		return nil, sib, err
 	}
+	client := ms(wall) - st.TotalMs
 	m := map[string]float64{
 		"pause_ms":            st.SourcePauseMs,
 		"observer_gap_ms":     gap.MaxGapMs,
-		"to_running_ms":       ms(wall),
-		"exec_ms":             ms(execD),
-		"first_command_ms":    ms(wall + execD),
+		"client_ms":           client,
+		"fork_wall_ms":        ms(wall),
+		"to_running_ms":       client + s0.RunningMs,
+		"first_command_ms":    client + s0.FirstCommandMs,
+		"memory_complete_ms":  client + s0.MemoryCompleteMs,
+		"exec_ms":             s0.FirstCommandMs - s0.RunningMs,
+		"cli_exec_ms":         ms(execD),
 		"checkpoint_ms":       st.CheckpointMs,
-		"restore_ms":          st.Siblings[0].RestoreMs,
-		"ready_ms":            st.Siblings[0].ReadyMs,
+		"restore_ms":          s0.RestoreMs,
+		"ready_ms":            s0.ReadyMs,
 		"internal_total_ms":   st.TotalMs,
-		"internal_running_ms": st.Siblings[0].RunningMs,
+		"internal_running_ms": s0.RunningMs,
 		"capture_ms":          st.Capture.Timings.TotalMs,
 		"freeze_ms":           st.Capture.Timings.FreezeMs,
 		"dump_ms":             st.Capture.Timings.DumpMs,
@@ -574,7 +640,7 @@ func (b *Bench) runFork(ctx context.Context, w Workload, wr *WorkloadResult) {
 	mr := &MethodResult{Method: MethodFork}
 	wr.Methods[MethodFork] = mr
 	anonKiB, procs := -1.0, 0.0
-	for _, method := range []string{MethodTclone, MethodPodman} {
+	for _, method := range []string{MethodTclone, MethodTcloneLazy, MethodPodman} {
 		if m := wr.Methods[method]; m != nil {
 			for _, s := range m.Samples {
 				if s.Cold {

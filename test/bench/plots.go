@@ -21,16 +21,21 @@ type series struct {
 
 var (
 	pauseSeries = []series{
-		{"tclone: pause (runtime)", MethodTclone, "pause_ms", false},
-		{"tclone: observer gap", MethodTclone, "observer_gap_ms", true},
+		{"tclone copy: pause (runtime)", MethodTclone, "pause_ms", false},
+		{"tclone copy: observer gap", MethodTclone, "observer_gap_ms", true},
+		{"tclone lazy: pause (runtime)", MethodTcloneLazy, "pause_ms", false},
+		{"tclone lazy: observer gap", MethodTcloneLazy, "observer_gap_ms", true},
 		{"stock Podman: pause (CRIU)", MethodPodman, "pause_ms", false},
 		{"stock Podman: observer gap", MethodPodman, "observer_gap_ms", true},
 		{"raw CRIU: pause", MethodCriu, "pause_ms", false},
 		{"fork() floor", MethodFork, "floor_ms", false},
 	}
 	latencySeries = []series{
-		{"tclone: to running", MethodTclone, "to_running_ms", false},
-		{"tclone: first command", MethodTclone, "first_command_ms", true},
+		{"tclone copy: to running", MethodTclone, "to_running_ms", false},
+		{"tclone copy: first command", MethodTclone, "first_command_ms", true},
+		{"tclone lazy: to running", MethodTcloneLazy, "to_running_ms", false},
+		{"tclone lazy: first command", MethodTcloneLazy, "first_command_ms", true},
+		{"tclone lazy: memory complete", MethodTcloneLazy, "memory_complete_ms", true},
 		{"stock Podman: to running", MethodPodman, "to_running_ms", false},
 		{"stock Podman: first command", MethodPodman, "first_command_ms", true},
 		{"raw CRIU: dump + restore", MethodCriu, "to_running_ms", false},
@@ -39,10 +44,11 @@ var (
 )
 
 var methodColors = map[string]color.Color{
-	MethodTclone: color.RGBA{R: 0x1f, G: 0x77, B: 0xb4, A: 0xff},
-	MethodPodman: color.RGBA{R: 0xd6, G: 0x27, B: 0x28, A: 0xff},
-	MethodCriu:   color.RGBA{R: 0x2c, G: 0xa0, B: 0x2c, A: 0xff},
-	MethodFork:   color.RGBA{R: 0x7f, G: 0x7f, B: 0x7f, A: 0xff},
+	MethodTclone:     color.RGBA{R: 0x1f, G: 0x77, B: 0xb4, A: 0xff},
+	MethodTcloneLazy: color.RGBA{R: 0x94, G: 0x67, B: 0xbd, A: 0xff},
+	MethodPodman:     color.RGBA{R: 0xd6, G: 0x27, B: 0x28, A: 0xff},
+	MethodCriu:       color.RGBA{R: 0x2c, G: 0xa0, B: 0x2c, A: 0xff},
+	MethodFork:       color.RGBA{R: 0x7f, G: 0x7f, B: 0x7f, A: 0xff},
 }
 
 func writePlots(r *Results, dir string) error {
@@ -191,7 +197,7 @@ func pssPlot(r *Results) (*plot.Plot, error) {
 		p.Add(l)
 		p.Legend.Add("source PSS (tclone's source), for reference", l)
 	}
-	for _, meth := range []string{MethodTclone, MethodPodman, MethodCriu} {
+	for _, meth := range []string{MethodTclone, MethodTcloneLazy, MethodPodman, MethodCriu} {
 		var after, later plotter.XYs
 		for _, w := range r.Workloads {
 			if w.Kind != "mem" {
@@ -237,7 +243,7 @@ func pssPlot(r *Results) (*plot.Plot, error) {
 
 // phasesPlot stacks tclone's phases per workload.
 func phasesPlot(r *Results) (*plot.Plot, error) {
-	p := newPlot("tclone fork: where the time goes (warm medians)", "", "ms")
+	p := newPlot("tclone fork --memory copy: where the time goes (warm medians)", "", "ms")
 	var names []string
 	var ws []*WorkloadResult
 	for _, w := range r.Workloads {
@@ -310,42 +316,51 @@ func phasesPlot(r *Results) (*plot.Plot, error) {
 func fanOutPlot(r *Results) (*plot.Plot, error) {
 	p := newPlot("Fan-out: N siblings from one capture", "siblings", "ms (median)")
 	fo := r.FanOut
-	if fo == nil || len(fo.Counts) == 0 {
+	if fo == nil || len(fo.Variants) == 0 {
 		emptyNote(p, "not run")
 		return p, nil
 	}
-	lines := []struct{ metric, label string }{
-		{"to_running_ms", "all siblings running"},
-		{"last_first_command_ms", "first command in the last sibling"},
-		{"checkpoint_ms", "checkpoint call (one capture)"},
-		{"pause_ms", "source pause"},
+	lines := []struct {
+		metric, label string
+		dashes        []vg.Length
+	}{
+		{"to_running_ms", "all siblings running", nil},
+		{"last_first_command_ms", "first command in the last sibling", []vg.Length{vg.Points(5), vg.Points(3)}},
+		{"memory_complete_ms", "all memory complete", []vg.Length{vg.Points(1), vg.Points(3)}},
 	}
 	drawn := 0
 	ymax := 0.0
-	for i, ln := range lines {
-		var pts plotter.XYs
-		for _, fc := range fo.Counts {
-			if st, ok := fc.Summary[ln.metric]; ok && st.N > 0 {
-				pts = append(pts, plotter.XY{X: float64(fc.Count), Y: st.Median})
-				ymax = math.Max(ymax, st.Median)
+	for vi, v := range fo.Variants {
+		for _, ln := range lines {
+			if ln.metric == "memory_complete_ms" && v.Memory != "lazy" {
+				continue
 			}
+			var pts plotter.XYs
+			for _, fc := range v.Counts {
+				if st, ok := fc.Summary[ln.metric]; ok && st.N > 0 {
+					pts = append(pts, plotter.XY{X: float64(fc.Count), Y: st.Median})
+					ymax = math.Max(ymax, st.Median)
+				}
+			}
+			if len(pts) == 0 {
+				continue
+			}
+			l, sc, err := plotter.NewLinePoints(pts)
+			if err != nil {
+				return nil, err
+			}
+			l.Color, sc.Color = plotutil.Color(vi), plotutil.Color(vi)
+			l.Dashes = ln.dashes
+			l.Width = vg.Points(1.5)
+			p.Add(l, sc)
+			p.Legend.Add(fmt.Sprintf("--memory %s --parallel %d: %s", v.Memory, v.ParallelUsed, ln.label), l, sc)
+			drawn++
 		}
-		if len(pts) == 0 {
-			continue
-		}
-		l, sc, err := plotter.NewLinePoints(pts)
-		if err != nil {
-			return nil, err
-		}
-		l.Color, sc.Color = plotutil.Color(i), plotutil.Color(i)
-		p.Add(l, sc)
-		p.Legend.Add(ln.label, l, sc)
-		drawn++
 	}
 	if drawn == 0 {
 		emptyNote(p, "no data")
 		return p, nil
 	}
-	headroom(p, 0, ymax, false, 0.3)
+	headroom(p, 0, ymax, false, 0.4)
 	return p, nil
 }

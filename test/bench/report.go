@@ -35,6 +35,15 @@ func fmtMs(v float64) string {
 	return fmt.Sprintf("%.0f", v)
 }
 
+// fmtHl formats a headline time, of which 0 means not measured (results.json
+// cannot hold NaN).
+func fmtHl(v float64) string {
+	if v <= 0 {
+		return "–"
+	}
+	return fmtMs(v)
+}
+
 func fmtRatio(v float64, ok bool) string {
 	if !ok || math.IsNaN(v) || v <= 0 {
 		return "–"
@@ -91,7 +100,10 @@ func coldCell(m *MethodResult, metric string) string {
 	return fmtMs(m.coldValue(metric))
 }
 
-var methodOrder = []string{MethodTclone, MethodPodman, MethodCriu, MethodFork}
+var methodOrder = []string{MethodTclone, MethodTcloneLazy, MethodPodman, MethodCriu, MethodFork}
+
+// tcloneMethods are tclone's methods, copy then lazy.
+var tcloneMethods = []string{MethodTclone, MethodTcloneLazy}
 
 // measuredCopies yields, workload by workload, the measured results of the
 // methods that make a copy (tclone, stock Podman, raw CRIU), in report
@@ -99,7 +111,7 @@ var methodOrder = []string{MethodTclone, MethodPodman, MethodCriu, MethodFork}
 func measuredCopies(r *Results) iter.Seq2[*WorkloadResult, *MethodResult] {
 	return func(yield func(*WorkloadResult, *MethodResult) bool) {
 		for _, w := range r.Workloads {
-			for _, meth := range []string{MethodTclone, MethodPodman, MethodCriu} {
+			for _, meth := range []string{MethodTclone, MethodTcloneLazy, MethodPodman, MethodCriu} {
 				if mr := w.Methods[meth]; mr != nil && mr.NotMeasured == "" && !yield(w, mr) {
 					return
 				}
@@ -138,21 +150,24 @@ func writeMarkdown(r *Results, path, outDir string) error {
 		if w != nil {
 			desc = fmt.Sprintf("%d MiB of touched memory in %d processes (`%s`)", w.MemMiB, w.Procs, w.Name)
 		}
-		c := h.Cold
-		p("At %s. *Cold* is the first fork after the source started, *warm* the median of the repetitions after it:\n\n", desc)
-		p("| ms | tclone cold | tclone warm | stock Podman cold | stock Podman warm | stock / tclone cold | stock / tclone warm |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: |\n")
-		p("| source pause, measured by the runtime | %s | %s | %s | %s | **%s** | **%s** |\n",
-			fmtMs(c.TclonePauseMs), fmtMs(h.TclonePauseMs), fmtMs(c.PodmanPauseMs), fmtMs(h.PodmanPauseMs), fmtRatio(c.PauseRatio, true), fmtRatio(h.PauseRatio, true))
-		p("| source pause, seen by a 1 ms ticker inside the source | %s | %s | %s | %s | **%s** | **%s** |\n",
-			fmtMs(c.TcloneGapMs), fmtMs(h.TcloneGapMs), fmtMs(c.PodmanGapMs), fmtMs(h.PodmanGapMs), fmtRatio(c.GapRatio, true), fmtRatio(h.GapRatio, true))
-		p("| time to the first command answered in the sibling | %s | %s | %s | %s | **%s** | **%s** |\n\n",
-			fmtMs(c.TcloneFirstCommandMs), fmtMs(h.TcloneFirstCommandMs), fmtMs(c.PodmanFirstCommandMs), fmtMs(h.PodmanFirstCommandMs), fmtRatio(c.FirstCommandRatio, true), fmtRatio(h.FirstCommandRatio, true))
-		p("Warm source pauses ranged from %s to %s ms for tclone and from %s to %s ms for stock Podman. ",
+		c, lc, l := h.Cold, h.LazyCold, h.Lazy
+		p("At %s. *Cold* is the first fork after the source started, *warm* the median of the repetitions after it. tclone copy is `--memory copy`, tclone lazy `--memory lazy`:\n\n", desc)
+		p("| ms | tclone copy cold | tclone copy warm | tclone lazy cold | tclone lazy warm | stock Podman cold | stock Podman warm | stock / copy cold | stock / copy warm | stock / lazy cold | stock / lazy warm |\n| --- |%s\n", strings.Repeat(" ---: |", 10))
+		p("| source pause, measured by the runtime | %s | %s | %s | %s | %s | %s | **%s** | **%s** | **%s** | **%s** |\n",
+			fmtHl(c.TclonePauseMs), fmtHl(h.TclonePauseMs), fmtHl(lc.TclonePauseMs), fmtHl(l.TclonePauseMs), fmtHl(c.PodmanPauseMs), fmtHl(h.PodmanPauseMs),
+			fmtRatio(c.PauseRatio, true), fmtRatio(h.PauseRatio, true), fmtRatio(lc.PauseRatio, true), fmtRatio(l.PauseRatio, true))
+		p("| source pause, seen by a 1 ms ticker inside the source | %s | %s | %s | %s | %s | %s | **%s** | **%s** | **%s** | **%s** |\n",
+			fmtHl(c.TcloneGapMs), fmtHl(h.TcloneGapMs), fmtHl(lc.TcloneGapMs), fmtHl(l.TcloneGapMs), fmtHl(c.PodmanGapMs), fmtHl(h.PodmanGapMs),
+			fmtRatio(c.GapRatio, true), fmtRatio(h.GapRatio, true), fmtRatio(lc.GapRatio, true), fmtRatio(l.GapRatio, true))
+		p("| time to the first command answered in the sibling | %s | %s | %s | %s | %s | %s | **%s** | **%s** | **%s** | **%s** |\n\n",
+			fmtHl(c.TcloneFirstCommandMs), fmtHl(h.TcloneFirstCommandMs), fmtHl(lc.TcloneFirstCommandMs), fmtHl(l.TcloneFirstCommandMs), fmtHl(c.PodmanFirstCommandMs), fmtHl(h.PodmanFirstCommandMs),
+			fmtRatio(c.FirstCommandRatio, true), fmtRatio(h.FirstCommandRatio, true), fmtRatio(lc.FirstCommandRatio, true), fmtRatio(l.FirstCommandRatio, true))
+		p("Warm source pauses ranged from %s to %s ms for tclone copy and from %s to %s ms for stock Podman. ",
 			fmtMs(h.TclonePauseRange[0]), fmtMs(h.TclonePauseRange[1]), fmtMs(h.PodmanPauseRange[0]), fmtMs(h.PodmanPauseRange[1]))
-		p("The copies were restored by %s (tclone) and %s (stock Podman), as Podman recorded them.\n\n",
-			runtimesOf(r, MethodTclone), runtimesOf(r, MethodPodman))
+		p("The copies were restored by %s (tclone copy), %s (tclone lazy) and %s (stock Podman), as Podman recorded them.\n\n",
+			runtimesOf(r, MethodTclone), runtimesOf(r, MethodTcloneLazy), runtimesOf(r, MethodPodman))
 	}
-	p("- Process count: a tclone fork takes **%.2f ms more per process** to the sibling running (least-squares slope of warm medians over %s processes), its source pause %.2f ms more per process; stock Podman %.2f ms per process.",
+	p("- Process count (`--memory copy`): a tclone fork takes **%.2f ms more per process** to the sibling running (least-squares slope of warm medians over %s processes), its source pause %.2f ms more per process; stock Podman %.2f ms per process.",
 		h.TcloneMsPerProcess, joinInts(r.Config.ProcCounts), h.TclonePauseMsPerProcess, h.PodmanMsPerProcess)
 	if lo, hi := sweepEnds(r, "procs"); lo != nil && hi != nil && lo != hi {
 		p(" tclone to running: %s ms with %d, %s ms with %d processes; source pause %s to %s ms.",
@@ -161,15 +176,50 @@ func writeMarkdown(r *Results, path, outDir string) error {
 	}
 	p("\n")
 	if lo, hi := sweepEnds(r, "mem"); lo != nil && hi != nil && lo != hi {
-		p("- Memory: tclone to running %s ms at %d MiB, %s ms at %d MiB (source pause %s to %s ms); stock Podman %s to %s ms.\n",
+		p("- Memory: tclone copy to running %s ms at %d MiB, %s ms at %d MiB (source pause %s to %s ms); stock Podman %s to %s ms.",
 			fmtMs(lo.Methods[MethodTclone].warmMedian("to_running_ms")), lo.MemMiB, fmtMs(hi.Methods[MethodTclone].warmMedian("to_running_ms")), hi.MemMiB,
 			fmtMs(lo.Methods[MethodTclone].warmMedian("pause_ms")), fmtMs(hi.Methods[MethodTclone].warmMedian("pause_ms")),
 			fmtMs(lo.Methods[MethodPodman].warmMedian("to_running_ms")), fmtMs(hi.Methods[MethodPodman].warmMedian("to_running_ms")))
+		if ll, hl := lo.Methods[MethodTcloneLazy], hi.Methods[MethodTcloneLazy]; ll != nil && hl != nil {
+			p(" tclone lazy: first command %s ms at %d MiB, %s ms at %d MiB, memory complete %s and %s ms.",
+				fmtMs(ll.warmMedian("first_command_ms")), lo.MemMiB, fmtMs(hl.warmMedian("first_command_ms")), hi.MemMiB,
+				fmtMs(ll.warmMedian("memory_complete_ms")), fmtMs(hl.warmMedian("memory_complete_ms")))
+		}
+		p("\n")
 	}
 	if r.FanOut != nil {
-		p("- Fan-out: each extra sibling from the same capture costs **%.0f ms** (slope over %s siblings).\n", h.MarginalMsPerChild, joinInts(r.Config.FanOutCounts))
+		for _, v := range r.FanOut.Variants {
+			if len(v.MarginalPairs) == 0 {
+				p("- Fan-out (`--memory %s --parallel %d`): not measured (see the failures).\n", v.Memory, v.ParallelUsed)
+				continue
+			}
+			p("- Fan-out (`--memory %s --parallel %d`): each extra sibling from the same capture costs **%.0f ms** (slope over %s siblings)", v.Memory, v.ParallelUsed, v.MarginalMsPerChild, joinInts(r.Config.FanOutCounts))
+			if mo, ok := v.MarginalOverFirst["1_to_16"]; ok {
+				p(", %.2f of the first sibling's time between 1 and 16 siblings", mo)
+			}
+			p(".\n")
+		}
 	}
 	p("- For reference, the published figures quoted in issue 5 (other systems, other machines, not measured here): TClone 463.8 ms at 1 process to 1070 ms at 200 (about 2.97 ms/process) and 531 ms at 0 to 897 ms at 2 GiB; forkd's source pause 163 ms for 513 MiB; FluxVM 4.3–9.2 s per child.\n\n")
+
+	// Targets.
+	p("## Targets\n\nThe issue's ratios, all from this run's warm medians (the fan-out's from the medians of its repetitions). *Met* only where measured at the issue's size and within the bound.\n\n")
+	p("| ratio | measured | target | status | from |\n| --- | ---: | --- | --- | --- |\n")
+	for _, t := range h.Targets {
+		val := "–"
+		if t.Status != TargetNotMeasured {
+			val = fmt.Sprintf("%.3f", t.Value)
+		}
+		status := t.Status
+		switch t.Status {
+		case TargetMet:
+			status = "**met**"
+		case TargetNotMet:
+			status = "**not met**"
+		}
+		p("| %s | %s | %s | %s | %s |\n", mdEscape(t.Title), val, mdEscape(t.BoundText), status, mdEscape(t.Detail))
+	}
+	p("\nA ratio of tclone to stock Podman below 1 means tclone is faster. tclone's first command is the `true` that `podman container fork --ready exec` runs in the sibling through the Podman API as soon as it runs; stock Podman's is a separate `podman exec` CLI call, which costs a podman start-up: each such row also gives the ratio with tclone's time to running plus a `podman exec` CLI call of its own.\n\n")
 
 	// Machine.
 	m := r.Machine
@@ -199,12 +249,12 @@ func writeMarkdown(r *Results, path, outDir string) error {
 	p("## How it was measured\n\n")
 	p("Every workload runs in a fresh source container started through Podman: with `--runtime tclone` for tclone, with `--runtime crun` for stock Podman (same image, same command). Each method makes one cold copy (the first after the source started) and %d warm ones (%d for memory workloads of %d MiB and more); tables show warm **median (p95)** unless marked cold.\n\n",
 		r.Config.WarmReps, r.Config.LargeWarmReps, r.Config.LargeFromMiB)
-	p("- **tclone**: `podman container fork --print-stats SRC` (podman-fork, through a Podman API service), then `podman exec SIBLING true`.\n")
+	p("- **tclone**: `podman container fork --print-stats --ready exec --memory copy|lazy SRC` (podman-fork, through a Podman API service), then `podman exec SIBLING true`. `--memory copy` restores every page before the sibling runs; `--memory lazy` lets it run as soon as CRIU rebuilt its tasks while the plan's lazy-pages daemon fills its memory. Memory-sweep workloads (kinds: %s) are measured both ways, the others with copy. With `--print-stats`, podman-fork waits until the sibling's memory is complete before it returns, and reports when the sibling ran, when its first command answered and when its memory was complete, each from the start of its fork request; the harness adds podman-fork's own start-up (its wall time less its `total_ms`), so that every time runs from starting the command.\n", joinStrings(r.Config.LazyKinds))
 	p("- **stock Podman**: `podman container checkpoint --leave-running --export %s/….tar --compress none --print-stats SRC`, then `podman --runtime crun container restore --import … --name SIBLING --print-stats`, then `podman exec SIBLING true`, all with crun and CRIU %s (it detects by itself that hardware breakpoints do not work in this VM); nothing else is tuned. tclone is Podman's default runtime here: the CLI would restore with the runtime the archive names, the API service with its default, so the restore names crun; every sample records the runtime Podman reports for the copy (`restore_runtime` in results.json): %s here.\n", r.Config.ArchiveDir, m.Criu, runtimesOf(r, MethodPodman))
 	p("- **raw CRIU**: the same process tree run on the host in its own PID namespace (`unshare --pid --fork holder serve …`), `criu dump --leave-running` to %s, then `criu restore -d` of the images (a fresh PID namespace, next to the running source). No container, no rootfs, no exec.\n", r.Config.CriuImageDir)
 	p("- **fork() floor**: `fork()` of one process holding as much touched anonymous memory as the source tree (the child exits at once), plus one `fork()` of a tiny process per other process of the tree.\n")
 	p("- **source pause**: what the runtime reports (tclone's freeze-to-thaw; CRIU's freezing + frozen time for the others), and the **observer gap**: the largest gap between two ticks of a 1 ms ticker in the source's root process, reset right before the fork and read after the first command answered.\n")
-	p("- **time to running**: from starting the fork command until it returned with the sibling running (stock: checkpoint + restore). **First command**: that plus `podman exec SIBLING true`.\n")
+	p("- **time to running**: from starting the fork command until the sibling ran (tclone: podman-fork's `running_ms`, Podman and crun both say it runs; stock: checkpoint + restore). **First command**: tclone: until the `true` podman-fork runs in the sibling (`--ready exec`) answered; stock: time to running plus `podman exec SIBLING true`. **Memory complete** (tclone): until no task of the sibling still had memory registered with a userfaultfd (copy: at once).\n")
 	p("- **memory**: RSS and PSS summed over every process of the container (from `/proc/PID/smaps_rollup`), right after the first command and again %.0f s after the cold fork (the warm repetitions run in between; their siblings are removed at once).\n", r.Config.LaterDelayS)
 	p("- **bytes written**: tclone's page images on its tmpfs plan store and its root-filesystem snapshot on disk (from the plan); stock Podman's export archive and CRIU's image directory; raw CRIU's images.\n\n")
 	p("Workloads:\n\n")
@@ -226,7 +276,7 @@ func writeMarkdown(r *Results, path, outDir string) error {
 		}
 		p("## %s\n\n%s\n\n", title, intro)
 		p("Milliseconds, warm median (p95).\n\n")
-		p("| workload | method | source pause | observer gap | to running | first command |\n| --- | --- | ---: | ---: | ---: | ---: |\n")
+		p("| workload | method | source pause | observer gap | to running | first command | memory complete |\n| --- | --- | ---: | ---: | ---: | ---: | ---: |\n")
 		for _, w := range ws {
 			for _, meth := range methodOrder {
 				mr := w.Methods[meth]
@@ -234,14 +284,14 @@ func writeMarkdown(r *Results, path, outDir string) error {
 					continue
 				}
 				if meth == MethodFork {
-					p("| %s | %s | %s | – | %s | – |\n", w.Name, methodTitles[meth], cell(mr, "floor_ms"), cell(mr, "floor_ms"))
+					p("| %s | %s | %s | – | %s | – | – |\n", w.Name, methodTitles[meth], cell(mr, "floor_ms"), cell(mr, "floor_ms"))
 					continue
 				}
 				if mr.NotMeasured != "" {
-					p("| %s | %s | not measured | | | |\n", w.Name, methodTitles[meth])
+					p("| %s | %s | not measured | | | | |\n", w.Name, methodTitles[meth])
 					continue
 				}
-				p("| %s | %s | %s | %s | %s | %s |\n", w.Name, methodTitles[meth], cell(mr, "pause_ms"), cell(mr, "observer_gap_ms"), cell(mr, "to_running_ms"), cell(mr, "first_command_ms"))
+				p("| %s | %s | %s | %s | %s | %s | %s |\n", w.Name, methodTitles[meth], cell(mr, "pause_ms"), cell(mr, "observer_gap_ms"), cell(mr, "to_running_ms"), cell(mr, "first_command_ms"), cell(mr, "memory_complete_ms"))
 			}
 		}
 		p("\n")
@@ -254,11 +304,13 @@ func writeMarkdown(r *Results, path, outDir string) error {
 	section("Realistic workspace", "workspace", "tmux with shells, a python http server, a multi-threaded python process holding memory, a git repository, and the ticker.")
 
 	// Ratios.
-	p("## Ratios\n\nWarm medians. Above 1 in the first columns means tclone is that many times faster (or smaller); the last two say how many times the fork() floor tclone takes.\n\n")
+	p("## Ratios\n\nWarm medians; *tclone* is `--memory copy` unless it says lazy. Above 1 in the stock and CRIU columns means tclone is that many times faster (or smaller); the fork() columns say how many times the fork() floor tclone takes; copy/lazy above 1 means lazy is faster.\n\n")
 	ratioCols := []string{"podman_over_tclone_pause", "podman_over_tclone_observer_gap", "podman_over_tclone_to_running", "podman_over_tclone_first_command",
-		"criu_over_tclone_pause", "criu_over_tclone_observer_gap", "criu_over_tclone_to_running", "podman_over_tclone_sibling_pss", "tclone_over_fork_pause", "tclone_over_fork_to_running"}
+		"criu_over_tclone_pause", "criu_over_tclone_observer_gap", "criu_over_tclone_to_running", "podman_over_tclone_sibling_pss", "tclone_over_fork_pause", "tclone_over_fork_to_running",
+		"podman_over_tclone_lazy_to_running", "podman_over_tclone_lazy_first_command", "tclone_over_tclone_lazy_first_command", "tclone_over_tclone_lazy_pause"}
 	heads := []string{"stock/tclone pause", "stock/tclone observer gap", "stock/tclone to running", "stock/tclone first command",
-		"CRIU/tclone pause", "CRIU/tclone observer gap", "CRIU/tclone to running", "stock/tclone sibling PSS", "tclone/fork() pause", "tclone/fork() to running"}
+		"CRIU/tclone pause", "CRIU/tclone observer gap", "CRIU/tclone to running", "stock/tclone sibling PSS", "tclone/fork() pause", "tclone/fork() to running",
+		"stock/lazy to running", "stock/lazy first command", "copy/lazy first command", "copy/lazy pause"}
 	p("| workload | %s |\n| --- |%s\n", strings.Join(heads, " | "), strings.Repeat(" ---: |", len(heads)))
 	for _, w := range r.Workloads {
 		p("| %s |", w.Name)
@@ -323,39 +375,49 @@ func writeMarkdown(r *Results, path, outDir string) error {
 	p("\n")
 
 	// Phases.
-	p("## Where a tclone fork's time goes\n\nWarm medians, ms. The capture runs inside Podman's checkpoint call: freeze, CRIU dump (pages to tmpfs), root-filesystem snapshot, thaw; the source is paused for their sum. Then Podman's restore call builds the sibling, then podman-fork checks it runs (ready), then the first `podman exec`.\n\n")
-	p("| workload | freeze | CRIU dump | fs snapshot | thaw | **pause** | checkpoint call | restore call | ready | exec | **first command** | largest part | stock: checkpoint | stock: restore |\n| --- |%s --- |%s\n", strings.Repeat(" ---: |", 10), strings.Repeat(" ---: |", 2))
+	p("## Where a tclone fork's time goes\n\nWarm medians, ms. The capture runs inside Podman's checkpoint call: freeze, CRIU dump (pages to tmpfs), root-filesystem snapshot, thaw; the source is paused for their sum. Then Podman's restore call builds the sibling, then podman-fork checks it runs, runs `true` in it (exec) and, with `--print-stats`, waits for its memory. *CLI exec* is a `podman exec SIBLING true` the harness runs after podman-fork returned, for comparison with stock Podman's.\n\n")
+	p("| workload | memory | freeze | CRIU dump | fs snapshot | thaw | **pause** | checkpoint call | restore call | to running | exec | **first command** | memory complete | CLI exec | largest part | stock: checkpoint | stock: restore |\n| --- | --- |%s\n", strings.Repeat(" ---: |", 12)+" --- |"+strings.Repeat(" ---: |", 2))
 	for _, w := range r.Workloads {
-		t, s := w.Methods[MethodTclone], w.Methods[MethodPodman]
-		if t == nil || t.NotMeasured != "" {
-			continue
+		s := w.Methods[MethodPodman]
+		for _, meth := range tcloneMethods {
+			t := w.Methods[meth]
+			if t == nil || t.NotMeasured != "" {
+				continue
+			}
+			p("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", w.Name, memoryOf(meth),
+				fmtMs(t.warmMedian("freeze_ms")), fmtMs(t.warmMedian("dump_ms")), fmtMs(t.warmMedian("fs_snapshot_ms")), fmtMs(t.warmMedian("thaw_ms")),
+				fmtMs(t.warmMedian("pause_ms")), fmtMs(t.warmMedian("checkpoint_ms")), fmtMs(t.warmMedian("restore_ms")), fmtMs(t.warmMedian("to_running_ms")),
+				fmtMs(t.warmMedian("exec_ms")), fmtMs(t.warmMedian("first_command_ms")), fmtMs(t.warmMedian("memory_complete_ms")), fmtMs(t.warmMedian("cli_exec_ms")),
+				dominantPhase(t), fmtMs(s.warmMedian("checkpoint_ms")), fmtMs(s.warmMedian("restore_ms")))
 		}
-		p("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", w.Name,
-			fmtMs(t.warmMedian("freeze_ms")), fmtMs(t.warmMedian("dump_ms")), fmtMs(t.warmMedian("fs_snapshot_ms")), fmtMs(t.warmMedian("thaw_ms")),
-			fmtMs(t.warmMedian("pause_ms")), fmtMs(t.warmMedian("checkpoint_ms")), fmtMs(t.warmMedian("restore_ms")), fmtMs(t.warmMedian("ready_ms")),
-			fmtMs(t.warmMedian("exec_ms")), fmtMs(t.warmMedian("first_command_ms")), dominantPhase(t), fmtMs(s.warmMedian("checkpoint_ms")), fmtMs(s.warmMedian("restore_ms")))
 	}
 	p("\n![%s](%s)\n\n", plotTitle("tclone-phases.png"), rel("tclone-phases.png"))
 
 	// Fan-out.
 	if fo := r.FanOut; fo != nil {
-		p("## Fan-out\n\nOne capture, N siblings (`podman container fork --count N`), source `%s`. Milliseconds, median (p95) over %d repetitions, after one discarded warm-up fork.\n\n", fo.Workload, r.Config.FanOutReps)
-		p("| siblings | to all running | per sibling | checkpoint call | source pause | observer gap | restore call (mean per sibling) | first command in the last |\n| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
-		for _, fc := range fo.Counts {
-			mr := &MethodResult{Warm: fc.Summary}
-			p("| %d | %s | %s | %s | %s | %s | %s | %s |\n", fc.Count, cell(mr, "to_running_ms"), cell(mr, "per_sibling_ms"), cell(mr, "checkpoint_ms"),
-				cell(mr, "pause_ms"), cell(mr, "observer_gap_ms"), cell(mr, "restore_mean_ms"), cell(mr, "last_first_command_ms"))
+		p("## Fan-out\n\nOne capture, N siblings (`podman container fork --count N --format json`), source `%s`, in %d variants of `--memory` and `--parallel` (no `--parallel`: podman-fork's default, one restore per CPU up to 4, %d here). ", fo.Workload, len(fo.Variants), defaultParallelOf(r))
+		p("Without `--print-stats`: with it, podman-fork waits for each sibling's memory while holding that sibling's restore slot, which would delay the later siblings of a lazy fan-out. So the source pause here is the observer's, and *memory complete* is when the harness, watching every sibling's tasks from the moment podman-fork returned, saw none still filling (*first look*: when it first looked; a fill that ended earlier is dated then). ")
+		p("Milliseconds, median (p95), after one discarded warm-up fork per variant.\n\n")
+		for _, v := range fo.Variants {
+			p("### `--memory %s --parallel %d`\n\n%d repetitions per count.\n\n", v.Memory, v.ParallelUsed, v.Reps)
+			p("| siblings | to all running | per sibling | observer gap | restore call (mean per sibling) | restore call (slowest) | first command in the last | memory complete | first look |\n| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+			for _, fc := range v.Counts {
+				mr := &MethodResult{Warm: fc.Summary}
+				p("| %d | %s | %s | %s | %s | %s | %s | %s | %s |\n", fc.Count, cell(mr, "to_running_ms"), cell(mr, "per_sibling_ms"), cell(mr, "observer_gap_ms"),
+					cell(mr, "restore_mean_ms"), cell(mr, "restore_max_ms"), cell(mr, "last_first_command_ms"), cell(mr, "memory_complete_ms"), cell(mr, "memory_first_look_ms"))
+			}
+			p("\nMarginal cost per extra sibling: **%.0f ms** (least-squares slope of all samples)", v.MarginalMsPerChild)
+			keys := make([]string, 0, len(v.MarginalPairs))
+			for k := range v.MarginalPairs {
+				keys = append(keys, k)
+			}
+			sort.Strings(keys)
+			for _, k := range keys {
+				p("; %s siblings: %.0f ms per extra sibling, %.2f of the first", strings.ReplaceAll(k, "_", " "), v.MarginalPairs[k], v.MarginalOverFirst[k])
+			}
+			p(".\n\n")
 		}
-		p("\nMarginal cost per extra sibling: **%.0f ms** (least-squares slope of all samples)", fo.MarginalMsPerChild)
-		keys := make([]string, 0, len(fo.MarginalPairs))
-		for k := range fo.MarginalPairs {
-			keys = append(keys, k)
-		}
-		sort.Strings(keys)
-		for _, k := range keys {
-			p("; %s siblings: %.0f ms per extra sibling", strings.ReplaceAll(k, "_", " "), fo.MarginalPairs[k])
-		}
-		p(".\n\n![%s](%s)\n\n", plotTitle("fanout.png"), rel("fanout.png"))
+		p("![%s](%s)\n\n", plotTitle("fanout.png"), rel("fanout.png"))
 	}
 
 	// fork() floor.
@@ -485,6 +547,21 @@ func findWorkload(r *Results, name string) *WorkloadResult {
 		}
 	}
 	return nil
+}
+
+func joinStrings(v []string) string {
+	if len(v) == 0 {
+		return "none"
+	}
+	return strings.Join(v, ", ")
+}
+
+// defaultParallelOf is what podman-fork's default --parallel was in a run.
+func defaultParallelOf(r *Results) int {
+	if r.Machine.CPUs > 0 {
+		return min(r.Machine.CPUs, 4)
+	}
+	return defaultParallel()
 }
 
 func joinInts(v []int) string {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"math"
 	"os"
 	"path/filepath"
@@ -8,8 +9,9 @@ import (
 	"testing"
 )
 
-// fakeRun is a run of one 1 GiB memory workload, tclone and stock Podman,
-// one cold and two warm forks each, with the given stock restore runtime.
+// fakeRun is a run of one 1 GiB memory workload, tclone copy and lazy and
+// stock Podman, one cold and two warm forks each, with the given stock
+// restore runtime.
 func fakeRun(stockRT string) *Results {
 	w := &WorkloadResult{Name: "mem-1024", Kind: "mem", MemMiB: 1024, Procs: 4, Methods: map[string]*MethodResult{}}
 	for _, c := range []struct {
@@ -17,6 +19,7 @@ func fakeRun(stockRT string) *Results {
 		pauses     []float64
 	}{
 		{MethodTclone, "tclone", []float64{900, 800, 820}},
+		{MethodTcloneLazy, "tclone", []float64{880, 790, 810}},
 		{MethodPodman, stockRT, []float64{700, 1207, 3288}},
 	} {
 		mr := &MethodResult{Method: c.method}
@@ -52,10 +55,10 @@ func TestHeadlineShowsColdAndWarm(t *testing.T) {
 	data, _ := os.ReadFile(md)
 	text := string(data)
 	for _, want := range []string{
-		"| ms | tclone cold | tclone warm | stock Podman cold | stock Podman warm | stock / tclone cold | stock / tclone warm |",
-		"| source pause, measured by the runtime | 900 | 810 | 700 | 2248 |",
+		"| ms | tclone copy cold | tclone copy warm | tclone lazy cold | tclone lazy warm | stock Podman cold | stock Podman warm | stock / copy cold | stock / copy warm | stock / lazy cold | stock / lazy warm |",
+		"| source pause, measured by the runtime | 900 | 810 | 880 | 800 | 700 | 2248 |",
 		"from 1207 to 3288 ms for stock Podman",
-		"restored by `tclone` (tclone) and `crun` (stock Podman)",
+		"restored by `tclone` (tclone copy), `tclone` (tclone lazy) and `crun` (stock Podman)",
 		"podman --runtime crun container restore --import",
 	} {
 		if !strings.Contains(text, want) {
@@ -77,5 +80,111 @@ func TestValidateRestoreRuntime(t *testing.T) {
 	r := fakeRun(stockRuntime)
 	if problems := strings.Join(validateMethod("mem-1024", r.Workloads[0].Methods[MethodPodman]), "\n"); strings.Contains(problems, "restored by") {
 		t.Errorf("crun flagged: %s", problems)
+	}
+}
+
+// fakeMem is a memory workload whose warm forks all took the given first
+// command and pause times, per method.
+func fakeMem(mib int, firstCommand, pause map[string]float64) *WorkloadResult {
+	w := &WorkloadResult{Name: fmt.Sprintf("mem-%d", mib), Kind: "mem", MemMiB: mib, Methods: map[string]*MethodResult{}}
+	for meth, fc := range firstCommand {
+		mr := &MethodResult{Method: meth}
+		for i := range 3 {
+			mr.Samples = append(mr.Samples, &Sample{Rep: i, Cold: i == 0, Metrics: map[string]float64{
+				"first_command_ms": fc, "pause_ms": pause[meth], "to_running_ms": fc - 100, "cli_exec_ms": 200}})
+		}
+		mr.summarize()
+		w.Methods[meth] = mr
+	}
+	return w
+}
+
+func findTarget(t *testing.T, ts []Target, key string) Target {
+	t.Helper()
+	for _, x := range ts {
+		if x.Key == key {
+			return x
+		}
+	}
+	t.Fatalf("no target %s in %+v", key, ts)
+	return Target{}
+}
+
+// The targets are computed at the issue's sizes and judged against their
+// bounds; at other sizes they are computed but never called met.
+func TestTargets(t *testing.T) {
+	r := &Results{Workloads: []*WorkloadResult{
+		fakeMem(0, map[string]float64{MethodTclone: 600, MethodTcloneLazy: 500, MethodPodman: 700}, map[string]float64{MethodTclone: 100, MethodTcloneLazy: 100}),
+		fakeMem(1024, map[string]float64{MethodTclone: 1500, MethodTcloneLazy: 1000, MethodPodman: 6000}, map[string]float64{MethodTclone: 600, MethodTcloneLazy: 500}),
+		fakeMem(2048, map[string]float64{MethodTclone: 3000, MethodTcloneLazy: 1300, MethodPodman: 12000}, map[string]float64{MethodTclone: 1200, MethodTcloneLazy: 1000}),
+	}}
+	fv := &FanOutVariant{Name: "lazy:0", Memory: "lazy", ParallelUsed: 2, MarginalPairs: map[string]float64{}, MarginalOverFirst: map[string]float64{}}
+	for _, c := range []struct {
+		n  int
+		ms []float64
+	}{{1, []float64{1000, 1000}}, {4, []float64{1600, 1600}}, {16, []float64{4000, 4000}}} {
+		fc := &FanOutCount{Count: c.n}
+		for _, v := range c.ms {
+			fc.Samples = append(fc.Samples, &Sample{Metrics: map[string]float64{"to_running_ms": v}})
+		}
+		fc.Summary = summarizeAll(map[string][]float64{"to_running_ms": c.ms})
+		fv.Counts = append(fv.Counts, fc)
+	}
+	fv.marginal()
+	r.FanOut = &FanOutResult{Variants: []*FanOutVariant{fv}}
+	ts := targets(r)
+	for _, c := range []struct {
+		key, status string
+		value       float64
+	}{
+		{"first_command_1g_lazy_over_stock", TargetMet, 1000.0 / 6000},
+		{"first_command_1g_copy_over_stock", TargetNotMet, 1500.0 / 6000},
+		{"first_command_2g_lazy_over_stock", TargetMet, 1300.0 / 12000},
+		{"first_command_2g_copy_over_stock", TargetNotMet, 3000.0 / 12000},
+		// 1300 <= 1.5 × 500 + (1000 − 100) = 1650.
+		{"first_command_2g_over_0_lazy", TargetMet, 1300.0 / 500},
+		{"fanout_marginal_over_first_lazy:0", TargetMet, 200.0 / 1000},
+		{"pause_1g_copy_over_lazy", TargetNoBound, 600.0 / 500},
+	} {
+		got := findTarget(t, ts, c.key)
+		if got.Status != c.status || math.Abs(got.Value-c.value) > 1e-9 {
+			t.Errorf("%s: %s %v, want %s %v (%+v)", c.key, got.Status, got.Value, c.status, c.value, got)
+		}
+	}
+	if b := findTarget(t, ts, "first_command_2g_over_0_lazy").Bound; math.Abs(b-1650.0/500) > 1e-9 {
+		t.Errorf("2 GiB over 0 bound %v, want %v", b, 1650.0/500)
+	}
+	if d := findTarget(t, ts, "first_command_1g_lazy_over_stock").Detail; !strings.Contains(d, "`podman exec` CLI call (200 ms)") || !strings.Contains(d, "0.18×") {
+		t.Errorf("1 GiB detail %q lacks the CLI exec ratio (900 + 200) / 6000", d)
+	}
+
+	// A quick run's sizes: computed elsewhere, never met.
+	q := &Results{Workloads: []*WorkloadResult{r.Workloads[0], fakeMem(32, map[string]float64{MethodTclone: 600, MethodTcloneLazy: 500, MethodPodman: 900}, map[string]float64{MethodTclone: 100, MethodTcloneLazy: 100})}}
+	for _, x := range targets(q) {
+		if x.Status == TargetMet || x.Status == TargetNotMet {
+			t.Errorf("quick run: target %s judged %s at another size", x.Key, x.Status)
+		}
+	}
+	if x := findTarget(t, targets(q), "first_command_1g_lazy_over_stock"); x.Status != TargetOtherSize || !strings.Contains(x.Detail, "mem-32") {
+		t.Errorf("quick run 1 GiB target: %+v", x)
+	}
+}
+
+// Targets whose status contradicts their value, or a missing one, are not
+// well formed.
+func TestValidateTargets(t *testing.T) {
+	r := &Results{Config: RunConfig{MemMiBs: []int{1024}, LazyKinds: []string{"mem"}}}
+	r.Workloads = []*WorkloadResult{fakeMem(1024, map[string]float64{MethodTclone: 1500, MethodTcloneLazy: 1000, MethodPodman: 6000}, map[string]float64{MethodTclone: 600, MethodTcloneLazy: 500})}
+	r.Headline.Targets = targets(r)
+	if p := validateTargets(r); len(p) != 0 {
+		t.Fatalf("good targets flagged: %v", p)
+	}
+	r.Headline.Targets[0].Status = TargetNotMet
+	r.Headline.Targets = r.Headline.Targets[:len(r.Headline.Targets)-1]
+	p := strings.Join(validateTargets(r), "\n")
+	for _, want := range []string{"does not agree", "targets ["} {
+		if !strings.Contains(p, want) {
+			t.Errorf("problems lack %q: %s", want, p)
+		}
 	}
 }

@@ -8,22 +8,26 @@ import (
 )
 
 // SchemaVersion is the layout version of results.json. Version 2 records
-// the runtime of every restore and the headline's cold numbers.
-const SchemaVersion = 2
+// the runtime of every restore and the headline's cold numbers; version 3
+// splits tclone into --memory copy and --memory lazy, measures the fan-out
+// in variants (memory, --parallel) and adds the issue's targets.
+const SchemaVersion = 3
 
 // Methods, in the order they are reported.
 const (
-	MethodTclone = "tclone"
-	MethodPodman = "podman" // stock checkpoint --export + restore --import, crun
-	MethodCriu   = "criu"   // raw criu dump --leave-running + criu restore
-	MethodFork   = "fork"   // fork() of a process with the same anonymous RSS
+	MethodTclone     = "tclone"      // podman container fork --memory copy
+	MethodTcloneLazy = "tclone-lazy" // podman container fork --memory lazy
+	MethodPodman     = "podman"      // stock checkpoint --export + restore --import, crun
+	MethodCriu       = "criu"        // raw criu dump --leave-running + criu restore
+	MethodFork       = "fork"        // fork() of a process with the same anonymous RSS
 )
 
 var methodTitles = map[string]string{
-	MethodTclone: "tclone fork",
-	MethodPodman: "stock Podman checkpoint/restore (crun)",
-	MethodCriu:   "raw CRIU dump/restore",
-	MethodFork:   "fork() floor",
+	MethodTclone:     "tclone fork, --memory copy",
+	MethodTcloneLazy: "tclone fork, --memory lazy",
+	MethodPodman:     "stock Podman checkpoint/restore (crun)",
+	MethodCriu:       "raw CRIU dump/restore",
+	MethodFork:       "fork() floor",
 }
 
 // Results is results.json.
@@ -47,20 +51,27 @@ type Results struct {
 
 // RunConfig is what the run was asked to do.
 type RunConfig struct {
-	WarmReps      int     `json:"warm_reps"`
-	LargeWarmReps int     `json:"large_warm_reps"`
-	LargeFromMiB  int     `json:"large_from_mib"`
-	ProcCounts    []int   `json:"proc_counts"`
-	MemMiBs       []int   `json:"mem_mibs"`
-	MemProcs      int     `json:"mem_procs"`
-	Workspace     bool    `json:"workspace"`
-	WorkspaceMiB  int     `json:"workspace_mib"`
-	FanOutCounts  []int   `json:"fan_out_counts"`
-	FanOutReps    int     `json:"fan_out_reps"`
-	FanOutMemMiB  int     `json:"fan_out_mem_mib"`
-	LaterDelayS   float64 `json:"later_delay_s"`
-	ArchiveDir    string  `json:"archive_dir"`
-	CriuImageDir  string  `json:"criu_image_dir"`
+	WarmReps      int   `json:"warm_reps"`
+	LargeWarmReps int   `json:"large_warm_reps"`
+	LargeFromMiB  int   `json:"large_from_mib"`
+	ProcCounts    []int `json:"proc_counts"`
+	MemMiBs       []int `json:"mem_mibs"`
+	MemProcs      int   `json:"mem_procs"`
+	Workspace     bool  `json:"workspace"`
+	WorkspaceMiB  int   `json:"workspace_mib"`
+	// LazyKinds are the workload kinds measured with --memory lazy too.
+	LazyKinds    []string `json:"lazy_kinds"`
+	FanOutCounts []int    `json:"fan_out_counts"`
+	FanOutReps   int      `json:"fan_out_reps"`
+	// FanOutVariants are the fan-out's memory:parallel variants; the
+	// first is the main one, measured FanOutReps times, the others
+	// FanOutExtraReps times.
+	FanOutVariants  []string `json:"fan_out_variants"`
+	FanOutExtraReps int      `json:"fan_out_extra_reps"`
+	FanOutMemMiB    int      `json:"fan_out_mem_mib"`
+	LaterDelayS     float64  `json:"later_delay_s"`
+	ArchiveDir      string   `json:"archive_dir"`
+	CriuImageDir    string   `json:"criu_image_dir"`
 }
 
 // Failure is one measurement that failed.
@@ -132,16 +143,33 @@ type Stat struct {
 	Max    float64 `json:"max"`
 }
 
-// FanOutResult is the fan-out experiment: one capture, N siblings.
+// FanOutResult is the fan-out experiment: one capture, N siblings, in
+// each of several variants.
 type FanOutResult struct {
-	Workload string         `json:"workload"`
-	Counts   []*FanOutCount `json:"counts"`
+	Workload string           `json:"workload"`
+	Variants []*FanOutVariant `json:"variants"`
+	Failures int              `json:"failures"`
+}
+
+// FanOutVariant is the fan-out with one --memory and one --parallel.
+type FanOutVariant struct {
+	// Name is memory:parallel as configured (parallel 0: podman-fork's
+	// default).
+	Name   string `json:"name"`
+	Memory string `json:"memory"`
+	// Parallel is the --parallel given (0: none, podman-fork's default);
+	// ParallelUsed what that means on this machine.
+	Parallel     int            `json:"parallel"`
+	ParallelUsed int            `json:"parallel_used"`
+	Reps         int            `json:"reps"`
+	Counts       []*FanOutCount `json:"counts"`
 	// MarginalMsPerChild is the least-squares slope of the total time to
 	// all siblings running against the number of siblings.
 	MarginalMsPerChild float64 `json:"marginal_ms_per_child"`
-	// MarginalPairs are (T(n) - T(1)) / (n - 1) from warm medians.
-	MarginalPairs map[string]float64 `json:"marginal_pairs"`
-	Failures      int                `json:"failures"`
+	// MarginalPairs are (T(n) - T(1)) / (n - 1) from medians of the time
+	// to all siblings running; MarginalOverFirst the same over T(1).
+	MarginalPairs     map[string]float64 `json:"marginal_pairs"`
+	MarginalOverFirst map[string]float64 `json:"marginal_over_first"`
 }
 
 // FanOutCount is one sibling count.
@@ -168,9 +196,43 @@ type Headline struct {
 	TcloneMsPerProcess      float64 `json:"tclone_ms_per_process"`
 	TclonePauseMsPerProcess float64 `json:"tclone_pause_ms_per_process"`
 	PodmanMsPerProcess      float64 `json:"podman_ms_per_process"`
-	// MarginalMsPerChild is the fan-out's marginal cost per extra sibling.
+	// MarginalMsPerChild is the fan-out's marginal cost per extra sibling
+	// (its main variant).
 	MarginalMsPerChild float64 `json:"marginal_ms_per_child"`
+	// Lazy and LazyCold are the headline's numbers with tclone's
+	// --memory lazy in place of copy (at MemWorkload, against the same
+	// stock Podman samples).
+	Lazy     HeadlineValues `json:"lazy"`
+	LazyCold HeadlineValues `json:"lazy_cold"`
+	// Targets are the issue's ratios, each with its bound.
+	Targets []Target `json:"targets"`
 }
+
+// Target is one of the issue's ratios, from this run's warm medians.
+type Target struct {
+	Key   string `json:"key"`
+	Title string `json:"title"`
+	// Status: met, not met (measured against the bound), no bound
+	// (reported only), other size (the run had no workload of the
+	// issue's size: computed at another, not comparable), not measured
+	// (an input is missing).
+	Status string  `json:"status"`
+	Value  float64 `json:"value"`
+	// Bound is the largest value that meets the target (0: none).
+	Bound     float64 `json:"bound"`
+	BoundText string  `json:"bound_text"`
+	// Detail gives the numbers the ratio is made of.
+	Detail string `json:"detail"`
+}
+
+// Target statuses.
+const (
+	TargetMet         = "met"
+	TargetNotMet      = "not met"
+	TargetNoBound     = "no bound"
+	TargetOtherSize   = "other size"
+	TargetNotMeasured = "not measured"
+)
 
 // HeadlineValues are the headline's numbers for one kind of fork, warm or
 // cold.
@@ -318,7 +380,15 @@ var ratioDefs = []ratioDef{
 	{"tclone_over_fork_pause", MethodTclone, "pause_ms", MethodFork, "floor_ms", "tclone source pause / fork() floor"},
 	{"tclone_over_fork_to_running", MethodTclone, "to_running_ms", MethodFork, "floor_ms", "tclone time to running / fork() floor"},
 	{"podman_over_tclone_sibling_pss", MethodPodman, "sibling_pss_kib", MethodTclone, "sibling_pss_kib", "sibling PSS right after, stock Podman / tclone"},
+	{"podman_over_tclone_lazy_to_running", MethodPodman, "to_running_ms", MethodTcloneLazy, "to_running_ms", "time to the sibling running, stock Podman / tclone lazy"},
+	{"podman_over_tclone_lazy_first_command", MethodPodman, "first_command_ms", MethodTcloneLazy, "first_command_ms", "time to the first command, stock Podman / tclone lazy"},
+	{"tclone_over_tclone_lazy_first_command", MethodTclone, "first_command_ms", MethodTcloneLazy, "first_command_ms", "time to the first command, tclone copy / tclone lazy"},
+	{"tclone_over_tclone_lazy_pause", MethodTclone, "pause_ms", MethodTcloneLazy, "pause_ms", "source pause, tclone copy / tclone lazy"},
 }
+
+// lazyRatios are the ratioDefs that need the lazy method.
+var lazyRatios = []string{"podman_over_tclone_lazy_to_running", "podman_over_tclone_lazy_first_command",
+	"tclone_over_tclone_lazy_first_command", "tclone_over_tclone_lazy_pause"}
 
 func (w *WorkloadResult) computeRatios() {
 	w.Ratios = map[string]float64{}

@@ -13,11 +13,8 @@ import (
 // Metrics each method's samples must carry: "positive" ones must be > 0,
 // "present" ones >= 0 (a container that wrote no file has 0 disk bytes).
 var requiredMetrics = map[string]struct{ positive, present []string }{
-	MethodTclone: {
-		positive: []string{"pause_ms", "observer_gap_ms", "to_running_ms", "first_command_ms", "exec_ms", "checkpoint_ms", "restore_ms",
-			"tmpfs_bytes", "pages_written", "dump_ms", "source_rss_kib", "source_pss_kib", "sibling_rss_kib", "sibling_pss_kib", "source_procs", "sibling_procs"},
-		present: []string{"disk_bytes", "freeze_ms", "fs_snapshot_ms", "thaw_ms", "ready_ms"},
-	},
+	MethodTclone:     tcloneMetrics,
+	MethodTcloneLazy: tcloneMetrics,
 	MethodPodman: {
 		positive: []string{"pause_ms", "observer_gap_ms", "to_running_ms", "first_command_ms", "exec_ms", "checkpoint_ms", "restore_ms",
 			"tmpfs_bytes", "disk_bytes", "pages_written", "source_rss_kib", "source_pss_kib", "sibling_rss_kib", "sibling_pss_kib", "source_procs", "sibling_procs"},
@@ -34,11 +31,28 @@ var requiredMetrics = map[string]struct{ positive, present []string }{
 	},
 }
 
+var tcloneMetrics = struct{ positive, present []string }{
+	positive: []string{"pause_ms", "observer_gap_ms", "to_running_ms", "first_command_ms", "memory_complete_ms", "exec_ms", "cli_exec_ms", "client_ms",
+		"fork_wall_ms", "checkpoint_ms", "restore_ms", "tmpfs_bytes", "pages_written", "dump_ms",
+		"source_rss_kib", "source_pss_kib", "sibling_rss_kib", "sibling_pss_kib", "source_procs", "sibling_procs"},
+	present: []string{"disk_bytes", "freeze_ms", "fs_snapshot_ms", "thaw_ms", "ready_ms"},
+}
+
+// tcloneOrder are metrics of a tclone fork that happen in this order, on
+// one clock: each must be at least the one before.
+var tcloneOrder = []string{"to_running_ms", "first_command_ms", "memory_complete_ms", "fork_wall_ms"}
+
 // wantRuntime is what must have restored each method's copies: a stock
 // baseline restored by tclone would not be stock.
-var wantRuntime = map[string]string{MethodTclone: "tclone", MethodPodman: stockRuntime, MethodCriu: "criu"}
+var wantRuntime = map[string]string{MethodTclone: "tclone", MethodTcloneLazy: "tclone", MethodPodman: stockRuntime, MethodCriu: "criu"}
 
-var requiredFanOut = []string{"to_running_ms", "last_first_command_ms", "per_sibling_ms", "checkpoint_ms", "pause_ms", "observer_gap_ms", "restore_mean_ms", "tmpfs_bytes"}
+var requiredFanOut = []string{"to_running_ms", "last_first_command_ms", "per_sibling_ms", "observer_gap_ms", "restore_mean_ms", "restore_max_ms",
+	"internal_running_ms", "memory_complete_ms", "memory_first_look_ms", "cli_exec_ms"}
+
+// targetKeys are the targets every run reports, besides one per fan-out
+// variant.
+var targetKeys = []string{"first_command_1g_lazy_over_stock", "first_command_1g_copy_over_stock", "first_command_2g_lazy_over_stock",
+	"first_command_2g_copy_over_stock", "first_command_2g_over_0_lazy", "pause_1g_copy_over_lazy", "pause_2g_copy_over_lazy"}
 
 // validate checks that a run's outputs are well formed: results.json
 // parses and holds every expected workload, method and metric, the
@@ -101,8 +115,15 @@ func validate(dir, markdown string, want *Results) []string {
 	}
 	for _, w := range r.Workloads {
 		allMeasured := true
+		lazy := slices.Contains(r.Config.LazyKinds, w.Kind)
 		for _, meth := range methodOrder {
 			mr := w.Methods[meth]
+			if meth == MethodTcloneLazy && !lazy {
+				if mr != nil {
+					bad("%s: method %s measured, but its kind %s is not in lazy_kinds %v", w.Name, meth, w.Kind, r.Config.LazyKinds)
+				}
+				continue
+			}
 			if mr == nil {
 				bad("%s: method %s is missing", w.Name, meth)
 				allMeasured = false
@@ -122,6 +143,9 @@ func validate(dir, markdown string, want *Results) []string {
 		if allMeasured {
 			wantRatios = append(wantRatios, "criu_over_tclone_pause", "criu_over_tclone_observer_gap", "criu_over_tclone_to_running")
 		}
+		if lazy {
+			wantRatios = append(wantRatios, lazyRatios...)
+		}
 		for _, k := range wantRatios {
 			if v, ok := w.Ratios[k]; !ok || v <= 0 {
 				bad("%s: ratio %s missing or not positive", w.Name, k)
@@ -131,45 +155,7 @@ func validate(dir, markdown string, want *Results) []string {
 
 	// Fan-out.
 	if len(r.Config.FanOutCounts) > 0 {
-		fo := r.FanOut
-		if fo == nil {
-			bad("fan_out is missing")
-		} else {
-			var counts []int
-			for _, fc := range fo.Counts {
-				counts = append(counts, fc.Count)
-				if len(fc.Samples) == 0 {
-					bad("fan-out %d: no sample", fc.Count)
-					continue
-				}
-				for _, s := range fc.Samples {
-					if s.RestoreRuntime != wantRuntime[MethodTclone] {
-						bad("fan-out %d rep %d: restored by %q, want %q", fc.Count, s.Rep, s.RestoreRuntime, wantRuntime[MethodTclone])
-					}
-					for _, k := range requiredFanOut {
-						if v, ok := s.Metrics[k]; !ok || v <= 0 {
-							bad("fan-out %d rep %d: %s missing or not positive", fc.Count, s.Rep, k)
-						}
-					}
-				}
-				if st := fc.Summary["to_running_ms"]; st.N != len(fc.Samples) || st.Median <= 0 {
-					bad("fan-out %d: summary does not match its samples", fc.Count)
-				}
-			}
-			if !slices.Equal(counts, r.Config.FanOutCounts) {
-				bad("fan-out counts %v, want %v", counts, r.Config.FanOutCounts)
-			}
-			for _, n := range r.Config.FanOutCounts {
-				if n > 1 {
-					if _, ok := fo.MarginalPairs[fmt.Sprintf("1_to_%d", n)]; !ok && slices.Contains(r.Config.FanOutCounts, 1) {
-						bad("fan-out: marginal cost 1_to_%d missing", n)
-					}
-				}
-			}
-			if fo.MarginalMsPerChild == 0 {
-				bad("fan-out: marginal cost per child missing")
-			}
-		}
+		problems = append(problems, validateFanOut(&r)...)
 	}
 
 	// Headline.
@@ -189,6 +175,16 @@ func validate(dir, markdown string, want *Results) []string {
 			}
 		}
 	}
+	if len(r.Config.MemMiBs) > 0 && slices.Contains(r.Config.LazyKinds, "mem") {
+		l, lc := h.Lazy, h.LazyCold
+		for name, v := range map[string]float64{"lazy.first_command_ratio": l.FirstCommandRatio, "lazy.tclone_first_command_ms": l.TcloneFirstCommandMs,
+			"lazy.tclone_pause_ms": l.TclonePauseMs, "lazy_cold.first_command_ratio": lc.FirstCommandRatio, "lazy_cold.tclone_first_command_ms": lc.TcloneFirstCommandMs} {
+			if v <= 0 {
+				bad("headline: %s missing or not positive", name)
+			}
+		}
+	}
+	problems = append(problems, validateTargets(&r)...)
 	// A slope may be negative on a noisy machine; it must exist.
 	if len(r.Config.ProcCounts) >= 2 && (h.TcloneMsPerProcess == 0 || h.TclonePauseMsPerProcess == 0 || h.PodmanMsPerProcess == 0) {
 		bad("headline: a ms/process slope is missing")
@@ -200,7 +196,7 @@ func validate(dir, markdown string, want *Results) []string {
 		bad("markdown: %v", err)
 	} else {
 		text := string(md)
-		sections := []string{"# Benchmarks", "## Headline", "## Machine", "## How it was measured", "## Ratios", "## Cold vs warm",
+		sections := []string{"# Benchmarks", "## Headline", "## Targets", "## Machine", "## How it was measured", "## Ratios", "## Cold vs warm",
 			"## Memory of source and sibling", "## Bytes written", "## Where a tclone fork's time goes", "## fork() floor", "## Not measured, failures"}
 		if len(r.Config.ProcCounts) > 0 {
 			sections = append(sections, "## Process-count sweep")
@@ -270,6 +266,14 @@ func validateMethod(workload string, mr *MethodResult) []string {
 				bad("rep %d: %s missing or negative", s.Rep, k)
 			}
 		}
+		if mr.Method == MethodTclone || mr.Method == MethodTcloneLazy {
+			for i := 1; i < len(tcloneOrder); i++ {
+				a, b := tcloneOrder[i-1], tcloneOrder[i]
+				if s.Metrics[b] < s.Metrics[a] {
+					bad("rep %d: %s (%v) before %s (%v)", s.Rep, b, s.Metrics[b], a, s.Metrics[a])
+				}
+			}
+		}
 	}
 	if cold != 1 {
 		bad("%d cold samples, want 1", cold)
@@ -293,6 +297,148 @@ func validateMethod(workload string, mr *MethodResult) []string {
 			bad("the later memory reading is missing")
 		} else if mr.Later.AfterS <= 0 || mr.Later.Source.PssKiB <= 0 || mr.Later.Sibling.PssKiB <= 0 || mr.Later.Sibling.RssKiB <= 0 {
 			bad("the later memory reading is incomplete (%+v)", *mr.Later)
+		}
+	}
+	return problems
+}
+
+// validateFanOut checks the fan-out: every configured variant, in order,
+// with every count, well-formed samples and marginal costs.
+func validateFanOut(r *Results) []string {
+	var problems []string
+	bad := func(format string, args ...any) { problems = append(problems, fmt.Sprintf(format, args...)) }
+	fo := r.FanOut
+	if fo == nil {
+		return []string{"fan_out is missing"}
+	}
+	var names []string
+	for i, v := range fo.Variants {
+		names = append(names, v.Name)
+		if v.Memory != "copy" && v.Memory != "lazy" {
+			bad("fan-out %s: memory %q", v.Name, v.Memory)
+		}
+		if v.Name != fmt.Sprintf("%s:%d", v.Memory, v.Parallel) || v.ParallelUsed < 1 || (v.Parallel > 0 && v.ParallelUsed != v.Parallel) {
+			bad("fan-out %s: memory %q, parallel %d (used %d) do not match its name", v.Name, v.Memory, v.Parallel, v.ParallelUsed)
+		}
+		wantReps := r.Config.FanOutReps
+		if i > 0 {
+			wantReps = r.Config.FanOutExtraReps
+		}
+		if v.Reps != wantReps {
+			bad("fan-out %s: %d repetitions, want %d", v.Name, v.Reps, wantReps)
+		}
+		var counts []int
+		for _, fc := range v.Counts {
+			counts = append(counts, fc.Count)
+			if len(fc.Samples) == 0 {
+				bad("fan-out %s, %d siblings: no sample", v.Name, fc.Count)
+				continue
+			}
+			for _, s := range fc.Samples {
+				if s.RestoreRuntime != wantRuntime[MethodTclone] {
+					bad("fan-out %s, %d siblings, rep %d: restored by %q, want %q", v.Name, fc.Count, s.Rep, s.RestoreRuntime, wantRuntime[MethodTclone])
+				}
+				for _, k := range requiredFanOut {
+					if x, ok := s.Metrics[k]; !ok || x <= 0 {
+						bad("fan-out %s, %d siblings, rep %d: %s missing or not positive", v.Name, fc.Count, s.Rep, k)
+					}
+				}
+				// On one clock, from the start of podman-fork: it
+				// returned once all ran, and memory was looked at after.
+				if s.Metrics["memory_complete_ms"] < s.Metrics["memory_first_look_ms"] || s.Metrics["memory_first_look_ms"] < s.Metrics["to_running_ms"] ||
+					s.Metrics["last_first_command_ms"] < s.Metrics["to_running_ms"] {
+					bad("fan-out %s, %d siblings, rep %d: times out of order (%v)", v.Name, fc.Count, s.Rep, s.Metrics)
+				}
+			}
+			if st := fc.Summary["to_running_ms"]; st.N != len(fc.Samples) || st.Median <= 0 {
+				bad("fan-out %s, %d siblings: summary does not match its samples", v.Name, fc.Count)
+			}
+		}
+		if !slices.Equal(counts, r.Config.FanOutCounts) {
+			bad("fan-out %s: counts %v, want %v", v.Name, counts, r.Config.FanOutCounts)
+		}
+		for _, n := range r.Config.FanOutCounts {
+			if n > 1 && slices.Contains(r.Config.FanOutCounts, 1) {
+				k := fmt.Sprintf("1_to_%d", n)
+				if _, ok := v.MarginalPairs[k]; !ok {
+					bad("fan-out %s: marginal cost %s missing", v.Name, k)
+				}
+				if x, ok := v.MarginalOverFirst[k]; !ok || x == 0 {
+					bad("fan-out %s: marginal cost over the first %s missing", v.Name, k)
+				}
+			}
+		}
+		if v.MarginalMsPerChild == 0 {
+			bad("fan-out %s: marginal cost per child missing", v.Name)
+		}
+	}
+	if !slices.Equal(names, r.Config.FanOutVariants) {
+		bad("fan-out variants %v, want %v", names, r.Config.FanOutVariants)
+	}
+	return problems
+}
+
+// validateTargets checks that every target is there, once, with a known
+// status that agrees with its value and bound.
+func validateTargets(r *Results) []string {
+	var problems []string
+	bad := func(format string, args ...any) { problems = append(problems, fmt.Sprintf(format, args...)) }
+	want := slices.Clone(targetKeys)
+	if len(r.Config.FanOutCounts) > 0 {
+		for _, v := range r.Config.FanOutVariants {
+			want = append(want, "fanout_marginal_over_first_"+v)
+		}
+	}
+	var got []string
+	for _, t := range r.Headline.Targets {
+		got = append(got, t.Key)
+		if t.Title == "" || t.BoundText == "" {
+			bad("target %s: no title or bound text", t.Key)
+		}
+		switch t.Status {
+		case TargetMet, TargetNotMet:
+			if t.Bound <= 0 || t.Value <= 0 || (t.Status == TargetMet) != (t.Value <= t.Bound) {
+				bad("target %s: status %q does not agree with value %v and bound %v", t.Key, t.Status, t.Value, t.Bound)
+			}
+		case TargetNoBound, TargetOtherSize:
+			if t.Value <= 0 {
+				bad("target %s: status %q without a value", t.Key, t.Status)
+			}
+		case TargetNotMeasured:
+			if t.Value != 0 {
+				bad("target %s: not measured, yet a value %v", t.Key, t.Value)
+			}
+		default:
+			bad("target %s: unknown status %q", t.Key, t.Status)
+		}
+		if t.Status != TargetNotMeasured && t.Detail == "" {
+			bad("target %s: no detail", t.Key)
+		}
+	}
+	slices.Sort(got)
+	slices.Sort(want)
+	if !slices.Equal(got, want) {
+		bad("targets %v, want %v", got, want)
+	}
+	// A run that measured what a target needs at the sizes must
+	// have computed it.
+	has := func(mib int) bool {
+		return slices.Contains(r.Config.MemMiBs, mib) && slices.Contains(r.Config.LazyKinds, "mem")
+	}
+	for _, t := range r.Headline.Targets {
+		var need bool
+		switch t.Key {
+		case "first_command_1g_lazy_over_stock", "first_command_1g_copy_over_stock", "pause_1g_copy_over_lazy":
+			need = has(1024)
+		case "first_command_2g_lazy_over_stock", "first_command_2g_copy_over_stock", "pause_2g_copy_over_lazy":
+			need = has(2048)
+		case "first_command_2g_over_0_lazy":
+			need = has(2048) && has(0)
+		default:
+			need = slices.Contains(r.Config.FanOutCounts, 1) && slices.Contains(r.Config.FanOutCounts, 16)
+		}
+		if need && (t.Status == TargetNotMeasured || t.Status == TargetOtherSize) {
+			bad("target %s: %s, though the run has its workloads", t.Key, t.Status)
 		}
 	}
 	return problems
