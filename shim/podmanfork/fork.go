@@ -219,6 +219,13 @@ func (f *forker) run(ctx context.Context) (*Stats, error) {
 	if stats.Siblings, err = f.restoreAll(ctx, archive); err != nil {
 		return nil, err
 	}
+	// After every restore, so that waiting for one sibling's memory does
+	// not hold a restore slot another sibling could use.
+	if f.opts.WaitMemory {
+		if err := f.waitMemoryAll(ctx, stats.Siblings); err != nil {
+			return nil, err
+		}
+	}
 	// A source stopped or removed while the siblings were being made ends
 	// the fork: siblings of a source the user just took down are not what
 	// was asked for.
@@ -398,11 +405,6 @@ func (f *forker) restore(ctx context.Context, archive, name string, i int) (*Res
 	}
 	if err := f.ready(hctx, r); err != nil {
 		return nil, err
-	}
-	if f.opts.WaitMemory {
-		if err := f.waitMemory(hctx, r); err != nil {
-			return nil, err
-		}
 	}
 	return r, nil
 }

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/containers/podman/v5/libpod/define"
@@ -204,6 +205,26 @@ func (f *forker) firstCommand(r *Result) {
 	if r.FirstCommandMs == 0 {
 		r.FirstCommandMs = ms(time.Since(f.start))
 	}
+}
+
+// waitMemoryAll waits until every sibling has all of its memory, each
+// within the ready timeout.
+func (f *forker) waitMemoryAll(ctx context.Context, siblings []*Result) error {
+	ctx, cancel := context.WithTimeout(ctx, f.opts.ReadyTimeout)
+	defer cancel()
+	errs := make([]error, len(siblings))
+	var wg sync.WaitGroup
+	for i, r := range siblings {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := f.waitMemory(ctx, r); err != nil {
+				errs[i] = fmt.Errorf("sibling %d of %d (%s): %w", i+1, len(siblings), r.Name, err)
+			}
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
 }
 
 // waitMemory waits until the sibling's tasks have all of their memory.
