@@ -108,11 +108,14 @@ func TestListenRefusal(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.Close()
 	err = c.Listen(filepath.Join(t.TempDir(), "missing-dir", "lazy-pages.socket"))
 	if err == nil || !strings.Contains(err.Error(), "refused") {
 		t.Fatalf("listening in a missing directory: %v", err)
 	}
+	// The daemon is gone before the test's directories are removed.
+	c.Close()
+	waitGone(t, p.Lock, 5*time.Second)
+	waitGone(t, p.Images, 5*time.Second)
 }
 
 // A daemon that was killed leaves files; Collect removes them, and leaves
