@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"testing"
 	"time"
@@ -23,14 +24,13 @@ func deadOwner() journal.Owner {
 // its expiry, unless a restore still holds a use; and no new use is given.
 func TestPlanOfDeadClientIsSwept(t *testing.T) {
 	s := testStore(t)
-	dir := newPlan(t, s, 3)
+	client, die := childOwner(t)
+	dir := newPlanFor(t, s, 3, &client)
 	held, err := s.Acquire(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := HoldFor(dir, deadOwner()); err != nil {
-		t.Fatal(err)
-	}
+	die()
 	if removed, err := s.Sweep(dir, time.Now()); removed != "" || err != nil {
 		t.Fatalf("swept a plan a restore still uses: %q %v", removed, err)
 	}
@@ -45,20 +45,35 @@ func TestPlanOfDeadClientIsSwept(t *testing.T) {
 		t.Fatal("the plan outlived its dead client's last restore")
 	}
 
-	dir = newPlan(t, s, Unlimited)
-	HoldFor(dir, deadOwner())
+	dead := deadOwner()
+	dir = newPlanFor(t, s, Unlimited, &dead)
 	if removed, err := s.Sweep(dir, time.Now()); removed != SweptClientGone || err != nil {
 		t.Fatalf("sweep of an idle plan of a dead client: %q %v", removed, err)
 	}
 }
 
+// childOwner starts a process to stand for a fork client, and a function
+// that ends it.
+func childOwner(t *testing.T) (journal.Owner, func()) {
+	t.Helper()
+	cmd := exec.Command("sleep", "300")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	die := func() { cmd.Process.Kill(); cmd.Wait() }
+	t.Cleanup(die)
+	o, ok := journal.OwnerOf(cmd.Process.Pid)
+	if !ok {
+		t.Fatal("the stand-in client is gone")
+	}
+	return o, die
+}
+
 // A plan held for a live client waits for its uses or its expiry.
 func TestPlanOfLiveClientIsKept(t *testing.T) {
 	s := testStore(t)
-	dir := newPlan(t, s, 2)
-	if err := HoldFor(dir, journal.Self()); err != nil {
-		t.Fatal(err)
-	}
+	self := journal.Self()
+	dir := newPlanFor(t, s, 2, &self)
 	if removed, err := s.Sweep(dir, time.Now()); removed != "" || err != nil {
 		t.Fatalf("swept a live client's plan: %q %v", removed, err)
 	}

@@ -203,7 +203,7 @@ type Uses struct {
 	// crash at any point neither leaks a use nor returns one twice.
 	InFlight []journal.Owner `json:"in_flight"`
 	// Client is the fork client the remaining uses are held for, recorded
-	// from its intent at capture (HoldFor). Once it has died no one will
+	// from its intent at capture (SetUses). Once it has died no one will
 	// ask for them, so the plan is removed as soon as no restore holds a
 	// use, instead of at its expiry.
 	Client *journal.Owner `json:"client,omitempty"`
@@ -245,20 +245,6 @@ var ErrExpired = errors.New("fork plan expired; capture a new one")
 // ErrClientGone reports a plan whose fork client died: its siblings would
 // be made for no one, who could neither report them nor roll them back.
 var ErrClientGone = errors.New("the fork client this plan was captured for is gone; fork again")
-
-// HoldFor records the fork client the plan's remaining uses are held for.
-// A process that takes over a fork from its client (to finish it or roll
-// it back) calls it again with itself.
-func HoldFor(dir string, client journal.Owner) error {
-	return withLock(dir, func() error {
-		u, err := ReadUses(dir)
-		if err != nil {
-			return fmt.Errorf("reading uses of plan %s: %w", dir, err)
-		}
-		u.Client = &client
-		return atomicfile.WriteJSON(usesPath(dir), u, 0o600)
-	})
-}
 
 // Lease is one in-flight use of a plan.
 type Lease struct {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/tclone/tclone/runtime/forkopts"
 	"github.com/tclone/tclone/runtime/internal/atomicfile"
+	"github.com/tclone/tclone/runtime/journal"
 )
 
 // testStore is a store whose plan directory is an ordinary directory: the
@@ -26,6 +27,12 @@ func testStore(t *testing.T) Store {
 
 func newPlan(t *testing.T, s Store, uses int) string {
 	t.Helper()
+	return newPlanFor(t, s, uses, nil)
+}
+
+// newPlanFor is newPlan with its uses held for client.
+func newPlanFor(t *testing.T, s Store, uses int, client *journal.Owner) string {
+	t.Helper()
 	id := NewID()
 	dir := s.Dir(id)
 	if err := os.MkdirAll(ImagesDir(dir), 0o700); err != nil {
@@ -35,7 +42,7 @@ func newPlan(t *testing.T, s Store, uses int) string {
 	if err := p.Write(dir); err != nil {
 		t.Fatal(err)
 	}
-	if err := SetUses(dir, uses, nil); err != nil {
+	if err := SetUses(dir, uses, client); err != nil {
 		t.Fatal(err)
 	}
 	return dir
