@@ -130,7 +130,7 @@ func (e *Engine) beginCapture(src *source, req CaptureRequest, check *criucheck.
 	}
 	op := &captureOp{e: e, src: src, req: req, check: check, rfs: rfs, id: id, dir: dir,
 		snapDir: rootfs.SnapshotDir(rfs, e.Store.SnapshotRoot, id), log: newOpLog("capture", src.id)}
-	op.log.phase("prepare", logrus.Fields{"plan": dir, "rootfs": rfs.Kind, "options": fmt.Sprintf("%+v", req.Fork), "criu": check.Version.String()})
+	op.log.phase("prepare", logrus.Fields{"plan": dir, "rootfs": rfs.Kind, "options": req.Fork, "criu": check.Version})
 	if rfs.Kind == rootfs.KindBtrfs {
 		if err := e.Store.RecordExternalSnapshot(id, op.snapDir); err != nil {
 			e.Store.Remove(dir)
@@ -244,7 +244,7 @@ func (op *captureOp) dump(ctx context.Context, opts forkopts.Dumped) (*dumped, e
 	// for CRIU to refuse, and explainDumpError to explain.
 	primeIrmap(plan.WorkDir(dir), src.state.Pid)
 
-	op.log.phase("criu-options", logrus.Fields{"criu_opts": criuOpts.String(), "timeout": timeout})
+	op.log.phase("criu-options", logrus.Fields{"criu_opts": criuOpts, "timeout": timeout})
 	hooks := newCaptureNotify(ctx, src, entry, func(ctx context.Context) (*rootfs.Snapshot, error) {
 		return rootfs.Take(ctx, op.rfs, op.snapDir)
 	})

@@ -23,13 +23,17 @@ func newOpLog(op, id string) *opLog {
 }
 
 // phase logs the end of a phase: how long it took, and the operation's
-// time so far.
+// time so far. Fields are formatted only when the debug log is on: pass
+// values (fmt.Stringers), not strings made for it.
 func (l *opLog) phase(name string, fields logrus.Fields) {
 	now := time.Now()
+	defer func() { l.last = now }()
+	if !l.Logger.IsLevelEnabled(logrus.DebugLevel) {
+		return
+	}
 	l.WithFields(fields).WithFields(logrus.Fields{
 		"phase": name, "phase_ms": ms(now.Sub(l.last)), "total_ms": ms(now.Sub(l.start)),
 	}).Debug("phase done")
-	l.last = now
 }
 
 // failed logs the error an operation ends with, and where.

@@ -199,3 +199,9 @@ func (p TCPPolicy) OrClose() TCPPolicy {
 	}
 	return p
 }
+
+// String shows every option by name, for logs.
+func (f Fork) String() string {
+	type plain Fork // without this method
+	return fmt.Sprintf("%+v", plain(f))
+}
