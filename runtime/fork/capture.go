@@ -94,7 +94,7 @@ func (e *Engine) captureSource(ctx context.Context, src *source, req CaptureRequ
 		return nil, err
 	}
 	defer unlock()
-	if err := waitMemoryComplete(ctx, src, req.Fork.CaptureTimeout); err != nil {
+	if err := e.waitMemoryComplete(ctx, src, req.Fork.CaptureTimeout); err != nil {
 		return nil, err
 	}
 	op, err := e.beginCapture(src, req, check)

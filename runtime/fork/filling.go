@@ -3,6 +3,7 @@ package fork
 import (
 	"context"
 	"fmt"
+	"path/filepath"
 	"time"
 
 	"github.com/tclone/tclone/criuhooks/lazypages"
@@ -14,7 +15,15 @@ import (
 // made while some are missing would give its own siblings zeros there. The
 // wait is bounded by timeout (the capture timeout); then the fork is
 // refused, and the source was not touched.
-func waitMemoryComplete(ctx context.Context, src *source, timeout time.Duration) error {
+//
+// Reading every task's smaps costs about as much as the tree is large, so
+// it is skipped when no lazy-pages daemon runs: a task fills only while
+// its daemon lives (the daemon's guard kills it when the daemon dies), and
+// a daemon's control socket outlives it, never the reverse.
+func (e *Engine) waitMemoryComplete(ctx context.Context, src *source, timeout time.Duration) error {
+	if socks, _ := filepath.Glob(filepath.Join(e.Store.LazyDir(), "*.sock")); len(socks) == 0 {
+		return nil
+	}
 	deadline := time.Now().Add(timeout)
 	for {
 		filling, err := MemoryFilling(src.state.Pid)
