@@ -451,13 +451,17 @@ func (e *Engine) undoMaterialize(ctx context.Context, r journal.Record) error {
 // for this restore's CRIU at the work directory's socket. The daemon stays
 // while the returned client is open, and while the sibling fills.
 func (op *materializeOp) lazyDaemon(ctx context.Context, work string) (*lazy.Client, error) {
+	// What to do is the same whatever went wrong with the daemon.
+	advise := func(err error) error {
+		return fmt.Errorf("%w; sibling %s was not made: fork again, or with --memory copy to have its memory copied before it runs", err, op.req.ID)
+	}
 	client, err := lazy.Ensure(ctx, op.e.lazyPaths(op.p.ID), plan.ImagesDir(op.dir))
 	if err != nil {
-		return nil, err
+		return nil, advise(err)
 	}
 	if err := client.Listen(filepath.Join(work, lazypages.SocketName)); err != nil {
 		client.Close()
-		return nil, err
+		return nil, advise(err)
 	}
 	op.log.phase("lazy-pages", nil)
 	return client, nil
