@@ -11,23 +11,9 @@ import (
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/fown"
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/timerfd"
 	"google.golang.org/protobuf/proto"
-)
 
-func writeImage(t *testing.T, path, magic string, msgs ...proto.Message) {
-	t.Helper()
-	img := &crit.CriuImage{Magic: magic}
-	for _, m := range msgs {
-		img.Entries = append(img.Entries, &crit.CriuEntry{Message: m})
-	}
-	f, err := os.Create(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	if err := crit.New(nil, f, "", false, false).Encode(img); err != nil {
-		t.Fatal(err)
-	}
-}
+	"github.com/tclone/tclone/criuhooks/internal/imagetest"
+)
 
 func readImage(t *testing.T, path string, entry proto.Message) []proto.Message {
 	t.Helper()
@@ -64,7 +50,7 @@ func tfdEntry(id uint32, vsec, vnsec, isec, insec uint64) *fdinfo.FileEntry {
 // ahead; armed, one-shot and disarmed timers are left as CRIU saw them.
 func TestFixupRearmsPeriodicTimerfds(t *testing.T) {
 	dir := t.TempDir()
-	writeImage(t, filepath.Join(dir, "files.img"), "FILES",
+	imagetest.Write(t, filepath.Join(dir, "files.img"), "FILES",
 		tfdEntry(1, 0, 0, 0, 10_000_000),         // periodic, caught expired: re-arm
 		tfdEntry(2, 0, 5_000_000, 0, 10_000_000), // periodic, armed: keep
 		tfdEntry(3, 0, 0, 0, 0),                  // disarmed: keep
@@ -88,7 +74,7 @@ func TestFixupThawsRecordedFreezerState(t *testing.T) {
 	frozen := &cgroup.CgroupPropEntry{Name: proto.String("freezer.state"), Value: proto.String("FROZEN")}
 	other := &cgroup.CgroupPropEntry{Name: proto.String("cpu.shares"), Value: proto.String("1024")}
 	child := &cgroup.CgroupDirEntry{DirName: proto.String("child"), Properties: []*cgroup.CgroupPropEntry{frozen}}
-	writeImage(t, filepath.Join(dir, "cgroup.img"), "CGROUP", &cgroup.CgroupEntry{
+	imagetest.Write(t, filepath.Join(dir, "cgroup.img"), "CGROUP", &cgroup.CgroupEntry{
 		Controllers: []*cgroup.CgControllerEntry{{
 			Cnames: []string{"freezer"},
 			Dirs:   []*cgroup.CgroupDirEntry{{DirName: proto.String("ctr"), Properties: []*cgroup.CgroupPropEntry{other}, Children: []*cgroup.CgroupDirEntry{child}}},

@@ -8,6 +8,8 @@ import (
 
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/utsns"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/tclone/tclone/criuhooks/internal/imagetest"
 )
 
 // A sibling's image directory links every plan image but the UTS one,
@@ -15,7 +17,7 @@ import (
 // are left as they were.
 func TestSiblingImages(t *testing.T) {
 	plan, dir := t.TempDir(), filepath.Join(t.TempDir(), "sib")
-	writeImage(t, filepath.Join(plan, "utsns-12.img"), "UTSNS",
+	imagetest.Write(t, filepath.Join(plan, "utsns-12.img"), "UTSNS",
 		&utsns.UtsnsEntry{Nodename: proto.String("source"), Domainname: proto.String("(none)")})
 	if err := os.WriteFile(filepath.Join(plan, "pages-1.img"), []byte("pages"), 0o600); err != nil {
 		t.Fatal(err)

@@ -7,30 +7,15 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/checkpoint-restore/go-criu/v7/crit"
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/mm"
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/pagemap"
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/pstree"
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/vma"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
-)
 
-func writeImage(t *testing.T, path, magic string, msgs ...proto.Message) {
-	t.Helper()
-	img := &crit.CriuImage{Magic: magic}
-	for _, m := range msgs {
-		img.Entries = append(img.Entries, &crit.CriuEntry{Message: m})
-	}
-	f, err := os.Create(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	if err := crit.New(nil, f, "", false, false).Encode(img); err != nil {
-		t.Fatal(err)
-	}
-}
+	"github.com/tclone/tclone/criuhooks/internal/imagetest"
+)
 
 // criu4Entry is a pagemap entry as CRIU 4.x writes it: the page count in
 // field 5, the old 32-bit field left 0.
@@ -61,15 +46,15 @@ func mmEntry(vmas ...*vma.VmaEntry) *mm.MmEntry {
 func fakeDump(t *testing.T, pages int) string {
 	t.Helper()
 	dir := t.TempDir()
-	writeImage(t, filepath.Join(dir, "pstree.img"), "PSTREE", &pstree.PstreeEntry{Pid: proto.Uint32(7), Ppid: proto.Uint32(0), Pgid: proto.Uint32(7), Sid: proto.Uint32(7)})
-	writeImage(t, filepath.Join(dir, "pagemap-7.img"), "PAGEMAP",
+	imagetest.Write(t, filepath.Join(dir, "pstree.img"), "PSTREE", &pstree.PstreeEntry{Pid: proto.Uint32(7), Ppid: proto.Uint32(0), Pgid: proto.Uint32(7), Sid: proto.Uint32(7)})
+	imagetest.Write(t, filepath.Join(dir, "pagemap-7.img"), "PAGEMAP",
 		&pagemap.PagemapHead{PagesId: proto.Uint32(3)},
 		criu4Entry(0x1000, 1, pagePresent),
 		criu4Entry(0x10000, 4, pageLazy|pagePresent),
 		criu4Entry(0x20000, 2, pageInParent),
 		criu4Entry(0x30000, 1, pageLazy|pagePresent),
 	)
-	writeImage(t, filepath.Join(dir, "mm-7.img"), "MM", mmEntry(
+	imagetest.Write(t, filepath.Join(dir, "mm-7.img"), "MM", mmEntry(
 		vmaEntry(0x1000, 0x2000), vmaEntry(0x10000, 0x12000), vmaEntry(0x12000, 0x20000), vmaEntry(0x20000, 0x40000)))
 	if err := os.WriteFile(filepath.Join(dir, "pages-3.img"), make([]byte, pages*pageSize), 0o600); err != nil {
 		t.Fatal(err)
@@ -117,7 +102,7 @@ func TestTruncatedPagesImageIsRefused(t *testing.T) {
 
 func TestLazyDumpIsRefused(t *testing.T) {
 	dir := fakeDump(t, 6)
-	writeImage(t, filepath.Join(dir, "pagemap-7.img"), "PAGEMAP",
+	imagetest.Write(t, filepath.Join(dir, "pagemap-7.img"), "PAGEMAP",
 		&pagemap.PagemapHead{PagesId: proto.Uint32(3)}, criu4Entry(0x10000, 4, pageLazy))
 	im, _ := OpenImages(dir)
 	defer im.Close()
