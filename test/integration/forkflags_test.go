@@ -231,6 +231,10 @@ func TestPodmanForkPrintStats(t *testing.T) {
 		if running <= 0 || running > total || first < running || first > total {
 			t.Errorf("running_ms %v, first_command_ms %v, total %v", running, first, total)
 		}
+		// --print-stats waits for each sibling's memory to be complete.
+		if mem := num(s, "memory_complete_ms"); mem < running || mem > total {
+			t.Errorf("memory_complete_ms %v, running_ms %v, total %v", mem, running, total)
+		}
 		id, _ := s["identity"].(map[string]any)
 		if id["hostname"] != "own" || id["machine_id"] == nil {
 			t.Errorf("identity %v", id)
