@@ -445,6 +445,76 @@ func TestCRIULazyDaemonKilledMidFill(t *testing.T) {
 	}
 }
 
+// TestCRIULazyDaemonStopsWhileCRIUHoldsTheTasks kills the daemon (its guard
+// acts), or closes it (the daemon acts), while CRIU is in its last restore
+// stage with every task seized (a pre-resume action script holds it there).
+// The tasks are killed; CRIU then fails the restore, and would wait for ever
+// for the root (a PID namespace's init with threads) if CRIU were not killed
+// too. The restore must end at once, with an error, and leave no task.
+func TestCRIULazyDaemonStopsWhileCRIUHoldsTheTasks(t *testing.T) {
+	for _, sig := range []syscall.Signal{syscall.SIGKILL, syscall.SIGTERM} {
+		t.Run(sig.String(), func(t *testing.T) { daemonStopsAtPreResume(t, sig) })
+	}
+}
+
+func daemonStopsAtPreResume(t *testing.T, sig syscall.Signal) {
+	e := requireCRIU(t)
+	images, _ := e.dump(t, 64)
+	work := filepath.Join(e.scratch, "pre-resume")
+	os.MkdirAll(work, 0o755)
+	marker := filepath.Join(work, "at-pre-resume")
+	script := filepath.Join(work, "hold.sh")
+	hold := fmt.Sprintf("#!/bin/sh\nexec >/dev/null 2>&1\n[ \"$CRTOOLS_SCRIPT_ACTION\" = pre-resume ] || exit 0\ntouch %s\nsleep 5\n", marker)
+	if err := os.WriteFile(script, []byte(hold), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// Paced, so that the sibling is still filling when the daemon dies.
+	d := e.startDaemon(t, images, []string{filepath.Join(work, SocketName)}, time.Second)
+	cmd := criuCommand(e.criu, "restore", "-D", images, "-W", work, "-d", "--pidfile", filepath.Join(work, "pid"),
+		"-o", "restore.log", "-v4", "--lazy-pages", "--action-script", script)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	result := make(chan error, 1)
+	go func() { result <- cmd.Wait() }()
+	defer cmd.Process.Kill()
+	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		if _, err := os.Stat(marker); err == nil {
+			break
+		}
+		select {
+		case err := <-result:
+			t.Fatalf("the restore ended before its pre-resume script ran: %v", err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("CRIU did not reach its pre-resume script")
+		}
+	}
+	b, err := os.ReadFile(filepath.Join(work, "pid"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	root, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	defer memProc{pid: root}.kill()
+	d.cmd.Process.Signal(sig)
+	killed := time.Now()
+	select {
+	case err := <-result:
+		if err == nil {
+			t.Fatalf("the restore succeeded although its daemon got %s", sig)
+		}
+		t.Logf("restore failed %s after the daemon got %s: %v", ms(time.Since(killed)), sig, err)
+	case <-time.After(30 * time.Second):
+		t.Fatalf("CRIU did not return in 30 s after the daemon got %s and the tasks it restores were killed", sig)
+	}
+	for deadline := time.Now().Add(10 * time.Second); !gone(root); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the restored root %d is still there", root)
+		}
+	}
+}
+
 func killRound(t *testing.T, e *criuEnv, images, want string, siblings int, delay time.Duration, round int) []string {
 	t.Helper()
 	var socks, works []string

@@ -193,7 +193,7 @@ func (d *Daemon) newSibling(socket string) *sibling {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.nextID++
-	s := &sibling{id: d.nextID, d: d, socket: socket, uffds: map[*uffd]bool{}}
+	s := &sibling{id: d.nextID, d: d, socket: socket, uffds: map[*uffd]bool{}, restore: -1}
 	s.stats.Connected = time.Now()
 	d.siblings[s.id] = s
 	d.live.Add(1)
@@ -232,6 +232,11 @@ func (d *Daemon) serveConn(c *net.UnixConn, socket string) {
 		return
 	}
 	defer d.guard.disarm(guardDisarmConn, fd)
+	if err := s.watchRestore(fd); err != nil {
+		s.fail(err)
+		s.maybeDone()
+		return
+	}
 	if err := d.readRestore(c, s); err != nil {
 		s.connectionLost(err)
 	}

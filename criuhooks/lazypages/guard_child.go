@@ -23,6 +23,8 @@ const (
 	guardArmListener    = 5 // fd is a listening socket: its unaccepted restores are at risk
 	guardDisarmListener = 6
 	guardExit           = 7 // the daemon is closing cleanly
+	guardArmRestore     = 8 // fd is a pidfd of the CRIU restoring an incomplete sibling
+	guardDisarmRestore  = 9
 )
 
 const (
@@ -32,6 +34,9 @@ const (
 	// the tasks it killed to be gone before it exits (and with it the last
 	// reference to their userfaultfds).
 	guardKillWait = 100
+	// guardRestoreGrace is how many of those rounds the killed tasks get to
+	// be gone before the CRIU restoring them is killed too (killRestore).
+	guardRestoreGrace = 20
 )
 
 type fdSet struct {
@@ -66,7 +71,7 @@ type guardState struct {
 	ctl   int32 // read end of the control pipe (non-blocking)
 	owner int32 // pidfd of the daemon
 
-	tasks, conns, listeners fdSet
+	tasks, conns, listeners, restores fdSet
 
 	rec   [64 * guardRecordSize]byte
 	polls [guardMaxFDs + 2]unix.PollFd
@@ -94,7 +99,6 @@ func newGuardState(ctl, owner int) *guardState {
 	copy(s.name[:], "lazypages-guard")
 	copy(s.oomAdj[:], "/proc/self/oom_score_adj")
 	copy(s.oomVal[:], "-1000")
-	s.ts.Nsec = 100e6
 	s.one = 1
 	return s
 }
@@ -169,6 +173,10 @@ func (s *guardState) apply(op uint32, fd int32) bool {
 		s.listeners.add(fd)
 	case guardDisarmListener:
 		s.listeners.del(fd)
+	case guardArmRestore:
+		s.restores.add(fd)
+	case guardDisarmRestore:
+		s.restores.del(fd)
 	case guardExit:
 		return true
 	}
@@ -177,7 +185,9 @@ func (s *guardState) apply(op uint32, fd int32) bool {
 
 // ownerDied kills every task whose memory the dead daemon had not finished:
 // the armed tasks, the senders of messages it never read, and the senders of
-// restores it never accepted. Then it waits for them to be gone. Until the
+// restores it never accepted. Then it waits for them to be gone, and kills
+// the CRIU restoring an incomplete sibling if they are not gone soon (see
+// killRestore). Until the
 // guard exits, their userfaultfds stay open in the shared descriptor table,
 // so a task that faults meanwhile waits (killably) instead of reading zeros.
 //
@@ -196,6 +206,11 @@ func (s *guardState) ownerDied() {
 		s.alive[i] = true
 	}
 	for round := 0; round < guardKillWait && s.waitRound(); round++ {
+		if round == guardRestoreGrace {
+			for i := 0; i < s.restores.n && i < len(s.restores.fds); i++ {
+				syscall.RawSyscall6(unix.SYS_PIDFD_SEND_SIGNAL, uintptr(s.restores.fds[i]), uintptr(syscall.SIGKILL), 0, 0, 0, 0)
+			}
+		}
 	}
 }
 
@@ -215,6 +230,8 @@ func (s *guardState) waitRound() bool {
 	if n == 0 {
 		return false
 	}
+	// ppoll writes back the time left: set the timeout every round.
+	s.ts.Sec, s.ts.Nsec = 0, 100e6
 	syscall.RawSyscall6(syscall.SYS_PPOLL, uintptr(unsafe.Pointer(&s.polls[0])), uintptr(n), uintptr(unsafe.Pointer(&s.ts)), 0, 0, 0)
 	n = 0
 	for i := 0; i < s.tasks.n && i < len(s.tasks.fds) && n < len(s.polls); i++ {

@@ -64,6 +64,9 @@ type sibling struct {
 	failure  error
 	killed   bool // its tasks are dead: closing their userfaultfds is safe
 	reported bool
+	// restore is a pidfd of the CRIU that restores the sibling (the peer
+	// of its connection), or -1: it is killed with the tasks (killRestore).
+	restore int
 }
 
 func (s *sibling) phase() phase        { return phase(s.state.Load()) }
@@ -127,7 +130,7 @@ func (s *sibling) arm(msg criuMsg) error {
 	if s.phase() == abandoned {
 		// The sibling failed while CRIU was still restoring it: this task
 		// dies with the others, before its userfaultfd is even read.
-		killAndWait([]task{t})
+		killAndWait([]task{t}, -1)
 	}
 	return nil
 }
@@ -206,9 +209,10 @@ func (s *sibling) fail(err error) {
 	s.interrupt()
 	s.mu.Lock()
 	tasks := append([]task(nil), s.tasks...)
+	restore := s.restore
 	s.mu.Unlock()
 	go func() {
-		killAndWait(tasks)
+		killAndWait(tasks, restore)
 		s.mu.Lock()
 		s.killed = true
 		for u, stopped := range s.uffds {
@@ -250,12 +254,14 @@ func (s *sibling) maybeDone() {
 	stats := s.snapshotLocked()
 	tasks := s.tasks
 	s.tasks = nil
+	restore := s.restore
 	s.mu.Unlock()
 
 	for _, t := range tasks {
 		s.d.guard.disarm(guardDisarmTask, t.pidfd)
 		unix.Close(t.pidfd)
 	}
+	s.releaseRestore(restore)
 	ev := Event{Kind: EventComplete, Sibling: s.id, Socket: s.socket, Stats: &stats}
 	if failure != nil {
 		ev.Kind, ev.Err = EventFailed, failure
@@ -275,15 +281,21 @@ func (s *sibling) snapshotLocked() Stats {
 
 // killAndWait kills tasks and returns once they are gone (or after 10 s: a
 // task that does not die of SIGKILL is stuck in the kernel and cannot run
-// anything meanwhile either).
-func killAndWait(tasks []task) {
+// anything meanwhile either). If they are not gone after restoreGrace, it
+// kills the CRIU behind restore (a pidfd, or -1) too: see killRestore.
+func killAndWait(tasks []task, restore int) {
 	var polls []unix.PollFd
 	for _, t := range tasks {
 		unix.PidfdSendSignal(t.pidfd, unix.SIGKILL, nil, 0)
 		polls = append(polls, unix.PollFd{Fd: int32(t.pidfd), Events: unix.POLLIN})
 	}
-	deadline := time.Now().Add(10 * time.Second)
+	start := time.Now()
+	deadline := start.Add(10 * time.Second)
 	for len(polls) > 0 && time.Now().Before(deadline) {
+		if restore >= 0 && time.Since(start) >= restoreGrace {
+			killRestore(restore)
+			restore = -1
+		}
 		if _, err := unix.Poll(polls, 100); err != nil && !errors.Is(err, unix.EINTR) {
 			return
 		}
@@ -296,4 +308,74 @@ func killAndWait(tasks []task) {
 		}
 		polls = alive
 	}
+}
+
+// restoreGrace is how long killed tasks get to be gone before the CRIU
+// restoring them is killed too.
+const restoreGrace = 2 * time.Second
+
+// killRestore kills the CRIU that restores a sibling whose tasks were killed
+// and are not gone. CRIU fails that restore, but may never return: when the
+// tasks die after CRIU has seized them (its last restore stages) and the
+// root is a PID namespace's init with threads, CRIU's failure path waits for
+// the root in waitpid, the root's last thread waits in the kernel for the
+// other threads, and those stay zombies until their tracer, CRIU, reaps
+// them. Killing CRIU detaches them and ends the wait. Earlier in a restore,
+// CRIU's own failure path kills the tasks this daemon never heard of, so
+// CRIU is left alone while the killed tasks go away on their own. It is
+// killed only after the tasks have their SIGKILL, which they take before
+// they could run again once detached.
+func killRestore(pidfd int) {
+	if pidfd >= 0 {
+		unix.PidfdSendSignal(pidfd, unix.SIGKILL, nil, 0)
+	}
+}
+
+// soPeerPidfd is SO_PEERPIDFD (Linux 6.5): a pidfd of a unix socket's peer.
+const soPeerPidfd = 77
+
+// peerPidfd returns a pidfd of the process that connected the unix socket
+// fd: the CRIU of a restore. Kernels before 6.5 get one from the peer's
+// credentials, which is as good while the peer still holds the connection.
+func peerPidfd(fd int) (int, error) {
+	if pidfd, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, soPeerPidfd); err == nil {
+		return pidfd, nil
+	}
+	cred, err := unix.GetsockoptUcred(fd, unix.SOL_SOCKET, unix.SO_PEERCRED)
+	if err != nil {
+		return -1, fmt.Errorf("lazy pages: credentials of a restore's connection: %w", err)
+	}
+	pidfd, err := unix.PidfdOpen(int(cred.Pid), 0)
+	if err != nil {
+		return -1, fmt.Errorf("lazy pages: pidfd of the CRIU restoring (pid %d): %w", cred.Pid, err)
+	}
+	return pidfd, nil
+}
+
+// watchRestore arms the guard with the CRIU behind the sibling's
+// connection, so that it is killed with the sibling's tasks when the daemon
+// dies too.
+func (s *sibling) watchRestore(connFD int) error {
+	pidfd, err := peerPidfd(connFD)
+	if err != nil {
+		return err
+	}
+	if err := s.d.guard.arm(guardArmRestore, pidfd); err != nil {
+		unix.Close(pidfd)
+		return err
+	}
+	s.mu.Lock()
+	s.restore = pidfd
+	s.mu.Unlock()
+	return nil
+}
+
+// releaseRestore disarms and closes the sibling's CRIU pidfd once the
+// sibling is reported.
+func (s *sibling) releaseRestore(pidfd int) {
+	if pidfd < 0 {
+		return
+	}
+	s.d.guard.disarm(guardDisarmRestore, pidfd)
+	unix.Close(pidfd)
 }
