@@ -7,6 +7,9 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/tclone/tclone/runtime/plan"
 )
@@ -51,8 +54,13 @@ func (e *Engine) checkpointForIntent(ctx context.Context, intent *plan.Intent, i
 		client := intent.Client
 		req.Client = &client
 	}
+	ctx, stop := e.whileClientWaits(ctx, intent)
+	defer stop()
 	c, err := e.Capture(ctx, req)
 	if err != nil {
+		if cause := context.Cause(ctx); errors.Is(cause, errClientGone) || errors.Is(cause, errClientCancelled) {
+			err = fmt.Errorf("%w (%w)", err, cause)
+		}
 		return nil, err
 	}
 	if err := writeCheckpointDir(c, imagePath, workPath); err != nil {
@@ -95,4 +103,63 @@ func copyFile(src, dst string) error {
 		return err
 	}
 	return out.Close()
+}
+
+var (
+	errClientGone      = errors.New("the fork client is gone")
+	errClientCancelled = errors.New("the fork client cancelled the fork")
+)
+
+// clientPoll is how often a capture looks whether its client still waits.
+const clientPoll = 20 * time.Millisecond
+
+// whileClientWaits returns a context that also ends when the client that
+// left intent dies or cancels it (plan.Store.CancelIntent): the capture then
+// stops CRIU, which lets the source go at once, instead of finishing a plan
+// nobody will restore. Podman's checkpoint call cannot be cancelled by its
+// client; this is how a ^C of podman container fork reaches the capture.
+func (e *Engine) whileClientWaits(ctx context.Context, intent *plan.Intent) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	pidfd := -1
+	if intent.Client.Pid != 0 {
+		fd, err := unix.PidfdOpen(intent.Client.Pid, 0)
+		switch {
+		case err != nil || !intent.Client.Running():
+			// Gone already (or its PID now names another process).
+			if err == nil {
+				unix.Close(fd)
+			}
+			cancel(errClientGone)
+			return ctx, func() { cancel(nil) }
+		default:
+			pidfd = fd
+		}
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if pidfd >= 0 {
+			defer unix.Close(pidfd)
+		}
+		for ctx.Err() == nil {
+			if e.Store.IntentCancelled(intent) {
+				cancel(errClientCancelled)
+				return
+			}
+			if pidfd < 0 {
+				time.Sleep(clientPoll)
+				continue
+			}
+			fds := []unix.PollFd{{Fd: int32(pidfd), Events: unix.POLLIN}}
+			if n, _ := unix.Poll(fds, int(clientPoll/time.Millisecond)); n > 0 {
+				cancel(errClientGone)
+				return
+			}
+		}
+	}()
+	return ctx, func() {
+		cancel(nil)
+		<-done
+		e.Store.RemoveIntentCancel(intent.ContainerID, intent.Nonce)
+	}
 }

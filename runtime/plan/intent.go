@@ -154,11 +154,49 @@ func (s Store) TakeIntentResult(containerID, nonce string) (string, error) {
 }
 
 func (s Store) removeStaleResults() {
-	stale, _ := filepath.Glob(filepath.Join(s.IntentsDir(), "*.result.json"))
-	for _, path := range stale {
+	results, _ := filepath.Glob(filepath.Join(s.IntentsDir(), "*.result.json"))
+	cancels, _ := filepath.Glob(filepath.Join(s.IntentsDir(), "*.cancel"))
+	for _, path := range append(results, cancels...) {
 		if st, err := os.Stat(path); err == nil && time.Since(st.ModTime()) > IntentTTL {
 			os.Remove(path)
 		}
+	}
+}
+
+func (s Store) intentCancelPath(containerID, nonce string) (string, error) {
+	path, err := s.intentResultPath(containerID, nonce)
+	return strings.TrimSuffix(path, ".result.json") + ".cancel", err
+}
+
+// CancelIntent tells the capture that an intent asked for that its client
+// gave up (the user interrupted the fork): the capture stops and lets the
+// source go at once instead of finishing a plan nobody will use.
+func (s Store) CancelIntent(containerID, nonce string) error {
+	path, err := s.intentCancelPath(containerID, nonce)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(s.IntentsDir(), 0o700); err != nil {
+		return fmt.Errorf("creating intent directory: %w", err)
+	}
+	return os.WriteFile(path, nil, 0o600)
+}
+
+// IntentCancelled reports whether the client of intent cancelled it.
+func (s Store) IntentCancelled(in *Intent) bool {
+	path, err := s.intentCancelPath(in.ContainerID, in.Nonce)
+	if err != nil {
+		return false
+	}
+	_, err = os.Stat(path)
+	return err == nil
+}
+
+// RemoveIntentCancel removes the cancellation of an intent, once its
+// capture has ended.
+func (s Store) RemoveIntentCancel(containerID, nonce string) {
+	if path, err := s.intentCancelPath(containerID, nonce); err == nil {
+		os.Remove(path)
 	}
 }
 

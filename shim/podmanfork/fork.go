@@ -278,9 +278,25 @@ func (f *forker) checkpoint(ctx context.Context, archive string) (*plan.Plan, er
 			f.store.RemoveCapturedSince(f.src.ID, asked)
 		}
 	}()
-	_, err = containers.Checkpoint(ctx, f.src.ID, new(containers.CheckpointOptions).
+	// Podman's checkpoint goes on when its HTTP request is dropped, holding
+	// the source until CRIU is done. So a cancelled fork waits for the call,
+	// and tells tclone's capture to stop instead, which ends it at once.
+	cancelled := context.AfterFunc(ctx, func() {
+		if err := f.store.CancelIntent(f.src.ID, intent.Nonce); err != nil {
+			logrus.Warnf("telling the capture of %s to stop: %v", f.src.Name, err)
+		}
+	})
+	_, err = containers.Checkpoint(context.WithoutCancel(ctx), f.src.ID, new(containers.CheckpointOptions).
 		WithLeaveRunning(true).WithIgnoreRootfs(true).WithExport(archive).
 		WithFileLocks(f.opts.FileLocks))
+	if !cancelled() {
+		f.store.RemoveIntentCancel(f.src.ID, intent.Nonce)
+	}
+	if err == nil && ctx.Err() != nil {
+		// Captured before the cancellation reached tclone: the plan is
+		// removed with the call's rollback.
+		err = ctx.Err()
+	}
 	if err != nil {
 		// Podman's error says only that the runtime failed; tclone left
 		// its reason for the fork it could not capture.

@@ -53,9 +53,16 @@ func requireUntraced(t *testing.T, pid int, timeout time.Duration) {
 // of memory, and returns its name and host PID.
 func heldWorkload(t *testing.T) (string, int) {
 	t.Helper()
+	return workloadOf(t, 300)
+}
+
+// workloadOf starts a busybox container running the workload with mib MiB
+// of memory, and returns its name and host PID.
+func workloadOf(t *testing.T, mib int) (string, int) {
+	t.Helper()
 	n := name(t, "held")
 	podman(t, "run", "-d", "--name", n, "-v", workloadBin()+":/workload:ro", busybox,
-		"/workload", "serve", "--mem-mib", "300")
+		"/workload", "serve", "--mem-mib", strconv.Itoa(mib))
 	workloadCmd(t, podmanExec(n), "probe")
 	pid, err := strconv.Atoi(podman(t, "inspect", "--format", "{{.State.Pid}}", n))
 	if err != nil {
@@ -221,6 +228,49 @@ func TestInterruptedCaptureReleasesSource(t *testing.T) {
 		requireNoLeftovers(t)
 		requireSourceRuns(t, n)
 	})
+}
+
+// ^C of podman container fork while tclone's capture holds the source: the
+// capture stops (Podman's checkpoint call itself cannot be cancelled) and
+// the source is let go at once, not when the dump of its 2 GiB would end.
+func TestPodmanForkInterruptedDuringCapture(t *testing.T) {
+	requireStack(t)
+	n, pid := workloadOf(t, 2048)
+	cmd := exec.Command(podmanForkBin(), "--file-locks", n)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	for deadline := time.Now().Add(time.Minute); fork.TracerOf(pid) == 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			cmd.Process.Kill()
+			t.Fatalf("CRIU never seized the source: %s", stderr.String())
+		}
+	}
+	cmd.Process.Signal(os.Interrupt)
+	interrupted := time.Now()
+	requireUntraced(t, pid, time.Second)
+	t.Logf("source released %s after ^C", time.Since(interrupted))
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Fatal("an interrupted fork exited 0")
+		}
+	case <-time.After(time.Minute):
+		cmd.Process.Kill()
+		t.Fatal("podman-fork did not stop after ^C")
+	}
+	if !strings.Contains(stderr.String(), "cancelled") {
+		t.Errorf("the error does not say the fork was cancelled: %q", stderr.String())
+	}
+	if left := siblingsOf(t, n); len(left) != 0 {
+		t.Fatalf("siblings left after ^C: %v", left)
+	}
+	requireNoLeftovers(t)
+	requireSourceRuns(t, n)
 }
 
 // A container holding a stopped process forks: CRIU's ptrace seize handles
