@@ -128,6 +128,10 @@ func options(c *cli.Context) (podmanfork.Options, error) {
 	if count < 1 || count > podmanfork.MaxCount {
 		return podmanfork.Options{}, fmt.Errorf("--count %d out of range: fork 1 to %d siblings at a time", count, podmanfork.MaxCount)
 	}
+	// 0 is the default (one per CPU, up to 4), but only when not given.
+	if p := c.Int("parallel"); c.IsSet("parallel") && (p < 1 || p > podmanfork.MaxCount) {
+		return podmanfork.Options{}, fmt.Errorf("--parallel %d out of range: restore 1 to %d siblings at a time", p, podmanfork.MaxCount)
+	}
 	if d := c.Duration("ready-timeout"); d <= 0 {
 		return podmanfork.Options{}, fmt.Errorf("--ready-timeout %s: give a duration above zero, such as 30s", d)
 	}

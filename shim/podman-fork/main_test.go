@@ -30,6 +30,9 @@ func TestRefusedBeforePodman(t *testing.T) {
 		{[]string{"--count", "2", "-p", "8081:80"}, "host port"},
 		{[]string{"--hook", " "}, "hook"},
 		{[]string{"--format", "yaml"}, "--format"},
+		{[]string{"--parallel", "0"}, "--parallel 0 out of range"},
+		{[]string{"--parallel", "33"}, "--parallel 33 out of range"},
+		{[]string{"--memory", "fast"}, "memory mode"},
 		{[]string{"src2"}, "exactly one SOURCE"},
 		{[]string{""}, "exactly one SOURCE"},
 	} {
