@@ -2,16 +2,21 @@ package integration
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"math/rand"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/tclone/tclone/runtime/calls"
+	"github.com/tclone/tclone/runtime/fork"
 )
 
 // The fault-injection suite: forks killed at random instants, the way an OOM
@@ -208,9 +213,51 @@ func forkLeftovers() []string {
 	for _, pattern := range []string{
 		filepath.Join(os.TempDir(), "podman-fork-*"),
 		filepath.Join(os.TempDir(), "tclone-fork-*"),
+		// Fork intents, their results and cancellations.
+		filepath.Join(hostStore.IntentsDir(), "*"),
 	} {
 		m, _ := filepath.Glob(pattern)
 		found = append(found, m...)
+	}
+	return append(append(found, openCalls()...), forkProcesses()...)
+}
+
+// openCalls lists the records of fork calls not rolled back: after
+// recovery every call is finished (its record gone) or rolled back (its
+// record lingers as a tombstone for calls.Linger, on purpose).
+func openCalls() []string {
+	var found []string
+	records, _ := filepath.Glob(filepath.Join(hostStore.CallsDir(), "*.json"))
+	for _, path := range records {
+		var rec calls.Record
+		b, err := os.ReadFile(path)
+		if err == nil && json.Unmarshal(b, &rec) == nil && !rec.RolledBack.IsZero() {
+			continue
+		}
+		found = append(found, path)
+	}
+	return found
+}
+
+// forkProcesses lists the helper processes a fork starts that must not
+// outlive it: restore watchdogs and podman-fork's private Podman services.
+// (Lazy-pages daemons outlive a fork on purpose, until their siblings are
+// complete and they have idled; the suite's end checks them.)
+func forkProcesses() []string {
+	var found []string
+	cmdlines, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, path := range cmdlines {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			continue
+		}
+		args := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
+		cmd := strings.Join(args, " ")
+		switch {
+		case slices.Contains(args, fork.RestoreWatchCommand),
+			strings.Contains(cmd, "system service --time=0 unix:///tmp/podman-fork-"):
+			found = append(found, fmt.Sprintf("process %s: %s", filepath.Base(filepath.Dir(path)), cmd))
+		}
 	}
 	return found
 }
