@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -442,6 +443,13 @@ func (e *Engine) undoMaterialize(ctx context.Context, r journal.Record) error {
 		errs = append(errs, rootfs.Clear(rec.RootTarget))
 	}
 	if rec.ImagesOverlay != "" {
+		// The restore's CRIU, and the tasks it forked, hold the sibling's
+		// images open. When crun died first they were handed to its
+		// nearest subreaper (conmon), out of reach of killTree, where a
+		// task CRIU had seized stays stopped for ever.
+		for _, pid := range HoldersOf(rec.ImagesOverlay) {
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
 		errs = append(errs, os.RemoveAll(rec.ImagesOverlay))
 	}
 	return errors.Join(errs...)

@@ -32,6 +32,9 @@ type Recovered struct {
 	// LazyDaemons are the plans whose dead lazy-pages daemon's files were
 	// removed.
 	LazyDaemons []string `json:"lazy_daemons,omitempty"`
+	// Intents are the containers whose fork intent no checkpoint would
+	// take (its client died first, or it expired).
+	Intents []string `json:"intents,omitempty"`
 }
 
 // RemovedPlan is a plan the sweep removed.
@@ -43,7 +46,7 @@ type RemovedPlan struct {
 }
 
 func (r *Recovered) empty() bool {
-	return r.Captures+r.Siblings+r.StraySnaps+len(r.Plans)+len(r.Thawed)+len(r.Locks)+len(r.LazyDaemons) == 0
+	return r.Captures+r.Siblings+r.StraySnaps+len(r.Plans)+len(r.Thawed)+len(r.Locks)+len(r.LazyDaemons)+len(r.Intents) == 0
 }
 
 // Recover undoes every fork operation whose tclone process died, removes
@@ -59,11 +62,14 @@ func (e *Engine) Recover(ctx context.Context) (*Recovered, error) {
 	}
 	n, serr := e.removeStraySnapshots()
 	r.StraySnaps = n
+	// Intents first: the intent locks they take go with the others.
+	intents, ierr := e.Store.CollectIntents()
+	r.Intents = intents
 	locks, lerr := e.Store.CollectLocks()
 	r.Locks = locks
 	daemons, derr := lazy.Collect(e.Store.Layout)
 	r.LazyDaemons = daemons
-	return r, errors.Join(err, serr, lerr, derr)
+	return r, errors.Join(err, serr, lerr, derr, ierr)
 }
 
 // recoverOperations undoes operations whose process died and sweeps plans:

@@ -275,3 +275,7 @@ func (e *Engine) writeWatchLog(entry string, err error) {
 	msg := fmt.Sprintf("%s: %v\nrun `tclone gc` to finish the cleanup\n", time.Now().UTC().Format(time.RFC3339), err)
 	os.WriteFile(filepath.Join(e.Store.LogDir, name), []byte(msg), 0o600)
 }
+
+// HoldersOf lists the processes with a descriptor open on dir or below it:
+// for a sibling's images, a restore's CRIU and the tasks it forked.
+func HoldersOf(dir string) []int { return procfs.Holders(dir) }

@@ -110,6 +110,9 @@ type IntentResult struct {
 	Version int    `json:"version"`
 	Nonce   string `json:"nonce"`
 	Error   string `json:"error"`
+	// Client is the intent's client: once it has died, nobody will read
+	// the result.
+	Client journal.Owner `json:"client"`
 }
 
 func (s Store) intentResultPath(containerID, nonce string) (string, error) {
@@ -131,7 +134,7 @@ func (s Store) WriteIntentResult(in *Intent, failure error) error {
 		return fmt.Errorf("creating intent directory: %w", err)
 	}
 	s.removeStaleResults()
-	return atomicfile.WriteJSON(path, IntentResult{Version: FormatVersion, Nonce: in.Nonce, Error: failure.Error()}, 0o600)
+	return atomicfile.WriteJSON(path, IntentResult{Version: FormatVersion, Nonce: in.Nonce, Error: failure.Error(), Client: in.Client}, 0o600)
 }
 
 // TakeIntentResult returns and removes the failure tclone recorded for the
@@ -153,11 +156,18 @@ func (s Store) TakeIntentResult(containerID, nonce string) (string, error) {
 	return r.Error, nil
 }
 
+// removeStaleResults removes results and cancellations older than
+// IntentTTL, and results whose client has died.
 func (s Store) removeStaleResults() {
 	results, _ := filepath.Glob(filepath.Join(s.IntentsDir(), "*.result.json"))
 	cancels, _ := filepath.Glob(filepath.Join(s.IntentsDir(), "*.cancel"))
 	for _, path := range append(results, cancels...) {
 		if st, err := os.Stat(path); err == nil && time.Since(st.ModTime()) > IntentTTL {
+			os.Remove(path)
+			continue
+		}
+		var r IntentResult
+		if strings.HasSuffix(path, ".result.json") && atomicfile.ReadJSON(path, &r) == nil && r.Client.Pid != 0 && !r.Client.Running() {
 			os.Remove(path)
 		}
 	}
@@ -248,4 +258,65 @@ func ReadReference(checkpointDir string) (*Reference, error) {
 		return nil, fmt.Errorf("this checkpoint refers to fork plan %s, which lived in memory on another host or an earlier boot; fork plans cannot be moved, so fork the container again", ref.PlanID)
 	}
 	return &ref, nil
+}
+
+// CollectIntents removes the intents no checkpoint will take: expired, or
+// left by a client that died before its checkpoint (its lock is free then),
+// with the results and cancellations nobody collected. It returns the
+// containers whose intent it removed.
+func (s Store) CollectIntents() ([]string, error) {
+	s.removeStaleResults()
+	entries, err := os.ReadDir(s.IntentsDir())
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var removed []string
+	var errs []error
+	for _, ent := range entries {
+		name := ent.Name()
+		id, ok := strings.CutSuffix(name, ".json")
+		switch {
+		case strings.Contains(name, ".json.taken"):
+			// A checkpoint killed while it took the intent.
+			if st, err := ent.Info(); err == nil && time.Since(st.ModTime()) > IntentTTL {
+				os.Remove(filepath.Join(s.IntentsDir(), name))
+			}
+			continue
+		case !ok || strings.Contains(id, "."):
+			continue // results and cancellations: removeStaleResults
+		}
+		gone, err := s.removeIntentIfUnwanted(id)
+		if err != nil {
+			errs = append(errs, err)
+		}
+		if gone {
+			removed = append(removed, id)
+		}
+	}
+	return removed, errors.Join(errs...)
+}
+
+// removeIntentIfUnwanted removes the intent for containerID if it expired
+// or its client died, under the container's intent lock, which a live
+// client holds from its intent until its checkpoint returns.
+func (s Store) removeIntentIfUnwanted(containerID string) (bool, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	unlock, err := Lock(ctx, filepath.Join(s.LocksDir(), "intent-"+containerID+".lock"))
+	if err != nil {
+		return false, nil // held: its client is at work
+	}
+	defer unlock()
+	path := s.intentPath(containerID)
+	var in Intent
+	if err := atomicfile.ReadJSON(path, &in); err == nil && time.Now().Before(in.ExpiresAt) && in.Client.Running() {
+		return false, nil
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return false, fmt.Errorf("removing the unwanted fork intent of %s: %w", containerID, err)
+	}
+	return true, nil
 }

@@ -5,6 +5,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -101,18 +102,26 @@ func run(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	out := json.NewEncoder(os.Stdout)
+	// One write: the call is over, and a kill now must find the report
+	// either whole or not begun.
+	var buf bytes.Buffer
+	out := json.NewEncoder(&buf)
 	out.SetIndent("", "  ")
 	switch {
 	case c.Bool("print-stats"):
-		return out.Encode(stats)
+		err = out.Encode(stats)
 	case format == "json":
-		return out.Encode(stats.Siblings)
+		err = out.Encode(stats.Siblings)
+	default:
+		for _, r := range stats.Siblings {
+			fmt.Fprintln(&buf, r.ID)
+		}
 	}
-	for _, r := range stats.Siblings {
-		fmt.Println(r.ID)
+	if err != nil {
+		return err
 	}
-	return nil
+	_, err = os.Stdout.Write(buf.Bytes())
+	return err
 }
 
 func options(c *cli.Context) (podmanfork.Options, error) {

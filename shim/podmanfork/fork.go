@@ -237,7 +237,9 @@ func (f *forker) run(ctx context.Context) (*Stats, error) {
 	f.store.Remove(f.planDir)
 	f.planDir = ""
 	// The siblings are reported only once no collector can take this call
-	// for a dead one and undo it.
+	// for a dead one and undo it; nothing but that report may come after,
+	// so that a client killed in between leaves the least behind.
+	f.cleanupFiles()
 	if err := f.call.End(); err != nil {
 		return nil, fmt.Errorf("closing the record of this fork call: %w", err)
 	}
@@ -509,6 +511,7 @@ func (f *forker) rollback(ctx context.Context) error {
 func (f *forker) cleanupFiles() {
 	if f.tmpDir != "" {
 		os.RemoveAll(f.tmpDir)
+		f.tmpDir = ""
 	}
 }
 

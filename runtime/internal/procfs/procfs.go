@@ -103,3 +103,31 @@ func ParseCgroups(s string) []Cgroup {
 	}
 	return out
 }
+
+// Holders lists the processes (other than the caller) with a descriptor
+// open on dir or on anything below it, removed or not.
+func Holders(dir string) []int {
+	dir = strings.TrimSuffix(dir, "/")
+	self := os.Getpid()
+	var out []int
+	procs, _ := os.ReadDir("/proc")
+	for _, p := range procs {
+		pid, err := strconv.Atoi(p.Name())
+		if err != nil || pid == self {
+			continue
+		}
+		fds, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+		for _, fd := range fds {
+			link, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", pid, fd.Name()))
+			if err != nil {
+				continue
+			}
+			link = strings.TrimSuffix(link, " (deleted)")
+			if link == dir || strings.HasPrefix(link, dir+"/") {
+				out = append(out, pid)
+				break
+			}
+		}
+	}
+	return out
+}

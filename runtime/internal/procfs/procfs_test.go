@@ -2,7 +2,9 @@ package procfs
 
 import (
 	"os"
+	"os/exec"
 	"reflect"
+	"slices"
 	"testing"
 )
 
@@ -69,5 +71,37 @@ func TestParseCgroups(t *testing.T) {
 	}
 	if self, err := SelfCgroups(); err != nil || len(self) == 0 {
 		t.Fatalf("%v %v", self, err)
+	}
+}
+
+func TestHolders(t *testing.T) {
+	dir := t.TempDir()
+	sub := dir + "/images"
+	if err := os.Mkdir(sub, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("sleep", "60")
+	f, err := os.Open(sub)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.ExtraFiles = []*os.File{f}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	defer func() { cmd.Process.Kill(); cmd.Wait() }()
+	// Held below dir, and still after the directory is removed; the
+	// caller's own descriptors do not count.
+	for _, remove := range []bool{false, true} {
+		if remove {
+			os.RemoveAll(sub)
+		}
+		if got := Holders(dir); !slices.Equal(got, []int{cmd.Process.Pid}) {
+			t.Errorf("Holders (removed %v) = %v, want [%d]", remove, got, cmd.Process.Pid)
+		}
+	}
+	if got := Holders(dir + "x"); len(got) != 0 {
+		t.Errorf("a sibling directory's name prefix matched: %v", got)
 	}
 }
