@@ -121,6 +121,9 @@ func (m memProc) ask(cmd string, timeout time.Duration) (string, error) {
 			return string(b), nil
 		}
 		if gone(m.pid) {
+			if b, _ := os.ReadFile(filepath.Join(m.dir, stderrFile)); len(b) > 0 {
+				return "", fmt.Errorf("%w; the memfill processes wrote: %s", errGone, b[max(0, len(b)-4096):])
+			}
 			return "", errGone
 		}
 	}
@@ -128,6 +131,10 @@ func (m memProc) ask(cmd string, timeout time.Duration) (string, error) {
 }
 
 var errGone = errors.New("process gone")
+
+// stderrFile, in the request directory, is where memfill processes write
+// their errors.
+const stderrFile = "memfill.stderr"
 
 func (m memProc) kill() { syscall.Kill(m.pid, syscall.SIGKILL) }
 
@@ -147,6 +154,14 @@ func (e *criuEnv) dumpTree(t *testing.T, mib, children int) (string, string) {
 	cmd := exec.Command(filepath.Join(e.bin, "memfill"), "-mib", strconv.Itoa(mib), "-dir", dir,
 		"-children", strconv.Itoa(children))
 	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWPID}
+	// The source's stderr is a file, so that every process restored from
+	// it writes there too: a Go runtime that crashes says why.
+	stderr, err := os.OpenFile(filepath.Join(dir, stderrFile), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stderr.Close()
+	cmd.Stderr = stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
