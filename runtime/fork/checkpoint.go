@@ -135,9 +135,7 @@ func (e *Engine) whileClientWaits(ctx context.Context, intent *plan.Intent) (con
 			pidfd = fd
 		}
 	}
-	done := make(chan struct{})
 	go func() {
-		defer close(done)
 		if pidfd >= 0 {
 			defer unix.Close(pidfd)
 		}
@@ -157,9 +155,10 @@ func (e *Engine) whileClientWaits(ctx context.Context, intent *plan.Intent) (con
 			}
 		}
 	}()
+	// The watch ends by itself within clientPoll; the capture does not wait
+	// for it.
 	return ctx, func() {
 		cancel(nil)
-		<-done
 		e.Store.RemoveIntentCancel(intent.ContainerID, intent.Nonce)
 	}
 }

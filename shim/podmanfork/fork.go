@@ -283,7 +283,9 @@ func (f *forker) checkpoint(ctx context.Context, archive string) (*plan.Plan, er
 	// Podman's checkpoint goes on when its HTTP request is dropped, holding
 	// the source until CRIU is done. So a cancelled fork waits for the call,
 	// and tells tclone's capture to stop instead, which ends it at once.
-	cancelled := context.AfterFunc(ctx, func() {
+	marked := make(chan struct{})
+	notCancelled := context.AfterFunc(ctx, func() {
+		defer close(marked)
 		if err := f.store.CancelIntent(f.src.ID, intent.Nonce); err != nil {
 			logrus.Warnf("telling the capture of %s to stop: %v", f.src.Name, err)
 		}
@@ -291,7 +293,8 @@ func (f *forker) checkpoint(ctx context.Context, archive string) (*plan.Plan, er
 	_, err = containers.Checkpoint(context.WithoutCancel(ctx), f.src.ID, new(containers.CheckpointOptions).
 		WithLeaveRunning(true).WithIgnoreRootfs(true).WithExport(archive).
 		WithFileLocks(f.opts.FileLocks))
-	if !cancelled() {
+	if !notCancelled() {
+		<-marked
 		f.store.RemoveIntentCancel(f.src.ID, intent.Nonce)
 	}
 	if err == nil && ctx.Err() != nil {
