@@ -255,6 +255,7 @@ func (s *sibling) maybeDone() {
 	tasks := s.tasks
 	s.tasks = nil
 	restore := s.restore
+	s.restore = -1
 	s.mu.Unlock()
 
 	for _, t := range tasks {
