@@ -30,13 +30,13 @@ const (
 const (
 	guardRecordSize = 8
 	guardMaxFDs     = 4096
-	// guardKillWait bounds how long the guard waits, in 100 ms rounds, for
+	// guardKillWait bounds how long the guard waits, in nanoseconds, for
 	// the tasks it killed to be gone before it exits (and with it the last
 	// reference to their userfaultfds).
-	guardKillWait = 100
-	// guardRestoreGrace is how many of those rounds the killed tasks get to
-	// be gone before the CRIU restoring them is killed too (killRestore).
-	guardRestoreGrace = 20
+	guardKillWait = 10e9
+	// guardRestoreGrace is how long a CRIU restoring killed tasks gets to
+	// end before it is killed too (killRestore).
+	guardRestoreGrace = 2e9
 )
 
 type fdSet struct {
@@ -73,9 +73,10 @@ type guardState struct {
 
 	tasks, conns, listeners, restores fdSet
 
-	rec   [64 * guardRecordSize]byte
-	polls [guardMaxFDs + 2]unix.PollFd
-	alive [guardMaxFDs]bool
+	rec          [64 * guardRecordSize]byte
+	polls        [guardMaxFDs + 2]unix.PollFd
+	alive        [guardMaxFDs]bool
+	restoreAlive [guardMaxFDs]bool
 
 	msg  unix.Msghdr
 	iov  unix.Iovec
@@ -86,6 +87,8 @@ type guardState struct {
 	oomAdj [32]byte
 	oomVal [8]byte
 	ts     unix.Timespec
+	start  unix.Timespec
+	now    unix.Timespec
 	one    int32
 }
 
@@ -205,17 +208,36 @@ func (s *guardState) ownerDied() {
 		syscall.RawSyscall6(unix.SYS_PIDFD_SEND_SIGNAL, uintptr(s.tasks.fds[i]), uintptr(syscall.SIGKILL), 0, 0, 0, 0)
 		s.alive[i] = true
 	}
-	for round := 0; round < guardKillWait && s.waitRound(); round++ {
-		if round == guardRestoreGrace {
+	for i := 0; i < s.restores.n && i < len(s.restores.fds); i++ {
+		s.restoreAlive[i] = true
+	}
+	s.clock(&s.start)
+	restoresKilled := false
+	for s.waitRound() {
+		s.clock(&s.now)
+		elapsed := (s.now.Sec-s.start.Sec)*1e9 + (s.now.Nsec - s.start.Nsec)
+		if !restoresKilled && elapsed >= guardRestoreGrace {
+			restoresKilled = true
 			for i := 0; i < s.restores.n && i < len(s.restores.fds); i++ {
-				syscall.RawSyscall6(unix.SYS_PIDFD_SEND_SIGNAL, uintptr(s.restores.fds[i]), uintptr(syscall.SIGKILL), 0, 0, 0, 0)
+				if s.restoreAlive[i] {
+					syscall.RawSyscall6(unix.SYS_PIDFD_SEND_SIGNAL, uintptr(s.restores.fds[i]), uintptr(syscall.SIGKILL), 0, 0, 0, 0)
+				}
 			}
+		}
+		if elapsed >= guardKillWait {
+			return
 		}
 	}
 }
 
-// waitRound waits up to 100 ms for killed tasks to exit; false once none is
-// left.
+//go:nosplit
+//go:norace
+func (s *guardState) clock(ts *unix.Timespec) {
+	syscall.RawSyscall(syscall.SYS_CLOCK_GETTIME, unix.CLOCK_MONOTONIC, uintptr(unsafe.Pointer(ts)), 0)
+}
+
+// waitRound waits up to 100 ms for killed tasks, and the CRIUs restoring
+// them, to exit; false once none is left.
 //
 //go:nosplit
 //go:norace
@@ -224,6 +246,12 @@ func (s *guardState) waitRound() bool {
 	for i := 0; i < s.tasks.n && i < len(s.tasks.fds) && n < len(s.polls); i++ {
 		if s.alive[i] {
 			s.polls[n] = unix.PollFd{Fd: s.tasks.fds[i], Events: unix.POLLIN}
+			n++
+		}
+	}
+	for i := 0; i < s.restores.n && i < len(s.restores.fds) && n < len(s.polls); i++ {
+		if s.restoreAlive[i] {
+			s.polls[n] = unix.PollFd{Fd: s.restores.fds[i], Events: unix.POLLIN}
 			n++
 		}
 	}
@@ -238,6 +266,14 @@ func (s *guardState) waitRound() bool {
 		if s.alive[i] {
 			if s.polls[n].Revents != 0 {
 				s.alive[i] = false
+			}
+			n++
+		}
+	}
+	for i := 0; i < s.restores.n && i < len(s.restores.fds) && n < len(s.polls); i++ {
+		if s.restoreAlive[i] {
+			if s.polls[n].Revents != 0 {
+				s.restoreAlive[i] = false
 			}
 			n++
 		}

@@ -282,20 +282,24 @@ func (s *sibling) snapshotLocked() Stats {
 
 // killAndWait kills tasks and returns once they are gone (or after 10 s: a
 // task that does not die of SIGKILL is stuck in the kernel and cannot run
-// anything meanwhile either). If they are not gone after restoreGrace, it
-// kills the CRIU behind restore (a pidfd, or -1) too: see killRestore.
+// anything meanwhile either), and the CRIU behind restore (a pidfd, or -1)
+// has ended: if it has not after restoreGrace, it is killed (killRestore).
 func killAndWait(tasks []task, restore int) {
 	var polls []unix.PollFd
 	for _, t := range tasks {
 		unix.PidfdSendSignal(t.pidfd, unix.SIGKILL, nil, 0)
 		polls = append(polls, unix.PollFd{Fd: int32(t.pidfd), Events: unix.POLLIN})
 	}
+	if restore >= 0 {
+		polls = append(polls, unix.PollFd{Fd: int32(restore), Events: unix.POLLIN})
+	}
 	start := time.Now()
 	deadline := start.Add(10 * time.Second)
+	killed := false
 	for len(polls) > 0 && time.Now().Before(deadline) {
-		if restore >= 0 && time.Since(start) >= restoreGrace {
+		if restore >= 0 && !killed && time.Since(start) >= restoreGrace {
 			killRestore(restore)
-			restore = -1
+			killed = true
 		}
 		if _, err := unix.Poll(polls, 100); err != nil && !errors.Is(err, unix.EINTR) {
 			return
@@ -303,7 +307,6 @@ func killAndWait(tasks []task, restore int) {
 		alive := polls[:0]
 		for _, p := range polls {
 			if p.Revents == 0 {
-				p.Revents = 0
 				alive = append(alive, p)
 			}
 		}
@@ -311,21 +314,22 @@ func killAndWait(tasks []task, restore int) {
 	}
 }
 
-// restoreGrace is how long killed tasks get to be gone before the CRIU
-// restoring them is killed too.
+// restoreGrace is how long the CRIU restoring killed tasks gets to end
+// before it is killed too.
 const restoreGrace = 2 * time.Second
 
-// killRestore kills the CRIU that restores a sibling whose tasks were killed
-// and are not gone. CRIU fails that restore, but may never return: when the
-// tasks die after CRIU has seized them (its last restore stages) and the
-// root is a PID namespace's init with threads, CRIU's failure path waits for
-// the root in waitpid, the root's last thread waits in the kernel for the
-// other threads, and those stay zombies until their tracer, CRIU, reaps
-// them. Killing CRIU detaches them and ends the wait. Earlier in a restore,
-// CRIU's own failure path kills the tasks this daemon never heard of, so
-// CRIU is left alone while the killed tasks go away on their own. It is
-// killed only after the tasks have their SIGKILL, which they take before
-// they could run again once detached.
+// killRestore kills the CRIU that restores a sibling whose tasks were
+// killed, once it has had restoreGrace to end. CRIU fails that restore, but
+// may never return: when the tasks die after CRIU has seized them (its last
+// restore stages), its failure path can wait for ever. Seen: waitpid of the
+// root, a PID namespace's init with threads, whose last thread waits in the
+// kernel for the other threads, zombies until their tracer, CRIU, reaps
+// them; and a futex wait for tasks that will never report, after a seize
+// found a task gone. Killing CRIU detaches its tracees and ends either.
+// Earlier in a restore CRIU's own failure path kills the tasks this daemon
+// never heard of, within the grace, so it is not cut short. It is killed
+// only after the tasks have their SIGKILL, which they take before they
+// could run again once detached.
 func killRestore(pidfd int) {
 	if pidfd >= 0 {
 		unix.PidfdSendSignal(pidfd, unix.SIGKILL, nil, 0)
