@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand"
 	"os"
 	"os/exec"
@@ -57,7 +58,43 @@ func requireCRIU(t *testing.T) *criuEnv {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(scratch) })
+	watchCrashes(t)
 	return &criuEnv{criu: criu, bin: helpersDir, scratch: scratch}
+}
+
+// watchCrashes fails t if a memfill process dies of a fault while it runs:
+// memfill never faults on the memory it was given, so a fault means a
+// restored task read wrong memory (zeros where the source had data). Such
+// a task often cannot say so itself (with its runtime's memory gone, Go
+// finds no goroutine and dies silently), but the kernel logs the fault.
+func watchCrashes(t *testing.T) {
+	t.Helper()
+	// Raw reads: os.File would wait in the poller instead of reporting
+	// the end of the log.
+	fd, err := syscall.Open("/dev/kmsg", syscall.O_RDONLY|syscall.O_NONBLOCK|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatalf("reading the kernel log for crashes: %v", err)
+	}
+	if _, err := syscall.Seek(fd, 0, io.SeekEnd); err != nil {
+		syscall.Close(fd)
+		t.Fatalf("reading the kernel log for crashes: %v", err)
+	}
+	t.Cleanup(func() {
+		defer syscall.Close(fd)
+		buf := make([]byte, 8192)
+		for {
+			n, err := syscall.Read(fd, buf)
+			if errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.EINTR) {
+				continue // records overwritten meanwhile: read on
+			}
+			if err != nil || n <= 0 {
+				return
+			}
+			if rec := string(buf[:n]); strings.Contains(rec, "memfill[") && strings.Contains(rec, "segfault") {
+				t.Errorf("a memfill process crashed, so it read wrong memory: %s", strings.TrimSpace(rec[strings.Index(rec, ";")+1:]))
+			}
+		}
+	})
 }
 
 func findCRIU() (string, string) {
@@ -102,6 +139,9 @@ func buildHelpers() {
 type memProc struct {
 	pid int
 	dir string // where it reads requests
+	// stderr is this process's own standard error: a restored process
+	// that crashed (a Go runtime reading wrong memory) says so there.
+	stderr string
 }
 
 // ask sends a request and waits for the answer.
@@ -121,8 +161,8 @@ func (m memProc) ask(cmd string, timeout time.Duration) (string, error) {
 			return string(b), nil
 		}
 		if gone(m.pid) {
-			if b, _ := os.ReadFile(filepath.Join(m.dir, stderrFile)); len(b) > 0 {
-				return "", fmt.Errorf("%w; the memfill processes wrote: %s", errGone, b[max(0, len(b)-4096):])
+			if b, _ := os.ReadFile(m.stderr); m.stderr != "" && len(b) > 0 {
+				return "", fmt.Errorf("%w: %s", errCrashed, b[:min(len(b), 2048)])
 			}
 			return "", errGone
 		}
@@ -130,10 +170,14 @@ func (m memProc) ask(cmd string, timeout time.Duration) (string, error) {
 	return "", fmt.Errorf("pid %d did not answer %q in %s", m.pid, cmd, timeout)
 }
 
-var errGone = errors.New("process gone")
+var (
+	errGone = errors.New("process gone")
+	// errCrashed: the process is gone, and wrote on its way out.
+	errCrashed = errors.New("process crashed")
+)
 
-// stderrFile, in the request directory, is where memfill processes write
-// their errors.
+// stderrFile, in the request directory, is the source's standard error.
+// Each restore gives its process a file of its own instead (restore).
 const stderrFile = "memfill.stderr"
 
 func (m memProc) kill() { syscall.Kill(m.pid, syscall.SIGKILL) }
@@ -221,7 +265,19 @@ func (e *criuEnv) restore(images, work string, lazy bool) (memProc, error) {
 	if lazy {
 		args = append(args, "--lazy-pages")
 	}
-	if out, err := criuCommand(e.criu, args...).CombinedOutput(); err != nil {
+	// The restored process's standard error is a file of its own, in place
+	// of the source's (CRIU matches an inherited file by its path).
+	dir := filepath.Join(e.scratch, "ask")
+	stderrPath := filepath.Join(work, "stderr")
+	stderr, err := os.OpenFile(stderrPath, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|os.O_APPEND, 0o644)
+	if err != nil {
+		return memProc{}, err
+	}
+	defer stderr.Close()
+	args = append(args, "--inherit-fd", "fd[3]:"+strings.TrimPrefix(filepath.Join(dir, stderrFile), "/"))
+	cmd := criuCommand(e.criu, args...)
+	cmd.ExtraFiles = []*os.File{stderr}
+	if out, err := cmd.CombinedOutput(); err != nil {
 		return memProc{}, fmt.Errorf("criu restore: %v: %s\n%s", err, out, criuErrors(filepath.Join(work, "restore.log")))
 	}
 	b, err := os.ReadFile(pidfile)
@@ -229,7 +285,7 @@ func (e *criuEnv) restore(images, work string, lazy bool) (memProc, error) {
 		return memProc{}, err
 	}
 	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
-	return memProc{pid: pid, dir: filepath.Join(e.scratch, "ask")}, err
+	return memProc{pid: pid, dir: dir, stderr: stderrPath}, err
 }
 
 // daemonLine is one line of lazypagesd's output.
@@ -455,8 +511,11 @@ func TestCRIULazyDaemonKilledMidFill(t *testing.T) {
 	t.Logf("seed %d", seed)
 	for round := range rounds {
 		delay := time.Duration(rng.Int63n(int64(time.Second)))
-		outcomes := killRound(t, e, images, want, siblings, delay, round)
-		t.Logf("round %d: daemon killed %s after the restores began: %s", round, ms(delay), strings.Join(outcomes, ", "))
+		t.Run(fmt.Sprint(round), func(t *testing.T) {
+			watchCrashes(t)
+			outcomes := killRound(t, e, images, want, siblings, delay, round)
+			t.Logf("round %d: daemon killed %s after the restores began: %s", round, ms(delay), strings.Join(outcomes, ", "))
+		})
 	}
 }
 
@@ -561,6 +620,8 @@ func killRound(t *testing.T, e *criuEnv, images, want string, siblings int, dela
 			switch {
 			case errors.Is(err, errGone):
 				outcomes[i] = "killed"
+			case errors.Is(err, errCrashed):
+				outcomes[i] = "CRASHED, WRONG MEMORY: " + err.Error()
 			case err != nil:
 				outcomes[i] = "ALIVE WITHOUT ANSWERING: " + err.Error()
 				sib.kill()
@@ -579,9 +640,19 @@ func killRound(t *testing.T, e *criuEnv, images, want string, siblings int, dela
 	d.cmd.Process.Signal(syscall.SIGKILL)
 	<-d.exited
 	wg.Wait()
+	for _, l := range d.find(EventFailed) {
+		t.Logf("round %d: sibling %d failed before the kill: %s", round, l.Sibling, l.Error)
+	}
 	for _, o := range outcomes {
 		if o != "complete" && o != "killed" && o != "restore failed" {
 			t.Errorf("round %d: a sibling is %s", round, o)
+		}
+	}
+	// A task of any restore, answered or not, that ran on wrong memory and
+	// crashed wrote on its way out.
+	for i, w := range works {
+		if b, _ := os.ReadFile(filepath.Join(w, "stderr")); len(b) > 0 {
+			t.Errorf("round %d: a task of sibling %d crashed (wrong memory): %s", round, i, b[:min(len(b), 2048)])
 		}
 	}
 	for _, g := range guard {

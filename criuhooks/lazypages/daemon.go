@@ -158,11 +158,36 @@ func listenUnix(path string) (*net.UnixListener, error) {
 	if err != nil {
 		return nil, fmt.Errorf("lazy pages: listen on %s: %w", path, err)
 	}
+	// Every message must name its sender, the task to kill if its memory
+	// cannot be completed. The kernel names senders to a connection not
+	// yet accepted, and an accepted one takes SO_PASSCRED from its
+	// listener at once; set on the accepted socket instead, it would leave
+	// messages sent in between nameless, and their tasks out of reach.
+	if err := setPassCred(l); err != nil {
+		l.Close()
+		return nil, fmt.Errorf("lazy pages: SO_PASSCRED on %s: %w", path, err)
+	}
 	if bind != path {
 		// The name to unlink on close would be the /proc path.
 		l.SetUnlinkOnClose(false)
 	}
 	return l, nil
+}
+
+func setPassCred(c interface {
+	SyscallConn() (syscall.RawConn, error)
+}) error {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var serr error
+	if err := raw.Control(func(fd uintptr) {
+		serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_PASSCRED, 1)
+	}); err != nil {
+		return err
+	}
+	return serr
 }
 
 func socketFD(c interface {

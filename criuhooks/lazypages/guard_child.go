@@ -77,6 +77,7 @@ type guardState struct {
 	polls        [guardMaxFDs + 2]unix.PollFd
 	alive        [guardMaxFDs]bool
 	restoreAlive [guardMaxFDs]bool
+	connOpen     [guardMaxFDs]bool
 
 	msg  unix.Msghdr
 	iov  unix.Iovec
@@ -202,7 +203,7 @@ func (s *guardState) ownerDied() {
 		s.drainListener(s.listeners.fds[i])
 	}
 	for i := 0; i < s.conns.n && i < len(s.conns.fds); i++ {
-		s.drainConn(s.conns.fds[i])
+		s.connOpen[i] = !s.drainConn(s.conns.fds[i])
 	}
 	for i := 0; i < s.tasks.n && i < len(s.tasks.fds); i++ {
 		syscall.RawSyscall6(unix.SYS_PIDFD_SEND_SIGNAL, uintptr(s.tasks.fds[i]), uintptr(syscall.SIGKILL), 0, 0, 0, 0)
@@ -236,8 +237,9 @@ func (s *guardState) clock(ts *unix.Timespec) {
 	syscall.RawSyscall(syscall.SYS_CLOCK_GETTIME, unix.CLOCK_MONOTONIC, uintptr(unsafe.Pointer(ts)), 0)
 }
 
-// waitRound waits up to 100 ms for killed tasks, and the CRIUs restoring
-// them, to exit; false once none is left.
+// waitRound waits up to 100 ms for killed tasks and the CRIUs restoring
+// them to exit, and for restores to send or close; false once nothing is
+// left to wait for.
 //
 //go:nosplit
 //go:norace
@@ -252,6 +254,12 @@ func (s *guardState) waitRound() bool {
 	for i := 0; i < s.restores.n && i < len(s.restores.fds) && n < len(s.polls); i++ {
 		if s.restoreAlive[i] {
 			s.polls[n] = unix.PollFd{Fd: s.restores.fds[i], Events: unix.POLLIN}
+			n++
+		}
+	}
+	for i := 0; i < s.conns.n && i < len(s.conns.fds) && n < len(s.polls); i++ {
+		if s.connOpen[i] {
+			s.polls[n] = unix.PollFd{Fd: s.conns.fds[i], Events: unix.POLLIN | unix.POLLRDHUP}
 			n++
 		}
 	}
@@ -278,6 +286,17 @@ func (s *guardState) waitRound() bool {
 			n++
 		}
 	}
+	// Connections last: reading one may add tasks, which the next round
+	// polls.
+	conns := s.conns.n
+	for i := 0; i < conns && i < len(s.conns.fds) && n < len(s.polls); i++ {
+		if s.connOpen[i] {
+			if s.polls[n].Revents != 0 && s.drainConn(s.conns.fds[i]) {
+				s.connOpen[i] = false
+			}
+			n++
+		}
+	}
 	return true
 }
 
@@ -294,26 +313,33 @@ func (s *guardState) drainListener(fd int32) {
 			return
 		}
 		syscall.RawSyscall6(syscall.SYS_SETSOCKOPT, c, syscall.SOL_SOCKET, syscall.SO_PASSCRED, uintptr(unsafe.Pointer(&s.one)), 4, 0)
-		s.drainConn(int32(c))
+		s.conns.add(int32(c))
 	}
 }
 
-// drainConn reads what a restore sent and the daemon did not read, and adds
-// every sender (SCM_CREDENTIALS) to the tasks to kill. The userfaultfds that
-// come with the messages land in the shared table, which keeps them
-// registered until the guard exits.
+// drainConn reads what a restore sent and the daemon did not read, and
+// kills every sender (SCM_CREDENTIALS). The userfaultfds that come with the
+// messages land in the shared table, which keeps them registered until the
+// guard exits. It reports whether the restore closed the connection: until
+// then its tasks may still send (a userfaultfd left in flight when the
+// guard exits would be dropped with the socket, and its task would read
+// zeros), so the guard goes on reading it.
 //
 //go:nosplit
 //go:norace
-func (s *guardState) drainConn(fd int32) {
+func (s *guardState) drainConn(fd int32) bool {
 	for k := 0; k < guardMaxFDs; k++ {
 		s.msg.Controllen = uint64(len(s.oob))
 		n, _, e := syscall.RawSyscall(syscall.SYS_RECVMSG, uintptr(fd), uintptr(unsafe.Pointer(&s.msg)), syscall.MSG_DONTWAIT)
+		if e == syscall.EAGAIN || e == syscall.EINTR {
+			return false
+		}
 		if e != 0 || n == 0 {
-			return
+			return true
 		}
 		s.killSenders(uintptr(s.msg.Controllen))
 	}
+	return false
 }
 
 //go:nosplit
@@ -328,8 +354,10 @@ func (s *guardState) killSenders(controlLen uintptr) {
 		if h.Level == syscall.SOL_SOCKET && h.Type == syscall.SCM_CREDENTIALS {
 			pid := *(*int32)(unsafe.Pointer(&s.oob[off+hdr]))
 			pidfd, _, e := syscall.RawSyscall(unix.SYS_PIDFD_OPEN, uintptr(pid), 0, 0)
-			if e == 0 && pid > 0 {
+			if e == 0 && pid > 0 && s.tasks.n < len(s.tasks.fds) {
 				s.tasks.add(int32(pidfd))
+				s.alive[s.tasks.n-1] = true
+				syscall.RawSyscall6(unix.SYS_PIDFD_SEND_SIGNAL, pidfd, uintptr(syscall.SIGKILL), 0, 0, 0, 0)
 			}
 		}
 		off += (uintptr(h.Len) + 7) &^ 7

@@ -46,25 +46,17 @@ type criuMsg struct {
 //	at the end:     uint32 0x52535446, then the restore closes the socket
 //
 // all in host byte order over a stream socket. The daemon turns on
-// SO_PASSCRED, so each message also names its sender.
+// SO_PASSCRED on its listeners, so each message also names its sender.
 type criuConn struct {
 	c   *net.UnixConn
 	oob []byte
 }
 
 func newCriuConn(c *net.UnixConn) (*criuConn, error) {
-	raw, err := c.SyscallConn()
-	if err != nil {
-		return nil, err
-	}
-	var serr error
-	if err := raw.Control(func(fd uintptr) {
-		serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_PASSCRED, 1)
-	}); err != nil {
-		return nil, err
-	}
-	if serr != nil {
-		return nil, fmt.Errorf("lazy pages: SO_PASSCRED: %w", serr)
+	// The listener's SO_PASSCRED came with the connection (listenUnix);
+	// this covers a connection made some other way.
+	if err := setPassCred(c); err != nil {
+		return nil, fmt.Errorf("lazy pages: SO_PASSCRED: %w", err)
 	}
 	return &criuConn{c: c, oob: make([]byte, unix.CmsgSpace(unix.SizeofUcred)+unix.CmsgSpace(4*4))}, nil
 }

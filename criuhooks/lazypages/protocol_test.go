@@ -124,3 +124,47 @@ func TestCriuConnTaskWithoutDescriptor(t *testing.T) {
 		t.Fatal("a task without a userfaultfd was accepted")
 	}
 }
+
+// A restore's task may send its userfaultfd the moment the daemon has
+// accepted the connection, before the daemon has done anything with it:
+// the message must still name its sender (the daemon's listener passes
+// SO_PASSCRED on to what it accepts), or the task could not be killed if
+// its memory cannot be completed.
+func TestMessagesRightAfterAcceptNameTheirSender(t *testing.T) {
+	path := t.TempDir() + "/lazy-pages.socket"
+	l, err := listenUnix(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	if err := unix.Connect(fd, &unix.SockaddrUnix{Name: path}); err != nil {
+		t.Fatal(err)
+	}
+	c, err := l.AcceptUnix()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	// Sent after the accept, read without any further set-up.
+	if err := unix.Sendmsg(fd, []byte{1}, nil, nil, 0); err != nil {
+		t.Fatal(err)
+	}
+	oob := make([]byte, unix.CmsgSpace(unix.SizeofUcred))
+	_, oobn, _, _, err := c.ReadMsgUnix(make([]byte, 1), oob)
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
+	if err != nil || len(msgs) != 1 {
+		t.Fatalf("no credentials came with the message (%d control messages, %v)", len(msgs), err)
+	}
+	cred, err := unix.ParseUnixCredentials(&msgs[0])
+	if err != nil || int(cred.Pid) != os.Getpid() {
+		t.Fatalf("credentials %+v, %v; want pid %d", cred, err, os.Getpid())
+	}
+}
