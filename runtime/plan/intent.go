@@ -266,10 +266,7 @@ func ReadReference(checkpointDir string) (*Reference, error) {
 // containers whose intent it removed.
 func (s Store) CollectIntents() ([]string, error) {
 	s.removeStaleResults()
-	entries, err := os.ReadDir(s.IntentsDir())
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
-	}
+	entries, err := readDir(s.IntentsDir())
 	if err != nil {
 		return nil, err
 	}

@@ -26,10 +26,7 @@ func Lock(ctx context.Context, path string) (unlock func(), err error) {
 // paths. Each is removed while holding its lock, so no holder loses it; a
 // process waiting for it finds it gone and locks a new file (see Lock).
 func (s Store) CollectLocks() ([]string, error) {
-	entries, err := os.ReadDir(s.LocksDir())
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
-	}
+	entries, err := readDir(s.LocksDir())
 	if err != nil {
 		return nil, err
 	}

@@ -109,12 +109,19 @@ func (s Store) Contains(path string) bool {
 	return err == nil && rel != "." && !strings.HasPrefix(rel, "..")
 }
 
-// List returns the IDs of all plans in the store.
-func (s Store) List() ([]string, error) {
-	entries, err := os.ReadDir(s.PlansDir())
+// readDir is os.ReadDir of a directory that may not exist yet: then it
+// holds nothing.
+func readDir(dir string) ([]os.DirEntry, error) {
+	entries, err := os.ReadDir(dir)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
 	}
+	return entries, err
+}
+
+// List returns the IDs of all plans in the store.
+func (s Store) List() ([]string, error) {
+	entries, err := readDir(s.PlansDir())
 	if err != nil {
 		return nil, err
 	}

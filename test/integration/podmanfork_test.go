@@ -419,6 +419,27 @@ func TestPodmanForkTTYContainer(t *testing.T) {
 }
 
 // ^C during a fork rolls it back: no sibling, no plan.
+// requireForkCancelled waits for a podman-fork sent ^C to fail saying it
+// was cancelled, leaving no sibling of src.
+func requireForkCancelled(t *testing.T, cmd *exec.Cmd, done <-chan error, stderr *strings.Builder, src string) {
+	t.Helper()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Fatal("an interrupted fork exited 0")
+		}
+	case <-time.After(2 * time.Minute):
+		cmd.Process.Kill()
+		t.Fatal("podman-fork did not stop after ^C")
+	}
+	if !strings.Contains(stderr.String(), "cancelled") {
+		t.Errorf("the error does not say the fork was cancelled: %q", stderr.String())
+	}
+	if left := siblingsOf(t, src); len(left) != 0 {
+		t.Fatalf("siblings left after ^C: %v", left)
+	}
+}
+
 func TestPodmanForkInterrupted(t *testing.T) {
 	requireStack(t)
 	src := demoWorkspace(t)
@@ -437,21 +458,7 @@ func TestPodmanForkInterrupted(t *testing.T) {
 	cmd.Process.Signal(os.Interrupt)
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
-	select {
-	case err := <-done:
-		if err == nil {
-			t.Fatal("an interrupted fork exited 0")
-		}
-	case <-time.After(2 * time.Minute):
-		cmd.Process.Kill()
-		t.Fatal("podman-fork did not stop after ^C")
-	}
-	if !strings.Contains(stderr.String(), "cancelled") {
-		t.Errorf("error does not say the fork was cancelled: %q", stderr.String())
-	}
-	if left := siblingsOf(t, src); len(left) != 0 {
-		t.Fatalf("siblings left after ^C: %v", left)
-	}
+	requireForkCancelled(t, cmd, done, &stderr, src)
 	if got := state(t, src); got != "running" {
 		t.Fatalf("source after ^C: %q", got)
 	}

@@ -254,21 +254,7 @@ func TestPodmanForkInterruptedDuringCapture(t *testing.T) {
 	interrupted := time.Now()
 	requireUntraced(t, pid, time.Second)
 	t.Logf("source released %s after ^C", time.Since(interrupted))
-	select {
-	case err := <-done:
-		if err == nil {
-			t.Fatal("an interrupted fork exited 0")
-		}
-	case <-time.After(time.Minute):
-		cmd.Process.Kill()
-		t.Fatal("podman-fork did not stop after ^C")
-	}
-	if !strings.Contains(stderr.String(), "cancelled") {
-		t.Errorf("the error does not say the fork was cancelled: %q", stderr.String())
-	}
-	if left := siblingsOf(t, n); len(left) != 0 {
-		t.Fatalf("siblings left after ^C: %v", left)
-	}
+	requireForkCancelled(t, cmd, done, &stderr, n)
 	requireNoLeftovers(t)
 	requireSourceRuns(t, n)
 }
