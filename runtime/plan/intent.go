@@ -178,9 +178,9 @@ func (s Store) intentCancelPath(containerID, nonce string) (string, error) {
 	return strings.TrimSuffix(path, ".result.json") + ".cancel", err
 }
 
-// CancelIntent tells the capture that an intent asked for that its client
-// gave up (the user interrupted the fork): the capture stops and lets the
-// source go at once instead of finishing a plan nobody will use.
+// CancelIntent tells the capture of the intent with this nonce that its
+// client gave up (the user interrupted the fork): the capture stops and
+// lets the source go at once instead of finishing a plan nobody will use.
 func (s Store) CancelIntent(containerID, nonce string) error {
 	path, err := s.intentCancelPath(containerID, nonce)
 	if err != nil {
@@ -210,11 +210,15 @@ func (s Store) RemoveIntentCancel(containerID, nonce string) {
 	}
 }
 
+func (s Store) intentLockPath(containerID string) string {
+	return filepath.Join(s.LocksDir(), "intent-"+containerID+".lock")
+}
+
 // LockIntents serialises fork requests for one container across processes:
 // between leaving an intent and the checkpoint that consumes it, no other
 // fork of that container may leave or remove one.
 func (s Store) LockIntents(containerID string) (unlock func(), err error) {
-	unlock, err = Lock(context.Background(), filepath.Join(s.LocksDir(), "intent-"+containerID+".lock"))
+	unlock, err = Lock(context.Background(), s.intentLockPath(containerID))
 	if err != nil {
 		return nil, fmt.Errorf("locking fork requests of %s: %w", containerID, err)
 	}
@@ -302,7 +306,7 @@ func (s Store) CollectIntents() ([]string, error) {
 func (s Store) removeIntentIfUnwanted(containerID string) (bool, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
-	unlock, err := Lock(ctx, filepath.Join(s.LocksDir(), "intent-"+containerID+".lock"))
+	unlock, err := Lock(ctx, s.intentLockPath(containerID))
 	if err != nil {
 		return false, nil // held: its client is at work
 	}

@@ -65,7 +65,15 @@ func privateService(ctx context.Context) (context.Context, func(), error) {
 	}
 	socket := filepath.Join(dir, "podman.sock")
 	logPath := filepath.Join(dir, "service.log")
-	svc, err := startService(podman, socket, logPath)
+	// Podman unpacks and packs checkpoint archives in temporary
+	// directories (TMPDIR, else /var/tmp): kept in this directory, they go
+	// with it, also when this process and the service are killed mid-way.
+	tmp := filepath.Join(dir, "tmp")
+	if err := os.Mkdir(tmp, 0o700); err != nil {
+		os.RemoveAll(dir)
+		return nil, nil, err
+	}
+	svc, err := startService(podman, socket, logPath, tmp)
 	if err != nil {
 		os.RemoveAll(dir)
 		return nil, nil, err
@@ -105,7 +113,7 @@ type service struct {
 // dies with this process: the kernel sends it SIGTERM when the thread that
 // started it exits, and that thread stays locked to the goroutine that waits
 // for the service, so it exits only with the process.
-func startService(podman, socket, logPath string) (*service, error) {
+func startService(podman, socket, logPath, tmpDir string) (*service, error) {
 	logFile, err := os.Create(logPath)
 	if err != nil {
 		return nil, err
@@ -115,7 +123,7 @@ func startService(podman, socket, logPath string) (*service, error) {
 	// this one must restore siblings with tclone whatever the host's
 	// default is.
 	cmd := exec.Command(podman, "--runtime", "tclone", "system", "service", "--time=0", "unix://"+socket)
-	cmd.Env = append(os.Environ(), "PODMAN_IGNORE_CGROUPSV1_WARNING=1")
+	cmd.Env = append(os.Environ(), "PODMAN_IGNORE_CGROUPSV1_WARNING=1", "TMPDIR="+tmpDir)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	// Its own process group, so a ^C aimed at us reaches it only through
 	// our cleanup, after the fork has been rolled back.

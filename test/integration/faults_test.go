@@ -215,6 +215,9 @@ func forkLeftovers() []string {
 		filepath.Join(os.TempDir(), "tclone-fork-*"),
 		// Fork intents, their results and cancellations.
 		filepath.Join(hostStore.IntentsDir(), "*"),
+		// What a killed Podman service was packing or unpacking.
+		"/var/tmp/restore[0-9]*",
+		"/var/tmp/checkpoint[0-9]*",
 	} {
 		m, _ := filepath.Glob(pattern)
 		found = append(found, m...)
@@ -272,7 +275,13 @@ func forkProcesses() []string {
 // killed mid-way.
 func forkRound(t *testing.T, src string, delay time.Duration, spareKeepers bool) (reported []string, killed bool) {
 	t.Helper()
-	cmd := exec.Command(podmanForkBin(), src)
+	args := []string{src}
+	if !spareKeepers {
+		// The worst case also has no system service: the client's own
+		// Podman service dies with everything else.
+		args = []string{"--private-service", src}
+	}
+	cmd := exec.Command(podmanForkBin(), args...)
 	cmd.Env = append(os.Environ(), "PODMAN_IGNORE_CGROUPSV1_WARNING=1")
 	var stdout strings.Builder
 	cmd.Stdout = &stdout
@@ -318,9 +327,10 @@ func TestFaultKillEveryProcessAtRandomInstants(t *testing.T) {
 	killMatrix(t, faultRounds(t), true)
 }
 
-// The worst case: the keepers die too. The source still runs on its own (no
-// tclone process holds it), and one `tclone gc` must then bring Podman back
-// and leave nothing.
+// The worst case: the keepers die too, and so does the client's own Podman
+// service (as on a host without a system service). The source still runs on
+// its own (no tclone process holds it), and one `tclone gc` must then bring
+// Podman back and leave nothing.
 func TestFaultKillKeepersToo(t *testing.T) {
 	rounds := faultRounds(t) / 4
 	if rounds < 3 {
