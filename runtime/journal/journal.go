@@ -259,12 +259,29 @@ func (e *Entry) Unclaim() error {
 // Orphans claims and returns the entries whose owner is no longer running
 // (see ClaimOrphans).
 func (j Journal) Orphans() ([]*Entry, error) {
+	j.removeStaleTemps()
 	claims, err := ClaimOrphans(j.Dir, func(r *Record) Owner { return r.Owner }, func(o Owner) bool { return !o.Alive() })
 	var out []*Entry
 	for _, c := range claims {
 		out = append(out, &Entry{path: c.Path, Rec: c.Rec})
 	}
 	return out, err
+}
+
+// staleTemp is how old a temporary file of an entry's update must be to be
+// one its writer left when it was killed mid-write: an update takes
+// microseconds.
+const staleTemp = 10 * time.Second
+
+// removeStaleTemps removes the temporary files of entry updates whose
+// writer was killed between writing and renaming them.
+func (j Journal) removeStaleTemps() {
+	temps, _ := filepath.Glob(filepath.Join(j.Dir, "*.json.tmp*"))
+	for _, path := range temps {
+		if st, err := os.Stat(path); err == nil && time.Since(st.ModTime()) > staleTemp {
+			os.Remove(path)
+		}
+	}
 }
 
 // CaptureRec is the capture's record; never nil, so that a damaged entry

@@ -4,8 +4,10 @@ import (
 	"encoding/json"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestOrphansAreEntriesOfDeadOwners(t *testing.T) {
@@ -152,5 +154,29 @@ func TestLegacyFlatRecord(t *testing.T) {
 	}
 	if strings.Contains(string(data), `"sibling_id":"s","kind"`) {
 		t.Fatalf("record not nested: %s", data)
+	}
+}
+
+// An update's temporary file, left by a writer killed before its rename, is
+// removed once it is clearly stale; a fresh one may be a write in progress.
+func TestOrphansRemovesStaleUpdateTemps(t *testing.T) {
+	j := Journal{Dir: t.TempDir()}
+	stale := filepath.Join(j.Dir, "capture-1-2.json.tmp123")
+	fresh := filepath.Join(j.Dir, "capture-1-3.json.tmp456")
+	for _, p := range []string{stale, fresh} {
+		if err := os.WriteFile(p, []byte("{"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	old := time.Now().Add(-time.Minute)
+	os.Chtimes(stale, old, old)
+	if _, err := j.Orphans(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(stale); err == nil {
+		t.Error("a stale update temp was kept")
+	}
+	if _, err := os.Stat(fresh); err != nil {
+		t.Errorf("a fresh update temp was removed: %v", err)
 	}
 }
