@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -281,8 +282,11 @@ func (s Store) CollectIntents() ([]string, error) {
 		id, ok := strings.CutSuffix(name, ".json")
 		switch {
 		case strings.Contains(name, ".json.taken"):
-			// A checkpoint killed while it took the intent.
-			if st, err := ent.Info(); err == nil && time.Since(st.ModTime()) > IntentTTL {
+			// A checkpoint killed while it took the intent: its PID ends
+			// the name.
+			pid, err := strconv.Atoi(name[strings.LastIndex(name, ".taken")+len(".taken"):])
+			st, serr := ent.Info()
+			if (err == nil && !procfs.Exists(pid)) || (serr == nil && time.Since(st.ModTime()) > IntentTTL) {
 				os.Remove(filepath.Join(s.IntentsDir(), name))
 			}
 			continue

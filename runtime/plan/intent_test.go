@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"testing"
 	"time"
 
@@ -57,6 +58,12 @@ func TestCollectIntentsKeepsOnlyWantedOnes(t *testing.T) {
 		}
 	}
 
+	// An intent a killed checkpoint was taking (its PID ends the name).
+	taken := filepath.Join(s.IntentsDir(), "gone.json.taken"+strconv.Itoa(dead.Process.Pid))
+	if err := os.WriteFile(taken, []byte("{}"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
 	removed, err := s.CollectIntents()
 	if err != nil {
 		t.Fatal(err)
@@ -73,6 +80,9 @@ func TestCollectIntentsKeepsOnlyWantedOnes(t *testing.T) {
 	}
 	if _, err := os.Stat(cancelFile); err == nil {
 		t.Error("a stale cancellation was kept")
+	}
+	if _, err := os.Stat(taken); err == nil {
+		t.Error("the intent a dead checkpoint was taking was kept")
 	}
 	if why, _ := s.TakeIntentResult("dead", "b"); why != "" {
 		t.Error("the result for a dead client was kept")

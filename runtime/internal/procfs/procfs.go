@@ -131,3 +131,10 @@ func Holders(dir string) []int {
 	}
 	return out
 }
+
+// Exists reports whether a process with this PID exists and has not
+// exited (a zombie holds nothing).
+func Exists(pid int) bool {
+	st, err := ReadStat(pid)
+	return err == nil && !st.Exited()
+}
