@@ -124,24 +124,17 @@ func (e *Engine) beginCapture(src *source, req CaptureRequest, check *criucheck.
 	if err != nil {
 		return nil, err
 	}
-	id, dir, err := e.Store.Create()
-	if err != nil {
-		return nil, err
-	}
-	op := &captureOp{e: e, src: src, req: req, check: check, rfs: rfs, id: id, dir: dir,
-		snapDir: rootfs.SnapshotDir(rfs, e.Store.SnapshotRoot, id), log: newOpLog("capture", src.id)}
-	op.log.phase("prepare", logrus.Fields{"plan": dir, "rootfs": rfs.Kind, "options": req.Fork, "criu": check.Version})
-	if rfs.Kind == rootfs.KindBtrfs {
-		if err := e.Store.RecordExternalSnapshot(id, op.snapDir); err != nil {
-			e.Store.Remove(dir)
-			return nil, fmt.Errorf("recording where the snapshot goes: %w", err)
-		}
-	}
 	refs, err := sourceRefs(src, req.Fork.TCP)
 	if err != nil {
-		e.Store.Remove(dir)
 		return nil, err
 	}
+	// The journal names the plan's directory before it exists: a capture
+	// killed in between leaves an entry that recovery ends, never a
+	// directory nothing names.
+	id := plan.NewID()
+	dir := e.Store.Dir(id)
+	op := &captureOp{e: e, src: src, req: req, check: check, rfs: rfs, id: id, dir: dir,
+		snapDir: rootfs.SnapshotDir(rfs, e.Store.SnapshotRoot, id), log: newOpLog("capture", src.id)}
 	op.entry, err = e.journal().Begin(journal.Record{
 		Kind: journal.Capture, Phase: journal.CaptureDump, PlanDir: dir, CrunRoot: e.Crun.Global.Root,
 		Capture: &journal.CaptureRecord{
@@ -150,8 +143,19 @@ func (e *Engine) beginCapture(src *source, req CaptureRequest, check *criucheck.
 		},
 	})
 	if err != nil {
-		e.Store.Remove(dir)
 		return nil, err
+	}
+	if _, err := e.Store.CreateDir(id); err != nil {
+		op.entry.End()
+		return nil, err
+	}
+	op.log.phase("prepare", logrus.Fields{"plan": dir, "rootfs": rfs.Kind, "options": req.Fork, "criu": check.Version})
+	if rfs.Kind == rootfs.KindBtrfs {
+		if err := e.Store.RecordExternalSnapshot(id, op.snapDir); err != nil {
+			e.Store.Remove(dir)
+			op.entry.End()
+			return nil, fmt.Errorf("recording where the snapshot goes: %w", err)
+		}
 	}
 	return op, nil
 }

@@ -10,6 +10,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/tclone/tclone/runtime/internal/atomicfile"
@@ -274,14 +276,35 @@ func (j Journal) Orphans() ([]*Entry, error) {
 const staleTemp = 10 * time.Second
 
 // removeStaleTemps removes the temporary files of entry updates whose
-// writer was killed between writing and renaming them.
+// writer was killed between writing and renaming them: at once (after a
+// second) when the entry's owner, named in it, is gone, else once stale.
 func (j Journal) removeStaleTemps() {
 	temps, _ := filepath.Glob(filepath.Join(j.Dir, "*.json.tmp*"))
 	for _, path := range temps {
-		if st, err := os.Stat(path); err == nil && time.Since(st.ModTime()) > staleTemp {
+		st, err := os.Stat(path)
+		if err != nil {
+			continue
+		}
+		age := time.Since(st.ModTime())
+		if age > staleTemp || (age > time.Second && !ownerNamedIn(filepath.Base(path)).Running()) {
 			os.Remove(path)
 		}
 	}
+}
+
+// ownerNamedIn is the owner an entry's name gives (KIND-PID-NANOS.json),
+// with its current start time: Running is false when no such process runs.
+func ownerNamedIn(name string) Owner {
+	f := strings.SplitN(name, "-", 3)
+	if len(f) < 3 {
+		return Owner{}
+	}
+	pid, err := strconv.Atoi(f[1])
+	if err != nil || pid <= 0 {
+		return Owner{}
+	}
+	o, _ := OwnerOf(pid)
+	return o
 }
 
 // CaptureRec is the capture's record; never nil, so that a damaged entry

@@ -2,6 +2,7 @@ package journal
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -161,15 +162,23 @@ func TestLegacyFlatRecord(t *testing.T) {
 // removed once it is clearly stale; a fresh one may be a write in progress.
 func TestOrphansRemovesStaleUpdateTemps(t *testing.T) {
 	j := Journal{Dir: t.TempDir()}
+	dead := exec.Command("true")
+	if err := dead.Run(); err != nil {
+		t.Fatal(err)
+	}
 	stale := filepath.Join(j.Dir, "capture-1-2.json.tmp123")
 	fresh := filepath.Join(j.Dir, "capture-1-3.json.tmp456")
-	for _, p := range []string{stale, fresh} {
+	// Its owner's process is gone: no update of it is in progress.
+	ownerGone := filepath.Join(j.Dir, fmt.Sprintf("capture-%d-4.json.tmp789", dead.Process.Pid))
+	for _, p := range []string{stale, fresh, ownerGone} {
 		if err := os.WriteFile(p, []byte("{"), 0o600); err != nil {
 			t.Fatal(err)
 		}
 	}
 	old := time.Now().Add(-time.Minute)
 	os.Chtimes(stale, old, old)
+	recent := time.Now().Add(-2 * time.Second)
+	os.Chtimes(ownerGone, recent, recent)
 	if _, err := j.Orphans(); err != nil {
 		t.Fatal(err)
 	}
@@ -178,5 +187,8 @@ func TestOrphansRemovesStaleUpdateTemps(t *testing.T) {
 	}
 	if _, err := os.Stat(fresh); err != nil {
 		t.Errorf("a fresh update temp was removed: %v", err)
+	}
+	if _, err := os.Stat(ownerGone); err == nil {
+		t.Error("the update temp of an entry whose owner is gone was kept")
 	}
 }

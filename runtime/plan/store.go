@@ -62,14 +62,29 @@ func (s Store) Create() (id, dir string, err error) {
 		return "", "", err
 	}
 	id = NewID()
-	dir = s.Dir(id)
+	dir, err = s.CreateDir(id)
+	if err != nil {
+		return "", "", err
+	}
+	return id, dir, nil
+}
+
+// CreateDir makes the directory of the plan with this ID (see NewID), for
+// a caller that records the plan's path before it exists: a process killed
+// in between then leaves a record of nothing rather than a directory no
+// record names.
+func (s Store) CreateDir(id string) (string, error) {
+	if err := s.EnsureTmpfs(); err != nil {
+		return "", err
+	}
+	dir := s.Dir(id)
 	for _, d := range []string{dir, ImagesDir(dir), WorkDir(dir)} {
 		if err := os.Mkdir(d, 0o700); err != nil {
 			os.RemoveAll(dir)
-			return "", "", fmt.Errorf("creating plan directory: %w", err)
+			return "", fmt.Errorf("creating plan directory: %w", err)
 		}
 	}
-	return id, dir, nil
+	return dir, nil
 }
 
 var idRE = regexp.MustCompile(`^[0-9a-f]{16}$`)
