@@ -276,8 +276,10 @@ func (j Journal) Orphans() ([]*Entry, error) {
 const staleTemp = 10 * time.Second
 
 // removeStaleTemps removes the temporary files of entry updates whose
-// writer was killed between writing and renaming them: at once (after a
-// second) when the entry's owner, named in it, is gone, else once stale.
+// writer was killed between writing and renaming them: at once when the
+// entry's owner, named in it, is gone (under its own name an entry is
+// written by its owner alone; a claimed one has another name), else once
+// stale.
 func (j Journal) removeStaleTemps() {
 	temps, _ := filepath.Glob(filepath.Join(j.Dir, "*.json.tmp*"))
 	for _, path := range temps {
@@ -286,7 +288,7 @@ func (j Journal) removeStaleTemps() {
 			continue
 		}
 		age := time.Since(st.ModTime())
-		if age > staleTemp || (age > time.Second && !ownerNamedIn(filepath.Base(path)).Running()) {
+		if age > staleTemp || !ownerNamedIn(filepath.Base(path)).Running() {
 			os.Remove(path)
 		}
 	}
