@@ -3,6 +3,7 @@ package calls
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -344,4 +345,28 @@ func readRecord(path string) (*Record, error) {
 	var rec Record
 	err := atomicfile.ReadJSON(path, &rec)
 	return &rec, err
+}
+
+// A record update's temporary file, left by an owner killed between writing
+// and renaming it, is collected; a live owner's is not.
+func TestCollectRemovesDeadOwnersUpdateTemps(t *testing.T) {
+	f := newFixture(t)
+	os.MkdirAll(f.dir.Path, 0o700)
+	self := journal.Self()
+	live := filepath.Join(f.dir.Path, fmt.Sprintf("%d-%d-n1.json.tmp1", self.Pid, self.StartTime))
+	dead := filepath.Join(f.dir.Path, fmt.Sprintf("%d-%d-n2.json.tmp2", self.Pid, self.StartTime+1))
+	for _, p := range []string{live, dead} {
+		if err := os.WriteFile(p, []byte("{"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := f.collector().Collect(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(dead); err == nil {
+		t.Error("a dead owner's update temp was kept")
+	}
+	if _, err := os.Stat(live); err != nil {
+		t.Errorf("a live owner's update temp was removed: %v", err)
+	}
 }

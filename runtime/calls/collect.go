@@ -72,6 +72,7 @@ func (c Collector) Collect(ctx context.Context) (*Report, error) {
 		roots = []string{os.TempDir(), "/tmp"}
 	}
 	errTemp := collectTempDirs(roots, time.Now(), rep)
+	c.Dir.removeDeadTemps()
 	dead, err := c.Dir.claimDead()
 	if err != nil || len(dead) == 0 {
 		return rep, errors.Join(errTemp, err)
@@ -216,4 +217,18 @@ func (p PodmanCLI) Labelled(ctx context.Context, key string) (map[string]string,
 func (p PodmanCLI) Remove(ctx context.Context, id string) error {
 	_, err := p.run(ctx, "rm", "--force", "--ignore", "--time", "0", id)
 	return err
+}
+
+// removeDeadTemps removes the temporary files of record updates whose
+// writer, the record's owner (its PID and start time begin the name), was
+// killed between writing and renaming them. Under its own name a record is
+// written by its owner alone; a claimed one has another name.
+func (d Dir) removeDeadTemps() {
+	temps, _ := filepath.Glob(filepath.Join(d.Path, "*.json.tmp*"))
+	for _, path := range temps {
+		var o journal.Owner
+		if _, err := fmt.Sscanf(filepath.Base(path), "%d-%d-", &o.Pid, &o.StartTime); err == nil && !o.Alive() {
+			os.Remove(path)
+		}
+	}
 }

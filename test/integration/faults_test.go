@@ -239,7 +239,9 @@ func openCalls() []string {
 		}
 		found = append(found, path)
 	}
-	return found
+	// And what a killed client was writing: gc removes it.
+	temps, _ := filepath.Glob(filepath.Join(hostStore.CallsDir(), "*.json.tmp*"))
+	return append(found, temps...)
 }
 
 // forkProcesses lists the helper processes a fork starts that must not
