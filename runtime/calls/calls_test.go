@@ -273,8 +273,11 @@ func TestTempDirs(t *testing.T) {
 	writeDirOwner(withSvc, *o)
 	unownedOld := filepath.Join(f.tmp, "tclone-fork-old")
 	unownedNew := filepath.Join(f.tmp, "tclone-fork-new")
+	// Its maker was killed before writing the owner file: its name says who.
+	unownedDeadMaker := filepath.Join(f.tmp, fmt.Sprintf("podman-fork-%d-1234", deadOwner(t).Pid))
+	unownedLiveMaker := filepath.Join(f.tmp, fmt.Sprintf("tclone-fork-%d-1234", os.Getpid()))
 	other := filepath.Join(f.tmp, "something-else")
-	for _, d := range []string{unownedOld, unownedNew, other} {
+	for _, d := range []string{unownedOld, unownedNew, unownedDeadMaker, unownedLiveMaker, other} {
 		os.MkdirAll(d, 0o700)
 	}
 	past := time.Now().Add(-time.Hour)
@@ -294,7 +297,7 @@ func TestTempDirs(t *testing.T) {
 	if len(rep.Services) != 1 || rep.Services[0] != svc.Process.Pid {
 		t.Errorf("services stopped %v", rep.Services)
 	}
-	for path, want := range map[string]bool{mine: true, dead: false, withSvc: false, unownedOld: false, unownedNew: true, other: true} {
+	for path, want := range map[string]bool{mine: true, dead: false, withSvc: false, unownedOld: false, unownedNew: true, unownedDeadMaker: false, unownedLiveMaker: true, other: true} {
 		if _, err := os.Stat(path); (err == nil) != want {
 			t.Errorf("%s exists=%v, want %v", path, err == nil, want)
 		}

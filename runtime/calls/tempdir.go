@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -30,10 +31,12 @@ type DirOwner struct {
 	Service *journal.Owner `json:"service,omitempty"`
 }
 
-// MkdirTemp makes a temporary directory named prefix* (one of TempPrefixes)
-// in the system's temporary directory, owned by the calling process.
+// MkdirTemp makes a temporary directory named prefix<pid>-* (prefix one of
+// TempPrefixes) in the system's temporary directory, owned by the calling
+// process. The PID in the name lets a collector remove at once a directory
+// whose maker was killed before it could write the owner file.
 func MkdirTemp(prefix string) (string, error) {
-	dir, err := os.MkdirTemp("", prefix)
+	dir, err := os.MkdirTemp("", fmt.Sprintf("%s%d-", prefix, os.Getpid()))
 	if err != nil {
 		return "", fmt.Errorf("creating a temporary directory: %w", err)
 	}
@@ -86,9 +89,28 @@ func isTempDir(path string) bool {
 }
 
 // unownedAge is how old a client directory without an owner file must be
-// before it is taken for an older client's leftover. A live client writes
-// the file microseconds after making the directory.
+// before it is taken for an older client's leftover, when the PID its name
+// gives runs (maybe reused) or its name gives none. A live client writes the
+// file microseconds after making the directory.
 const unownedAge = 10 * time.Minute
+
+// makerGone reports whether a temporary directory's name gives the PID of
+// its maker (PREFIX<pid>-RANDOM) and no such process runs any more.
+func makerGone(path string) bool {
+	name := filepath.Base(path)
+	for _, p := range TempPrefixes {
+		if rest, ok := strings.CutPrefix(name, p); ok {
+			pidText, _, found := strings.Cut(rest, "-")
+			pid, err := strconv.Atoi(pidText)
+			if !found || err != nil || pid <= 0 {
+				return false
+			}
+			o, ok := journal.OwnerOf(pid)
+			return !ok || !o.Running()
+		}
+	}
+	return false
+}
 
 // collectTempDirs removes the temporary directories of dead clients under
 // roots, stopping first any Podman service such a client left running.
@@ -118,8 +140,13 @@ func collectTempDir(path string, now time.Time, rep *Report) error {
 	o, err := readDirOwner(path)
 	switch {
 	case errors.Is(err, os.ErrNotExist):
+		// Its maker was killed before writing the owner file, or is
+		// about to write it.
 		st, serr := os.Stat(path)
-		if serr != nil || now.Sub(st.ModTime()) < unownedAge {
+		if serr != nil {
+			return nil
+		}
+		if now.Sub(st.ModTime()) < unownedAge && !makerGone(path) {
 			return nil
 		}
 	case err != nil:
