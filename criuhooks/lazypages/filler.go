@@ -3,6 +3,7 @@ package lazypages
 import (
 	"errors"
 	"fmt"
+	"runtime"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -65,7 +66,16 @@ type filler struct {
 	msgs   []uffdMsg
 	// pause is a wait between background chunks (Options.ChunkPause).
 	pause time.Duration
+	// niced: the filler's thread runs at backgroundNice.
+	niced bool
+	// noNice: the thread's priority cannot be changed; leave it alone.
+	noNice bool
 }
+
+// backgroundNice is the nice value of a filler's thread while it copies
+// pages no task waits for: the sibling's first command, and everything else
+// on the machine, come first. Faults are answered at the caller's priority.
+const backgroundNice = 10
 
 func newFiller(u *uffd, miss *pending, data []byte, host fillerHost) *filler {
 	return &filler{u: u, miss: miss, data: data, host: host, chunk: minChunk}
@@ -75,10 +85,26 @@ func newFiller(u *uffd, miss *pending, data []byte, host fillerHost) *filler {
 // gone (errExited), the sibling is abandoned, or something fails that leaves
 // the task's memory unknown.
 func (f *filler) run() error {
+	// A thread's priority is its own: this goroutine keeps its thread, and
+	// gives it back at its old priority. If that cannot be restored, the
+	// thread ends with the goroutine instead.
+	runtime.LockOSThread()
+	base, err := threadNice()
+	if err != nil {
+		f.noNice = true
+	}
+	defer func() {
+		if f.setNice(false, base); !f.niced {
+			runtime.UnlockOSThread()
+		}
+	}()
 	for {
 		var err error
 		if f.msgs, err = f.u.read(f.msgs[:0]); err != nil {
 			return err
+		}
+		if len(f.msgs) > 0 || len(f.faults) > 0 {
+			f.setNice(false, base)
 		}
 		if err := f.handleAll(f.msgs); err != nil {
 			return err
@@ -99,6 +125,7 @@ func (f *filler) run() error {
 		if f.miss.empty() && len(f.faults) == 0 {
 			return nil
 		}
+		f.setNice(true, base)
 		switch err := f.background(); {
 		case errors.Is(err, errRetry):
 			f.u.wait(time.Millisecond)
@@ -108,6 +135,33 @@ func (f *filler) run() error {
 			f.u.wait(f.pause)
 		}
 	}
+}
+
+// setNice puts the filler's thread at backgroundNice (background) or back
+// at base. A thread whose priority cannot be changed keeps it.
+func (f *filler) setNice(background bool, base int) {
+	if f.noNice || f.niced == background {
+		return
+	}
+	nice := base
+	if background {
+		nice = max(base, backgroundNice)
+	}
+	if err := unix.Setpriority(unix.PRIO_PROCESS, 0, nice); err != nil {
+		f.noNice = true
+		return
+	}
+	f.niced = background
+}
+
+// threadNice is the calling thread's nice value. (On Linux, PRIO_PROCESS
+// with who 0 is the calling thread, and the system call returns 20 - nice.)
+func threadNice() (int, error) {
+	prio, err := unix.Getpriority(unix.PRIO_PROCESS, 0)
+	if err != nil {
+		return 0, err
+	}
+	return 20 - prio, nil
 }
 
 func (f *filler) handleAll(msgs []uffdMsg) error {

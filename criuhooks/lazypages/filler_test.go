@@ -3,7 +3,10 @@ package lazypages
 import (
 	"bytes"
 	"os"
+	"path/filepath"
 	"runtime"
+	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -218,6 +221,62 @@ func TestFillerFollowsRemoveRemapAndUnmap(t *testing.T) {
 		}
 		wantPage(t, r.mem, p, want)
 	}
+}
+
+// nicedThreads counts the test process's threads at backgroundNice.
+func nicedThreads(t *testing.T) int {
+	t.Helper()
+	stats, _ := filepath.Glob("/proc/self/task/*/stat")
+	n := 0
+	for _, path := range stats {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			continue // the thread just ended
+		}
+		// Fields after the command name: state is field 3, nice 19.
+		f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+		if len(f) > 16 && f[16] == strconv.Itoa(backgroundNice) {
+			n++
+		}
+	}
+	return n
+}
+
+func waitNiced(t *testing.T, want int, what string) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for nicedThreads(t) != want {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: %d threads at nice %d, want %d", what, nicedThreads(t), backgroundNice, want)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// TestFillerYieldsWhileFillingInTheBackground: the filler's thread answers
+// faults at its caller's priority and copies in the background at
+// backgroundNice, and no thread stays niced once the filler is done.
+func TestFillerYieldsWhileFillingInTheBackground(t *testing.T) {
+	const pages = 4096
+	// The threads of earlier tests' fillers end just after they return.
+	waitNiced(t, 0, "before the filler started")
+	r := newRegion(t, pages)
+	h := &testHost{}
+	f := newFiller(r.u, newPending([]span{{r.addr(0), r.addr(pages), 0}}), source(pages), h)
+	f.pause = 20 * time.Millisecond
+	done := runFiller(t, f)
+
+	wantPage(t, r.mem, 7, 8)
+	if n := nicedThreads(t); n != 0 {
+		t.Fatalf("%d threads niced while only faults were answered", n)
+	}
+	h.state.Store(int32(running))
+	r.u.interrupt()
+	waitNiced(t, 1, "filling in the background")
+	wantPage(t, r.mem, pages-2, byte((pages-1)%256))
+	waitFiller(t, done)
+	r.u.Close()
+	waitNiced(t, 0, "after the filler returned")
 }
 
 // TestFillerStopsWhenAbandoned: an abandoned sibling's filler returns at
