@@ -9,6 +9,7 @@ import (
 	"slices"
 	"syscall"
 
+	"github.com/sirupsen/logrus"
 	"github.com/urfave/cli/v2"
 
 	"github.com/tclone/tclone/runtime/fork"
@@ -87,6 +88,12 @@ With --plan-only, only the capture is made; its directory is printed and
 			return err
 		}
 		if c.Bool("print-stats") {
+			// The sibling runs already; its stats say when its memory
+			// was complete too. Should the wait fail, the sibling stays:
+			// it runs, and is reported.
+			if err := eng.WaitForkMemory(ctx, report); err != nil {
+				logrus.Warn(err)
+			}
 			if err := printJSON(report); err != nil {
 				return err
 			}

@@ -4,6 +4,7 @@ import (
 	"os"
 	"slices"
 
+	"github.com/sirupsen/logrus"
 	"github.com/urfave/cli/v2"
 
 	"github.com/tclone/tclone/runtime/fork"
@@ -58,6 +59,9 @@ var restoreCommand = &cli.Command{
 				return err
 			}
 			if c.Bool("print-stats") {
+				if err := eng.WaitMemory(c.Context, m); err != nil {
+					logrus.Warn(err)
+				}
 				if err := printJSON(m); err != nil {
 					return err
 				}

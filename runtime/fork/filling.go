@@ -42,6 +42,38 @@ func (e *Engine) waitMemoryComplete(ctx context.Context, src *source, timeout ti
 	}
 }
 
+// WaitMemory waits until every task of the sibling m has all of its memory
+// (at once for a sibling whose memory was copied) and records when, from the
+// start of its materialisation, in m.Timings.MemoryCompleteMs. The wait is
+// bounded like a restore (CriuTimeout): a daemon that cannot fill a sibling
+// kills it instead, so the bound is only reached on a machine too busy to
+// copy its memory.
+func (e *Engine) WaitMemory(ctx context.Context, m *Materialized) error {
+	st, err := e.Crun.State(ctx, m.ID)
+	if err != nil {
+		return fmt.Errorf("waiting for the memory of %s: %w", m.ID, err)
+	}
+	deadline := time.Now().Add(e.criuTimeout())
+	for {
+		task, err := MemoryFilling(st.Pid)
+		if err != nil {
+			return fmt.Errorf("waiting for the memory of %s: %w", m.ID, err)
+		}
+		if task == 0 {
+			m.Timings.MemoryCompleteMs = ms(time.Since(m.start))
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the memory of %s was not complete after %s: task %d still receives it", m.ID, e.criuTimeout(), task)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for the memory of %s: %w", m.ID, ctx.Err())
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
 // MemoryFilling returns a task of the tree under pid that is still
 // receiving its memory from a lazy-pages daemon, or 0 when the tree's
 // memory is complete. A task that exited meanwhile is not filling.

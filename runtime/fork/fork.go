@@ -29,11 +29,26 @@ type Report struct {
 	// SourcePauseMs repeats Plan.Timings.SourcePauseMs: the number users ask
 	// for first.
 	SourcePauseMs float64 `json:"source_pause_ms"`
+	// MemoryCompleteMs is when, from the start of the fork, the sibling had
+	// all of its memory; set by WaitForkMemory.
+	MemoryCompleteMs float64 `json:"memory_complete_ms,omitempty"`
+
+	start time.Time
 }
 
 // Reported ends the fork once its caller is about to report it done (see
 // Materialized.Reported).
 func (r *Report) Reported() error { return r.Sibling.Reported() }
+
+// WaitForkMemory waits until the fork's sibling has all of its memory (see
+// WaitMemory) and records when in r.MemoryCompleteMs.
+func (e *Engine) WaitForkMemory(ctx context.Context, r *Report) error {
+	if err := e.WaitMemory(ctx, r.Sibling); err != nil {
+		return err
+	}
+	r.MemoryCompleteMs = ms(r.Sibling.start.Sub(r.start)) + r.Sibling.Timings.MemoryCompleteMs
+	return nil
+}
 
 // Fork captures source and materialises one sibling from the capture. The
 // plan exists only for this call and is gone once the sibling is reported
@@ -73,6 +88,7 @@ func (e *Engine) Fork(ctx context.Context, req ForkRequest) (*Report, error) {
 	return &Report{
 		Source: req.Source, Sibling: m, Plan: c.Plan, PlanDir: c.Dir,
 		TotalMs: ms(time.Since(start)), SourcePauseMs: c.Plan.Timings.SourcePauseMs,
+		start: start,
 	}, nil
 }
 

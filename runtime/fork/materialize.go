@@ -72,6 +72,10 @@ type Materialized struct {
 		// CriuRestoreMs is CRIU's own restore time from its stats.
 		CriuRestoreMs float64 `json:"criu_restore_ms"`
 		TotalMs       float64 `json:"total_ms"`
+		// MemoryCompleteMs is when, from the start of the
+		// materialisation, every task of the sibling had all of its
+		// memory; set by WaitMemory.
+		MemoryCompleteMs float64 `json:"memory_complete_ms,omitempty"`
 	} `json:"timings"`
 	PagesRestored uint64 `json:"pages_restored"`
 	// Memory is how the sibling got its memory. A lazy sibling runs while
@@ -80,6 +84,8 @@ type Materialized struct {
 
 	// reported ends the operation; see Reported.
 	reported func() error
+	// start is when the materialisation started.
+	start time.Time
 }
 
 // Reported ends a materialisation whose caller is about to report the
@@ -133,6 +139,7 @@ func (e *Engine) Materialize(ctx context.Context, req MaterializeRequest) (*Mate
 		return nil, op.fail(ctx, err)
 	}
 	os.RemoveAll(op.siblingDir)
+	m.start = start
 	m.Timings.TotalMs = ms(time.Since(start))
 	// The use, the entry and the watchdog are let go when the sibling is
 	// reported, not before.

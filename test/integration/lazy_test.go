@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tclone/tclone/runtime/fork"
 	"github.com/tclone/tclone/runtime/lazy"
 )
 
@@ -210,4 +211,69 @@ func TestForkOfFillingSibling(t *testing.T) {
 	if got := workloadCmd(t, grandExec, "probe", "--hash").MemSHA256; got != want {
 		t.Fatalf("the sibling's sibling has memory hash %s, want %s", got, want)
 	}
+}
+
+// `tclone fork --print-stats` of a bundle waits until the sibling's memory
+// is complete and says when: once it has printed, no task of the sibling
+// still receives memory, and the sibling has the source's.
+func TestBundleForkPrintStatsWaitsForMemory(t *testing.T) {
+	requireStack(t)
+	bin := t.TempDir()
+	copyWorkload(t, bin)
+	args := []string{"/opt/wl/workload", "serve", "--mem-mib", "256"}
+	src := newBundle(t, "pmsrc", true, args...)
+	src.spec.Mounts = append(src.spec.Mounts, mountBind("/opt/wl", bin))
+	src.save(t)
+	src.start(t)
+	srcExec := func(t *testing.T, a ...string) result { return src.exec(t, rewriteWorkload(a)...) }
+	want := workloadCmd(t, srcExec, "probe", "--hash").MemSHA256
+
+	sbin := t.TempDir()
+	copyWorkload(t, sbin)
+	sib := newBundle(t, "pmsib", false, args...)
+	sib.spec.Mounts = append(sib.spec.Mounts, mountBind("/opt/wl", sbin))
+	sib.save(t)
+	// Slow filling, so that the sibling runs long before it is complete.
+	r := forkBundle(t, src, sib, []string{lazy.EnvChunkPause + "=20ms"}, "--file-locks", "--memory", "lazy", "--print-stats")
+	if r.code != 0 {
+		t.Fatalf("fork: exit %d: %s", r.code, r.stderr)
+	}
+	pid := crunPid(t, sib.id)
+	if task, err := fork.MemoryFilling(pid); err != nil || task != 0 {
+		t.Fatalf("--print-stats returned while task %d of the sibling still receives memory (%v)", task, err)
+	}
+	var report struct {
+		TotalMs          float64 `json:"total_ms"`
+		MemoryCompleteMs float64 `json:"memory_complete_ms"`
+		Sibling          struct {
+			Memory  string
+			Timings struct {
+				TotalMs          float64 `json:"total_ms"`
+				MemoryCompleteMs float64 `json:"memory_complete_ms"`
+			}
+		}
+	}
+	if err := json.Unmarshal([]byte(r.stdout), &report); err != nil {
+		t.Fatalf("--print-stats is not JSON: %v: %q", err, r.stdout)
+	}
+	t.Logf("running after %.0f ms, memory complete after %.0f ms", report.TotalMs, report.MemoryCompleteMs)
+	if report.Sibling.Memory != "lazy" || report.MemoryCompleteMs <= report.TotalMs ||
+		report.Sibling.Timings.MemoryCompleteMs <= report.Sibling.Timings.TotalMs {
+		t.Fatalf("implausible memory timings: %s", r.stdout)
+	}
+	sibExec := func(t *testing.T, a ...string) result { return sib.exec(t, rewriteWorkload(a)...) }
+	if got := workloadCmd(t, sibExec, "probe", "--hash").MemSHA256; got != want {
+		t.Fatalf("the sibling's memory hash %s, want the source's %s", got, want)
+	}
+}
+
+// crunPid is the PID of container id's init, as crun reports it.
+func crunPid(t *testing.T, id string) int {
+	t.Helper()
+	r := run(t, time.Minute, "crun", "state", id)
+	var st struct{ Pid int }
+	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &st) != nil || st.Pid <= 0 {
+		t.Fatalf("crun state %s: exit %d: %s%s", id, r.code, r.stdout, r.stderr)
+	}
+	return st.Pid
 }
