@@ -27,8 +27,11 @@ type Result struct {
 	Name     string `json:"name"`
 	Hostname string `json:"hostname"`
 	IP       string `json:"ip,omitempty"`
-	// RestoreMs is Podman's restore call for this sibling.
-	RestoreMs float64 `json:"restore_ms"`
+	// RestoreStartMs runs from the start of the fork request until Podman's
+	// restore call for this sibling began; RestoreMs is that call. Siblings
+	// restored at once (--parallel) have overlapping calls.
+	RestoreStartMs float64 `json:"restore_start_ms"`
+	RestoreMs      float64 `json:"restore_ms"`
 	// HookMs is the time the hooks took; ReadyMs the readiness check
 	// after the sibling ran.
 	HookMs  float64 `json:"hook_ms"`
@@ -377,6 +380,7 @@ func (f *forker) restore(ctx context.Context, archive, name string, i int) (*Res
 		opts = opts.WithPublishPorts(f.opts.Publish)
 	}
 	t := time.Now()
+	r.RestoreStartMs = ms(t.Sub(f.start))
 	f.mu.Lock()
 	f.inflight++
 	f.mu.Unlock()

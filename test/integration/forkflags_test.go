@@ -1,12 +1,14 @@
 package integration
 
 import (
+	"cmp"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -225,7 +227,7 @@ func TestPodmanForkPrintStats(t *testing.T) {
 			}
 		}
 		running, first := num(s, "running_ms"), num(s, "first_command_ms")
-		if num(s, "restore_ms") <= 0 || num(s, "hook_ms") <= 0 || num(s, "ready_ms") < 0 {
+		if num(s, "restore_start_ms") <= 0 || num(s, "restore_ms") <= 0 || num(s, "hook_ms") <= 0 || num(s, "ready_ms") < 0 {
 			t.Errorf("sibling timings %v", s)
 		}
 		if running <= 0 || running > total || first < running || first > total {
@@ -241,4 +243,52 @@ func TestPodmanForkPrintStats(t *testing.T) {
 		}
 	}
 	fmt.Fprintf(os.Stderr, "stats: pause %.1f ms, checkpoint %.1f ms, total %.1f ms\n", st["source_pause_ms"], st["checkpoint_ms"], total)
+}
+
+// --count restores its siblings --parallel at a time: with 3 slots the
+// three restore calls overlap, with 1 none does. What is compared is when
+// each call began and ended, never how long it took.
+func TestPodmanForkParallelRestores(t *testing.T) {
+	requireStack(t)
+	src := name(t, "par")
+	podman(t, "run", "-d", "--name", src, busybox, "sh", "-c", counterScript)
+	readCounter(t, src)
+	type span struct{ start, end float64 }
+	restores := func(parallel string) []span {
+		t.Helper()
+		r := forkCLI(t, "--print-stats", "--count", "3", "--parallel", parallel, "--memory", "lazy", src)
+		if r.code != 0 {
+			t.Fatalf("fork --parallel %s: %s", parallel, r.stderr)
+		}
+		var st struct {
+			Siblings []struct {
+				Name           string
+				RestoreStartMs float64 `json:"restore_start_ms"`
+				RestoreMs      float64 `json:"restore_ms"`
+			}
+		}
+		if err := json.Unmarshal([]byte(r.stdout), &st); err != nil || len(st.Siblings) != 3 {
+			t.Fatalf("--print-stats: %v %q", err, r.stdout)
+		}
+		var spans []span
+		for _, s := range st.Siblings {
+			spans = append(spans, span{s.RestoreStartMs, s.RestoreStartMs + s.RestoreMs})
+			podman(t, "rm", "-f", "-t", "0", s.Name)
+		}
+		slices.SortFunc(spans, func(a, b span) int { return cmp.Compare(a.start, b.start) })
+		t.Logf("--parallel %s: restore calls (ms from the request) %v", parallel, spans)
+		return spans
+	}
+	all := restores("3")
+	if last, first := all[2].start, min(all[0].end, all[1].end, all[2].end); last >= first {
+		t.Errorf("with --parallel 3 the three restores did not all run at once: the last began at %.0f ms, the first ended at %.0f ms", last, first)
+	}
+	one := restores("1")
+	for i := 1; i < len(one); i++ {
+		if one[i].start < one[i-1].end {
+			t.Errorf("with --parallel 1 restore %d began at %.0f ms, before restore %d ended at %.0f ms", i+1, one[i].start, i, one[i-1].end)
+		}
+	}
+	requireNoLeftovers(t)
+	requireNoLiveCalls(t)
 }
