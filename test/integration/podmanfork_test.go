@@ -219,6 +219,46 @@ func TestPodmanForkAllOrNothing(t *testing.T) {
 	}
 }
 
+// All or nothing with lazy memory: of 4 siblings restored at once, the 3rd
+// fails (its hook) while the siblings' memory is still being filled. The
+// call fails naming it, every sibling is removed, no lazy-pages daemon is
+// left serving them, and the source runs on with its memory.
+func TestPodmanForkAllOrNothingWhileFilling(t *testing.T) {
+	requireStack(t)
+	src, _ := workloadOf(t, 512)
+	want := workloadCmd(t, podmanExec(src), "probe", "--hash").MemSHA256
+	third := src + "-aonf-3"
+	// The hook runs in every sibling once it runs; in the 3rd it fails, and
+	// says whether that sibling's memory was still arriving (its areas
+	// still registered with a userfaultfd: "um" in smaps).
+	hook := `[ "$(hostname)" != "` + third + `" ] || { if grep -q " um" /proc/1/smaps; then echo "failing while filling" >&2; else echo "failing once filled" >&2; fi; exit 1; }`
+	r := forkCLI(t, "--file-locks", "--count", "4", "--parallel", "4", "--memory", "lazy", "--name", src+"-aonf", "--hook", hook, src)
+	if r.code == 0 {
+		t.Fatal("a fork whose 3rd sibling's hook fails succeeded")
+	}
+	if !strings.Contains(r.stderr, "sibling 3 of 4") || !strings.Contains(r.stderr, "hook") {
+		t.Fatalf("the error does not say which sibling failed and why: %q", r.stderr)
+	}
+	if !strings.Contains(r.stderr, "failing while filling") {
+		t.Fatalf("the 3rd sibling failed only once its memory was complete, so this did not test a failure while filling: %q", r.stderr)
+	}
+	if left := siblingsOf(t, src); len(left) != 0 {
+		t.Fatalf("siblings left after a failed fork: %v", left)
+	}
+	eventually(t, 30*time.Second, "no lazy-pages daemon left", func() error {
+		if d := lazyDaemons(); len(d) > 0 {
+			return fmt.Errorf("lazy-pages daemons (and guards) still running: %v", d)
+		}
+		return nil
+	})
+	requireSourceRuns(t, src)
+	if got := workloadCmd(t, podmanExec(src), "probe", "--hash").MemSHA256; got != want {
+		t.Fatalf("the source's memory hash changed: %s, was %s", got, want)
+	}
+	requireNoLeftovers(t)
+	requireNoLiveCalls(t)
+}
+
 func TestPodmanForkPublish(t *testing.T) {
 	requireStack(t)
 	src := demoWorkspace(t, "-p", "18180:8080")
