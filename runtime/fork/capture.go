@@ -77,8 +77,11 @@ type captureOp struct {
 	rfs   rootfs.Source
 	// id and dir are the plan's; snapDir is where the root snapshot goes.
 	id, dir, snapDir string
-	entry            *journal.Entry
-	log              *opLog
+	// vols are the volumes to copy; volumes their copies, once taken.
+	vols    []volumeToCopy
+	volumes []plan.Volume
+	entry   *journal.Entry
+	log     *opLog
 }
 
 // captureSource is Capture of a source already loaded and checked, after
@@ -128,13 +131,17 @@ func (e *Engine) beginCapture(src *source, req CaptureRequest, check *criucheck.
 	if err != nil {
 		return nil, err
 	}
+	vols, err := captureVolumes(src, req.Fork.Volumes)
+	if err != nil {
+		return nil, err
+	}
 	// The journal names the plan's directory before it exists: a capture
 	// killed in between leaves an entry that recovery ends, never a
 	// directory nothing names.
 	id := plan.NewID()
 	dir := e.Store.Dir(id)
 	op := &captureOp{e: e, src: src, req: req, check: check, rfs: rfs, id: id, dir: dir,
-		snapDir: rootfs.SnapshotDir(rfs, e.Store.SnapshotRoot, id), log: newOpLog("capture", src.id)}
+		snapDir: rootfs.SnapshotDir(rfs, e.Store.SnapshotRoot, id), vols: vols, log: newOpLog("capture", src.id)}
 	op.entry, err = e.journal().Begin(journal.Record{
 		Kind: journal.Capture, Phase: journal.CaptureDump, PlanDir: dir, CrunRoot: e.Crun.Global.Root,
 		Capture: &journal.CaptureRecord{
@@ -201,6 +208,7 @@ func (op *captureOp) capture(ctx context.Context) (*plan.Plan, error) {
 			CgroupPath: src.status.CgroupPath, Hostname: src.spec.Hostname,
 		},
 		Rootfs:   d.snapshot,
+		Volumes:  op.volumes,
 		Capture:  opts,
 		Identity: req.Fork.Identity,
 		Memory:   req.Fork.Memory,
@@ -250,7 +258,12 @@ func (op *captureOp) dump(ctx context.Context, opts forkopts.Dumped) (*dumped, e
 
 	op.log.phase("criu-options", logrus.Fields{"criu_opts": criuOpts, "timeout": timeout})
 	hooks := newCaptureNotify(ctx, src, entry, func(ctx context.Context) (*rootfs.Snapshot, error) {
-		return rootfs.Take(ctx, op.rfs, op.snapDir)
+		snap, err := rootfs.Take(ctx, op.rfs, op.snapDir)
+		if err == nil {
+			// The plan's removal removes them, whatever fails later.
+			op.volumes, err = copyVolumes(ctx, op.vols, op.e.Store.VolumesDir(op.id))
+		}
+		return snap, err
 	})
 	logPath := filepath.Join(plan.WorkDir(dir), dumpLogName)
 	err = criuhooks.Dump(ctx, criuhooks.Request{

@@ -78,6 +78,9 @@ type Materialized struct {
 		MemoryCompleteMs float64 `json:"memory_complete_ms,omitempty"`
 	} `json:"timings"`
 	PagesRestored uint64 `json:"pages_restored"`
+	// Volumes are the source's volumes copied into the sibling's own
+	// (Snapshot is the sibling's directory).
+	Volumes []plan.Volume `json:"volumes,omitempty"`
 	// Memory is how the sibling got its memory. A lazy sibling runs while
 	// it still receives it; MemoryComplete waits for the end.
 	Memory forkopts.Memory `json:"memory"`
@@ -163,9 +166,12 @@ func (e *Engine) prepareMaterialize(ctx context.Context, req MaterializeRequest,
 	if op.tcp, err = siblingTCPPolicy(p, req, spec); err != nil {
 		return nil, err
 	}
-	// Refuse a root that is not ours to fill before making anything:
-	// undoing a failed sibling empties its root.
+	// Refuse a root, or volumes, not ours to fill before making anything:
+	// undoing a failed sibling empties them.
 	if _, err := p.Rootfs.CheckTarget(op.root); err != nil {
+		return nil, err
+	}
+	if op.volumes, err = siblingVolumes(p, spec); err != nil {
 		return nil, err
 	}
 	if op.check, err = e.CheckCriu(ctx); err != nil {
@@ -286,9 +292,12 @@ type materializeOp struct {
 	// tcp and memory are decided for this sibling.
 	tcp    forkopts.TCPPolicy
 	memory forkopts.Memory
-	check  *criucheck.Result
-	lease  *plan.Lease
-	entry  *journal.Entry
+	// volumes are the plan's volume copies and the sibling's directories
+	// that receive them.
+	volumes []siblingVolume
+	check   *criucheck.Result
+	lease   *plan.Lease
+	entry   *journal.Entry
 	// watch is the watchdog that undoes the sibling if this tclone dies
 	// before it is reported; crun's restore is reported to it.
 	watch *restoreWatch
@@ -314,6 +323,9 @@ func (op *materializeOp) run(ctx context.Context) (*Materialized, error) {
 		return nil, fmt.Errorf("filling the sibling's root %s: %w", root, err)
 	}
 	m.Rootfs = fill
+	if m.Volumes, err = fillVolumes(entry, op.volumes); err != nil {
+		return nil, err
+	}
 	if p.Identity != forkopts.IdentityPreserve {
 		if _, err := freshMachineID(root); err != nil && p.Identity == forkopts.IdentityUnique {
 			return nil, fmt.Errorf("giving the sibling its own machine-id: %w", err)
@@ -448,6 +460,9 @@ func (e *Engine) undoMaterialize(ctx context.Context, r journal.Record) error {
 	}
 	if rec.RootFilled && rec.RootTarget != "" {
 		errs = append(errs, rootfs.Clear(rec.RootTarget))
+	}
+	for _, dir := range rec.VolumesFilled {
+		errs = append(errs, rootfs.EmptyDir(dir))
 	}
 	if rec.ImagesOverlay != "" {
 		// The restore's CRIU, and the tasks it forked, hold the sibling's

@@ -219,7 +219,7 @@ func (e *Engine) removeStraySnapshots() (int, error) {
 	n := 0
 	var errs []error
 	for _, ent := range entries {
-		id := strings.TrimSuffix(ent.Name(), plan.ExternalSnapshotSuffix)
+		id := strings.TrimSuffix(strings.TrimSuffix(ent.Name(), plan.ExternalSnapshotSuffix), plan.VolumesSuffix)
 		if _, err := os.Stat(e.Store.Dir(id)); err == nil {
 			continue
 		}

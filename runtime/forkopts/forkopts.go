@@ -13,6 +13,7 @@ package forkopts
 import (
 	"errors"
 	"fmt"
+	"path/filepath"
 	"time"
 )
 
@@ -45,6 +46,21 @@ type Fork struct {
 	// expiry CRIU is stopped and the source runs on. 0 means
 	// DefaultCaptureTimeout.
 	CaptureTimeout time.Duration `json:"capture_timeout,omitempty"`
+	// Volumes are the source's mounted volumes each sibling gets its own
+	// copy of, as they were at the fork instant. Every other mount of a
+	// host directory is shared with the source.
+	Volumes []Volume `json:"volumes,omitempty"`
+}
+
+// Volume is a host directory mounted in the source whose contents are
+// copied, at the fork instant, into the sibling's own directory mounted at
+// the same place.
+type Volume struct {
+	// Name is what the user calls it: a Podman volume's name, say.
+	Name string `json:"name"`
+	// Source is the host directory the source mounts at Destination.
+	Source      string `json:"source"`
+	Destination string `json:"destination"`
 }
 
 // Capture is what the source's dump asks of CRIU.
@@ -96,6 +112,18 @@ func (f *Fork) Normalize() error {
 		f.CaptureTimeout = DefaultCaptureTimeout
 	case f.CaptureTimeout < 0:
 		return fmt.Errorf("capture timeout %s is negative: give a positive duration, such as 60s", f.CaptureTimeout)
+	}
+	seen := map[string]bool{}
+	for _, v := range f.Volumes {
+		for _, p := range []string{v.Source, v.Destination} {
+			if !filepath.IsAbs(p) || filepath.Clean(p) != p {
+				return fmt.Errorf("volume %q: %q is not a clean absolute path", v.Name, p)
+			}
+		}
+		if seen[v.Destination] {
+			return fmt.Errorf("volume %q: two volumes to copy are mounted at %s", v.Name, v.Destination)
+		}
+		seen[v.Destination] = true
 	}
 	return nil
 }

@@ -3,6 +3,7 @@ package forkopts
 import (
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -39,12 +40,12 @@ func TestNormalizeFillsDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := Fork{Capture: Capture{TCP: TCPClose}, Identity: IdentityUnique, Uses: 1, TTL: DefaultPlanTTL, CaptureTimeout: DefaultCaptureTimeout}
-	if f != want {
+	if !reflect.DeepEqual(f, want) {
 		t.Fatalf("normalized zero Fork = %+v, want %+v", f, want)
 	}
 	// Normalizing twice changes nothing.
 	g := f
-	if err := g.Normalize(); err != nil || g != f {
+	if err := g.Normalize(); err != nil || !reflect.DeepEqual(g, f) {
 		t.Fatalf("second Normalize: %+v %v", g, err)
 	}
 }
@@ -132,5 +133,24 @@ func TestCRIUConfig(t *testing.T) {
 	}
 	if data, _ := os.ReadFile(path); string(data) != "tcp-close\n" {
 		t.Fatalf("config %q", data)
+	}
+}
+
+// Volumes to copy must name clean absolute paths, each destination once.
+func TestNormalizeVolumes(t *testing.T) {
+	for _, vols := range [][]Volume{
+		{{Name: "v", Source: "relative", Destination: "/data"}},
+		{{Name: "v", Source: "/a/../b", Destination: "/data"}},
+		{{Name: "v", Source: "/a", Destination: "data"}},
+		{{Name: "v", Source: "/a", Destination: "/data"}, {Name: "w", Source: "/b", Destination: "/data"}},
+	} {
+		f := Fork{Volumes: vols}
+		if err := f.Normalize(); err == nil {
+			t.Errorf("volumes %+v accepted", vols)
+		}
+	}
+	f := Fork{Volumes: []Volume{{Name: "v", Source: "/a", Destination: "/data"}, {Name: "w", Source: "/a", Destination: "/logs"}}}
+	if err := f.Normalize(); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -136,6 +136,9 @@ type MaterializeRecord struct {
 	// once it may hold files.
 	RootTarget string `json:"root_target,omitempty"`
 	RootFilled bool   `json:"root_filled,omitempty"`
+	// VolumesFilled are the sibling's own volume directories the
+	// operation may have written into (each was empty before).
+	VolumesFilled []string `json:"volumes_filled,omitempty"`
 	// OwnsPlan marks a plan made only for this operation, to be removed
 	// with it (tclone fork SRC NEW).
 	OwnsPlan bool `json:"owns_plan,omitempty"`

@@ -42,6 +42,10 @@ type Plan struct {
 	Source Source           `json:"source"`
 	Tree   Tree             `json:"tree"`
 	Rootfs *rootfs.Snapshot `json:"rootfs"`
+	// Volumes are the copies of the source's volumes taken at the fork
+	// instant (forkopts.Fork.Volumes), each to be copied into the
+	// sibling's own directory mounted at the same place.
+	Volumes []Volume `json:"volumes,omitempty"`
 	// Capture is what the dump asked of CRIU; a restore must match.
 	Capture forkopts.Dumped `json:"capture"`
 	// Identity says how siblings differ from the source: "unique" gives
@@ -57,6 +61,16 @@ type Plan struct {
 	Timings Timings            `json:"timings"`
 	Pages   PageStats          `json:"pages"`
 	Criu    string             `json:"criu_version"`
+}
+
+// Volume is a volume's copy in a plan.
+type Volume struct {
+	forkopts.Volume
+	// Snapshot is the directory holding the copy (Store.VolumesDir).
+	Snapshot string       `json:"snapshot"`
+	Stats    rootfs.Stats `json:"stats"`
+	// CopyMs is how long the copy took, in the source's pause.
+	CopyMs float64 `json:"copy_ms"`
 }
 
 // Source is what the plan remembers of the container it was captured from.

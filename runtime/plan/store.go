@@ -177,8 +177,17 @@ func (s Store) RecordExternalSnapshot(id, path string) error {
 	return atomicfile.WriteFile(filepath.Join(s.SnapshotRoot, id+ExternalSnapshotSuffix), []byte(path), 0o600)
 }
 
+// VolumesSuffix names, in SnapshotRoot, the directory of a plan's volume
+// copies: <id>.volumes.
+const VolumesSuffix = ".volumes"
+
+// VolumesDir is where the copies of plan id's volumes go.
+func (s Store) VolumesDir(id string) string {
+	return filepath.Join(s.SnapshotRoot, id+VolumesSuffix)
+}
+
 // RemoveSnapshots removes the snapshots of plan id: the one in
-// SnapshotRoot, and an external one its marker names.
+// SnapshotRoot, an external one its marker names, and its volume copies.
 func (s Store) RemoveSnapshots(id string) error {
 	if s.SnapshotRoot == "" || !ValidID(id) {
 		return nil
@@ -193,7 +202,7 @@ func (s Store) RemoveSnapshots(id string) error {
 			errs = append(errs, os.Remove(marker))
 		}
 	}
-	errs = append(errs, os.RemoveAll(filepath.Join(s.SnapshotRoot, id)))
+	errs = append(errs, os.RemoveAll(filepath.Join(s.SnapshotRoot, id)), os.RemoveAll(s.VolumesDir(id)))
 	return errors.Join(errs...)
 }
 

@@ -145,6 +145,42 @@ func copyInto(ctx context.Context, mode copyMode, src, dst string) (Stats, error
 	return c.stats, c.copyMeta(src, dst, &st)
 }
 
+// CopyDir copies directory src into dst, which must not exist, with reflinks
+// where the filesystem can: a volume's contents at the fork instant. Like
+// Take, it runs while the source is frozen and stops when ctx ends.
+func CopyDir(ctx context.Context, src, dst string) (Stats, error) {
+	return copyInto(ctx, verbatim, src, dst)
+}
+
+// FillDir copies the contents and metadata of directory src into dst, an
+// existing empty directory: a sibling's own volume. It refuses a dst that
+// holds anything, which it would otherwise mix with or overwrite.
+func FillDir(src, dst string) (Stats, error) {
+	empty, err := isEmptyDir(dst)
+	if err != nil {
+		return Stats{}, err
+	}
+	if !empty {
+		return Stats{}, fmt.Errorf("%s is not empty", dst)
+	}
+	c := newCopier(verbatim)
+	if err := c.copyTree(src, dst); err != nil {
+		return c.stats, err
+	}
+	return c.stats, c.copyRootMeta(src, dst)
+}
+
+// EmptyDir removes everything in dir, keeping dir: undoes FillDir.
+func EmptyDir(dir string) error {
+	if _, err := os.Lstat(dir); errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	return clearDir(dir)
+}
+
+// IsEmptyDir reports whether dir is an empty directory.
+func IsEmptyDir(dir string) (bool, error) { return isEmptyDir(dir) }
+
 // ErrTargetNotEmpty is returned when a sibling's root holds files that are
 // not the same image as the source's.
 var ErrTargetNotEmpty = errors.New("sibling root is neither empty nor an overlay of the source's image")

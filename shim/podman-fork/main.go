@@ -55,6 +55,8 @@ Prints the new container IDs, one per line, like podman create.`,
 			&cli.BoolFlag{Name: "ignore-static-ip", Usage: "give siblings of a source with a static IP fresh addresses"},
 			&cli.BoolFlag{Name: "ignore-static-mac", Usage: "give siblings of a source with a static MAC fresh addresses"},
 			&cli.StringSliceFlag{Name: "label", Aliases: []string{"l"}, Usage: "add a label KEY=VALUE to each sibling"},
+			&cli.StringSliceFlag{Name: "volume-mode", Usage: "what siblings get of the source's named volumes: copy (default: a new volume each, <volume>-<sibling>, " +
+				"as it was at the fork instant, removed by podman rm -v), share (the source's own), or NAME=copy|share for one volume; host directories are always shared"},
 			&cli.StringSliceFlag{Name: "hook", Usage: "command run with sh -c in each sibling before it is reported; a failure fails the fork"},
 			&cli.StringFlag{Name: "ready", Value: "running", Usage: "when a sibling is up: running (Podman and crun say it runs; needs nothing in the image), " +
 				"exec (`true` runs in it), tcp:PORT (it accepts a connection) or http:PORT/PATH (GET answers 2xx/3xx)"},
@@ -148,6 +150,10 @@ func options(c *cli.Context) (podmanfork.Options, error) {
 	if err != nil {
 		return podmanfork.Options{}, err
 	}
+	volumeModes, err := podmanfork.ParseVolumeModes(c.StringSlice("volume-mode"))
+	if err != nil {
+		return podmanfork.Options{}, fmt.Errorf("--volume-mode: %w", err)
+	}
 	opts := podmanfork.Options{
 		Count:           count,
 		Publish:         c.StringSlice("publish"),
@@ -159,6 +165,7 @@ func options(c *cli.Context) (podmanfork.Options, error) {
 		Ready:           ready,
 		ReadyTimeout:    c.Duration("ready-timeout"),
 		Parallel:        c.Int("parallel"),
+		VolumeModes:     volumeModes,
 		// --print-stats reports when each sibling's memory was complete.
 		WaitMemory: c.Bool("print-stats"),
 	}

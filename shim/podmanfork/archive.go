@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path"
+	"strings"
 
 	"github.com/containers/storage/pkg/archive"
 
@@ -20,6 +21,14 @@ import (
 const (
 	configDump = "config.dump"
 	specDump   = "spec.dump"
+	// devShmTar is Podman's copy of the source's /dev/shm, made after the
+	// source ran on. tclone carries /dev/shm as it was at the fork
+	// instant instead, into a /dev/shm that must be empty.
+	devShmTar = "devshm-checkpoint.tar"
+	// volumesDir holds Podman's tar of each named volume, also made after
+	// the source ran on (its REST checkpoint cannot leave them out). A
+	// sibling gets tclone's copies, or shares the source's volume.
+	volumesDir = "volumes"
 	planRef    = "checkpoint/" + plan.ReferenceFile
 )
 
@@ -79,6 +88,14 @@ type siblingEdit struct {
 	// DropPorts removes the source's published ports: they belong to the
 	// source, and a sibling that kept them would fail to bind.
 	DropPorts bool
+	// Volumes renames named volumes: the sibling mounts a new volume of
+	// its own, anonymous (removed with `podman rm -v`), created without
+	// the image's files (tclone fills it with the source's).
+	Volumes map[string]string
+	// VolumePaths moves mounts of the spec from the source's volume
+	// directories to the sibling's: Podman's restore mounts what the
+	// spec names.
+	VolumePaths map[string]string
 }
 
 // writeSiblingArchive copies the source's checkpoint archive with the
@@ -92,6 +109,9 @@ func writeSiblingArchive(src, dst string, edit siblingEdit) error {
 	tw := tar.NewWriter(out)
 	err = walkArchive(src, func(h *tar.Header, r io.Reader) error {
 		name := path.Clean(h.Name)
+		if name == devShmTar || name == volumesDir || strings.HasPrefix(name, volumesDir+"/") {
+			return nil
+		}
 		if name != configDump && name != specDump {
 			if err := tw.WriteHeader(h); err != nil {
 				return err
@@ -151,6 +171,21 @@ func editConfig(data []byte, edit siblingEdit) ([]byte, error) {
 		delete(cfg, "portMappings")
 		delete(cfg, "exposedPorts")
 	}
+	if len(edit.Volumes) > 0 {
+		vols, _ := cfg["namedVolumes"].([]any)
+		for _, x := range vols {
+			v, _ := x.(map[string]any)
+			name, _ := v["volumeName"].(string)
+			renamed, ok := edit.Volumes[name]
+			if !ok {
+				continue
+			}
+			v["volumeName"] = renamed
+			v["setAnonymous"] = true
+			opts, _ := v["options"].([]any)
+			v["options"] = append(opts, "nocopy")
+		}
+	}
 	if edit.Hostname != "" {
 		if spec, ok := cfg["spec"].(map[string]any); ok {
 			spec["hostname"] = edit.Hostname
@@ -160,13 +195,23 @@ func editConfig(data []byte, edit siblingEdit) ([]byte, error) {
 }
 
 func editSpec(data []byte, edit siblingEdit) ([]byte, error) {
-	if edit.Hostname == "" {
+	if edit.Hostname == "" && len(edit.VolumePaths) == 0 {
 		return data, nil
 	}
 	var spec map[string]any
 	if err := json.Unmarshal(data, &spec); err != nil {
 		return nil, err
 	}
-	spec["hostname"] = edit.Hostname
+	if edit.Hostname != "" {
+		spec["hostname"] = edit.Hostname
+	}
+	mounts, _ := spec["mounts"].([]any)
+	for _, x := range mounts {
+		m, _ := x.(map[string]any)
+		src, _ := m["source"].(string)
+		if moved, ok := edit.VolumePaths[src]; ok {
+			m["source"] = moved
+		}
+	}
 	return json.Marshal(spec)
 }

@@ -49,6 +49,8 @@ type Result struct {
 	MemoryCompleteMs float64 `json:"memory_complete_ms,omitempty"`
 	// Identity says what the sibling has of its own.
 	Identity IdentityReport `json:"identity"`
+	// Volumes says what it got of each of the source's mounts.
+	Volumes []VolumeUse `json:"volumes,omitempty"`
 
 	pid int
 }
@@ -103,12 +105,19 @@ func ForkWithStats(ctx context.Context, source string, opts Options) (*Stats, er
 	if err != nil {
 		return nil, err
 	}
+	// tclone copies the volumes in the source's frozen window; the fork
+	// intent tells it which.
+	copies, uses, err := planVolumes(src, opts.VolumeModes)
+	if err != nil {
+		return nil, err
+	}
+	opts.Fork.Volumes = copies
 	names, err := newNamer(ctx, src.Name, opts)
 	if err != nil {
 		return nil, err
 	}
 	f := &forker{opts: opts, src: src, store: store, start: start, names: names,
-		identityLimits: limits, srcID: readSourceIdentity(src)}
+		identityLimits: limits, srcID: readSourceIdentity(src), volumes: uses}
 	defer f.cleanupFiles()
 	stats, err := f.run(ctx)
 	if err != nil {
@@ -146,6 +155,8 @@ type forker struct {
 	srcID          sourceIdentity
 	identityLimits map[string]string
 	crun           *crun.Runtime
+	// volumes is what every sibling gets of the source's mounts.
+	volumes []VolumeUse
 
 	call    *calls.Call
 	nonce   string
@@ -368,13 +379,19 @@ func (f *forker) restore(ctx context.Context, archive, name string, i int) (*Res
 	for k, v := range f.opts.Labels {
 		labels[k] = v
 	}
+	vols, edit, err := siblingVolumes(ctx, f.volumes, name)
+	if err != nil {
+		return nil, err
+	}
+	r.Volumes = vols
+	edit.Hostname, edit.Labels, edit.DropPorts = r.Hostname, labels, true
 	own := filepath.Join(f.tmpDir, fmt.Sprintf("sibling-%d.tar", i))
-	err := writeSiblingArchive(archive, own, siblingEdit{Hostname: r.Hostname, Labels: labels, DropPorts: true})
+	err = writeSiblingArchive(archive, own, edit)
 	if err != nil {
 		return nil, fmt.Errorf("preparing its configuration: %w", err)
 	}
 	opts := new(containers.RestoreOptions).WithImportArchive(own).WithName(name).
-		WithIgnoreRootfs(true).WithIgnoreStaticIP(f.opts.IgnoreStaticIP).WithIgnoreStaticMAC(f.opts.IgnoreStaticMAC).
+		WithIgnoreRootfs(true).WithIgnoreVolumes(true).WithIgnoreStaticIP(f.opts.IgnoreStaticIP).WithIgnoreStaticMAC(f.opts.IgnoreStaticMAC).
 		WithFileLocks(f.opts.FileLocks)
 	if len(f.opts.Publish) > 0 {
 		opts = opts.WithPublishPorts(f.opts.Publish)
@@ -488,7 +505,7 @@ func (f *forker) rollback(ctx context.Context) error {
 	}
 	for _, id := range f.made {
 		// A sibling being rolled back has nothing to shut down cleanly.
-		if _, err := containers.Remove(ctx, id, new(containers.RemoveOptions).WithForce(true).WithIgnore(true).WithTimeout(0)); err != nil {
+		if _, err := containers.Remove(ctx, id, new(containers.RemoveOptions).WithForce(true).WithIgnore(true).WithTimeout(0).WithVolumes(true)); err != nil {
 			errs = append(errs, fmt.Errorf("removing sibling %s: %w", id, err))
 		}
 	}

@@ -68,6 +68,10 @@ type Options struct {
 	// Parallel bounds how many siblings are restored at once; 0 means
 	// DefaultParallel.
 	Parallel int
+	// VolumeModes is what siblings get of the source's named volumes: by
+	// default a copy each, as they were at the fork instant. Host
+	// directories mounted by path are always shared.
+	VolumeModes VolumeModes
 	// WaitMemory waits, for each sibling, until it has all of its memory
 	// (a sibling started with lazy memory runs before), and reports when
 	// (Result.MemoryCompleteMs).

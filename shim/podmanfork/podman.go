@@ -32,6 +32,6 @@ func (bindingsPodman) Labelled(ctx context.Context, key string) (map[string]stri
 
 // Remove implements calls.Podman.
 func (bindingsPodman) Remove(ctx context.Context, id string) error {
-	_, err := containers.Remove(ctx, id, new(containers.RemoveOptions).WithForce(true).WithIgnore(true).WithTimeout(0))
+	_, err := containers.Remove(ctx, id, new(containers.RemoveOptions).WithForce(true).WithIgnore(true).WithTimeout(0).WithVolumes(true))
 	return err
 }

@@ -131,10 +131,11 @@ func name(t *testing.T, prefix string) string {
 func removeContainers(t *testing.T, names ...string) {
 	for _, n := range names {
 		ids := strings.Fields(podmanTry(t, "ps", "-aq", "--filter", "label=io.tclone.forked-from="+containerID(t, n)).stdout)
+		// With their anonymous volumes: a sibling's copies of volumes.
 		for _, id := range ids {
-			podmanTry(t, "rm", "-f", "-t", "0", id)
+			podmanTry(t, "rm", "-f", "-v", "-t", "0", id)
 		}
-		podmanTry(t, "rm", "-f", "-t", "0", n)
+		podmanTry(t, "rm", "-f", "-v", "-t", "0", n)
 	}
 }
 
