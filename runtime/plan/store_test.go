@@ -321,3 +321,20 @@ func TestLockIntentsIsExclusive(t *testing.T) {
 		t.Fatal("the second request never got the lock")
 	}
 }
+
+// A plan's volume copies go with its snapshots.
+func TestRemoveSnapshotsRemovesVolumeCopies(t *testing.T) {
+	s := testStore(t)
+	id := NewID()
+	copyDir := filepath.Join(s.VolumesDir(id), "0")
+	if err := os.MkdirAll(copyDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(copyDir, "f"), []byte("x"), 0o600)
+	if err := s.RemoveSnapshots(id); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(s.VolumesDir(id)); !errors.Is(err, os.ErrNotExist) {
+		t.Fatal("volume copies kept")
+	}
+}
