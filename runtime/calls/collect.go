@@ -21,8 +21,9 @@ type Podman interface {
 	// Labelled maps the ID of every container carrying the label key
 	// (stopped and created ones included) to the label's value.
 	Labelled(ctx context.Context, key string) (map[string]string, error)
-	// Remove removes a container by ID, by force; one already gone is not
-	// an error.
+	// Remove removes a container by ID, by force, with its anonymous
+	// volumes (a sibling's copies of the source's volumes); one already
+	// gone is not an error.
 	Remove(ctx context.Context, id string) error
 }
 
@@ -215,7 +216,7 @@ func (p PodmanCLI) Labelled(ctx context.Context, key string) (map[string]string,
 
 // Remove implements Podman.
 func (p PodmanCLI) Remove(ctx context.Context, id string) error {
-	_, err := p.run(ctx, "rm", "--force", "--ignore", "--time", "0", id)
+	_, err := p.run(ctx, "rm", "--force", "--ignore", "--volumes", "--time", "0", id)
 	return err
 }
 

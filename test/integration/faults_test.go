@@ -64,14 +64,30 @@ func faultRounds(t *testing.T) int {
 }
 
 // memoryWorkspace runs a counter next to a python process holding mib MiB,
-// so that a capture spends measurable time dumping pages.
-func memoryWorkspace(t *testing.T, mib int) string {
+// so that a capture spends measurable time dumping pages, with a named
+// volume holding a few files, which every fork copies for its siblings.
+func memoryWorkspace(t *testing.T, mib int) (string, string) {
 	t.Helper()
+	// The volume first: it is removed after the containers.
+	vol := volume(t, "fvol")
 	n := name(t, "fault")
-	podman(t, "run", "-d", "--name", n, workspace, "bash", "-c",
-		fmt.Sprintf(`python3 -c 'import time; b=bytearray(%d<<20); b[::4096]=b"x"*len(b[::4096]); time.sleep(1e9)' & `, mib)+counterScript)
+	podman(t, "run", "-d", "--name", n, "-v", vol+":/data", workspace, "bash", "-c",
+		`for i in $(seq 100); do head -c 65536 /dev/urandom > /data/f$i; done; `+
+			fmt.Sprintf(`python3 -c 'import time; b=bytearray(%d<<20); b[::4096]=b"x"*len(b[::4096]); time.sleep(1e9)' & `, mib)+counterScript)
 	readCounter(t, n)
-	return n
+	return n, vol
+}
+
+// volumeCopies lists the copies of vol that forks made for siblings.
+func volumeCopies(t *testing.T, vol string) []string {
+	t.Helper()
+	var out []string
+	for _, v := range volumeNames(t) {
+		if strings.HasPrefix(v, vol+"-") {
+			out = append(out, v)
+		}
+	}
+	return out
 }
 
 // operationPids lists the processes of fork operations in flight: the
@@ -348,7 +364,7 @@ func killMatrix(t *testing.T, rounds int, spareKeepers bool) {
 	t.Logf("seed %d (replay with TCLONE_FAULT_SEED=%d), %d rounds", seed, seed, rounds)
 	rng := rand.New(rand.NewSource(seed))
 
-	src := memoryWorkspace(t, 128)
+	src, vol := memoryWorkspace(t, 128)
 	whole := timeOneFork(t, src)
 	span := whole * 11 / 10
 	t.Logf("one whole fork takes %s; kills fall in [0, %s]", whole.Round(time.Millisecond), span.Round(time.Millisecond))
@@ -387,7 +403,13 @@ func killMatrix(t *testing.T, rounds int, spareKeepers bool) {
 			t.Errorf("%s, after tclone gc: %v", what, err)
 		}
 		tally.lostSiblings += checkSiblings(t, what, src, keep)
-		if left := forkLeftovers(); len(left) > 0 {
+		left := forkLeftovers()
+		// Each sibling has its own copy of the source's volume; a
+		// killed fork's copies go with its siblings.
+		if copies, sibs := volumeCopies(t, vol), siblingIDsOf(t, src); len(copies) != len(sibs) {
+			left = append(left, fmt.Sprintf("%d copies of volume %s for %d siblings: %v", len(copies), vol, len(sibs), copies))
+		}
+		if len(left) > 0 {
 			tally.leakages++
 			t.Errorf("%s: left after recovery: %v", what, left)
 		}

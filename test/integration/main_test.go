@@ -14,8 +14,8 @@ import (
 )
 
 // TestMain fails the run if the tests, once all cleanups have run, left
-// anything of theirs on the machine: containers, crun state, cgroups, fork
-// plans or journal entries. A test that leaks is a test that fails.
+// anything of theirs on the machine: containers, volumes, crun state,
+// cgroups, fork plans or journal entries. A test that leaks is a test that fails.
 func TestMain(m *testing.M) {
 	inheritfd.CloseOnExec()
 	code := m.Run()
@@ -39,6 +39,14 @@ func leaked() []string {
 		for _, n := range strings.Fields(string(names)) {
 			if strings.HasPrefix(n, "tct-") {
 				out = append(out, "container "+n)
+			}
+		}
+	}
+	// Volumes the tests made, and siblings' copies of them.
+	if names, err := exec.Command("/usr/bin/podman", "volume", "ls", "-q").Output(); err == nil {
+		for _, n := range strings.Fields(string(names)) {
+			if strings.HasPrefix(n, "tct-") {
+				out = append(out, "volume "+n)
 			}
 		}
 	}

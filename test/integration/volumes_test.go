@@ -1,7 +1,10 @@
 package integration
 
 import (
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -11,12 +14,20 @@ import (
 	"time"
 )
 
-// volume makes a named volume for the test, removed after its containers.
+// volume makes a named volume for the test. Make it before the containers
+// that use it: it is removed after them (cleanups run last first), and
+// never by force, which would remove any container still using it.
 func volume(t *testing.T, prefix string) string {
 	t.Helper()
-	v := name(t, prefix)
+	b := make([]byte, 4)
+	rand.Read(b)
+	v := fmt.Sprintf("tct-%s-%s", prefix, hex.EncodeToString(b))
 	podman(t, "volume", "create", v)
-	t.Cleanup(func() { podmanTry(t, "volume", "rm", "-f", v) })
+	t.Cleanup(func() {
+		if r := podmanTry(t, "volume", "rm", v); r.code != 0 {
+			t.Errorf("removing volume %s: %s", v, r.stderr)
+		}
+	})
 	return v
 }
 
