@@ -2,8 +2,6 @@ package integration
 
 import (
 	"cmp"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -18,9 +16,7 @@ import (
 // containers.
 func network(t *testing.T, subnet string) string {
 	t.Helper()
-	b := make([]byte, 3)
-	rand.Read(b)
-	n := "tct-net-" + hex.EncodeToString(b)
+	n := uniqueName("net")
 	podman(t, "network", "create", "--subnet", subnet, n)
 	t.Cleanup(func() { podmanTry(t, "network", "rm", "-f", n) })
 	return n

@@ -120,11 +120,17 @@ func podmanTry(t *testing.T, args ...string) result {
 // container when the test ends.
 func name(t *testing.T, prefix string) string {
 	t.Helper()
-	b := make([]byte, 4)
-	rand.Read(b)
-	n := fmt.Sprintf("tct-%s-%s", prefix, hex.EncodeToString(b))
+	n := uniqueName(prefix)
 	t.Cleanup(func() { removeContainers(t, n) })
 	return n
+}
+
+// uniqueName is tct-PREFIX-RANDOM: a name of this run's, for a container, a
+// network or a volume, that the leak check at the end recognises.
+func uniqueName(prefix string) string {
+	b := make([]byte, 4)
+	rand.Read(b)
+	return fmt.Sprintf("tct-%s-%s", prefix, hex.EncodeToString(b))
 }
 
 // removeContainers removes containers and anything forked from them.

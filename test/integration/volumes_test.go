@@ -1,10 +1,7 @@
 package integration
 
 import (
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
-	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -19,9 +16,7 @@ import (
 // never by force, which would remove any container still using it.
 func volume(t *testing.T, prefix string) string {
 	t.Helper()
-	b := make([]byte, 4)
-	rand.Read(b)
-	v := fmt.Sprintf("tct-%s-%s", prefix, hex.EncodeToString(b))
+	v := uniqueName(prefix)
 	podman(t, "volume", "create", v)
 	t.Cleanup(func() {
 		if r := podmanTry(t, "volume", "rm", v); r.code != 0 {
