@@ -18,6 +18,7 @@ import (
 	"github.com/tclone/tclone/runtime/criucheck"
 	"github.com/tclone/tclone/runtime/forkopts"
 	"github.com/tclone/tclone/runtime/internal/procfs"
+	"github.com/tclone/tclone/runtime/internal/ptracehold"
 	"github.com/tclone/tclone/runtime/journal"
 	"github.com/tclone/tclone/runtime/plan"
 	"github.com/tclone/tclone/runtime/rootfs"
@@ -97,15 +98,22 @@ func (e *Engine) captureSource(ctx context.Context, src *source, req CaptureRequ
 		return nil, err
 	}
 	defer unlock()
-	if err := e.waitMemoryComplete(ctx, src, req.Fork.CaptureTimeout); err != nil {
-		return nil, err
+	// Memory a files-only fork does not take may be incomplete.
+	if !req.Fork.FilesOnly {
+		if err := e.waitMemoryComplete(ctx, src, req.Fork.CaptureTimeout); err != nil {
+			return nil, err
+		}
 	}
 	op, err := e.beginCapture(src, req, check)
 	if err != nil {
 		return nil, err
 	}
 	crashPoint(CrashCaptureStarted)
-	p, err := op.capture(ctx)
+	capture := op.capture
+	if req.Fork.FilesOnly {
+		capture = op.captureFiles
+	}
+	p, err := capture(ctx)
 	if err != nil {
 		return op.fail(err)
 	}
@@ -229,6 +237,58 @@ func (op *captureOp) capture(ctx context.Context) (*plan.Plan, error) {
 	}
 	p.Tree = tree
 	return p, nil
+}
+
+// captureFiles is a files-only fork's capture: the root filesystem and the
+// volumes, taken while every task of the source is held still with ptrace
+// (the kernel lets them go should this process die), without CRIU.
+func (op *captureOp) captureFiles(ctx context.Context) (*plan.Plan, error) {
+	src, req := op.src, op.req
+	ctx, cancel := context.WithTimeout(ctx, req.Fork.CaptureTimeout)
+	defer cancel()
+	procs := cgroups.ProcsDir(src.status.CgroupPath)
+	start := time.Now()
+	hold, err := ptracehold.Stop(ctx, func() ([]int, error) { return cgroups.Procs(procs) })
+	if err != nil {
+		return nil, fmt.Errorf("capturing the files of %s: holding its processes still: %w", src.id, err)
+	}
+	held := time.Now()
+	snap, err := rootfs.Take(ctx, op.rfs, op.snapDir)
+	if err == nil {
+		op.volumes, err = copyVolumes(ctx, op.vols, op.e.Store.VolumesDir(op.id))
+	}
+	taken := time.Now()
+	err = errors.Join(err, hold.Release())
+	released := time.Now()
+	if err != nil {
+		if snap != nil {
+			snap.Remove()
+		}
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("capturing the files of %s: %w; the source runs on: a large root filesystem needs a longer --capture-timeout", src.id, err)
+		}
+		return nil, fmt.Errorf("capturing the files of %s: %w", src.id, err)
+	}
+	op.log.phase("files", logrus.Fields{"tasks": hold.Tasks, "source_pause_ms": ms(released.Sub(start))})
+	return &plan.Plan{
+		Version:   plan.FormatVersion,
+		ID:        op.id,
+		CreatedAt: time.Now().UTC(),
+		ExpiresAt: time.Now().Add(req.Fork.TTL).UTC(),
+		Source: plan.Source{
+			ID: src.id, Bundle: src.state.Bundle, Rootfs: src.status.Rootfs, Pid: src.state.Pid,
+			CgroupPath: src.status.CgroupPath, Hostname: src.spec.Hostname,
+		},
+		FilesOnly: true,
+		Rootfs:    snap,
+		Volumes:   op.volumes,
+		Identity:  req.Fork.Identity,
+		TCP:       req.Fork.TCP,
+		Timings: plan.Timings{
+			FreezeMs: ms(held.Sub(start)), SnapshotMs: ms(taken.Sub(held)), ThawMs: ms(released.Sub(taken)),
+			SourcePauseMs: ms(released.Sub(start)),
+		},
+	}, nil
 }
 
 type dumped struct {

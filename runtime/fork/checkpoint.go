@@ -74,13 +74,19 @@ func writeCheckpointDir(c *Captured, imagePath, workPath string) error {
 	if err := os.MkdirAll(imagePath, 0o700); err != nil {
 		return fmt.Errorf("creating checkpoint directory: %w", err)
 	}
-	// Podman refuses a restore without CRIU's inventory.
-	if err := copyFile(filepath.Join(plan.ImagesDir(c.Dir), "inventory.img"), filepath.Join(imagePath, "inventory.img")); err != nil {
+	// Podman refuses a restore without CRIU's inventory. A files-only
+	// plan has none: an empty file is all Podman looks for.
+	inventory := filepath.Join(imagePath, "inventory.img")
+	if c.Plan.FilesOnly {
+		if err := os.WriteFile(inventory, nil, 0o600); err != nil {
+			return fmt.Errorf("writing inventory.img into the checkpoint directory: %w", err)
+		}
+	} else if err := copyFile(filepath.Join(plan.ImagesDir(c.Dir), "inventory.img"), inventory); err != nil {
 		return fmt.Errorf("writing inventory.img into the checkpoint directory: %w", err)
 	}
 	// Podman reads CRIU's dump statistics from the work directory for
 	// --print-stats, where CRIU itself would have left them.
-	if workPath != "" {
+	if workPath != "" && !c.Plan.FilesOnly {
 		if err := copyFile(filepath.Join(plan.WorkDir(c.Dir), "stats-dump"), filepath.Join(workPath, "stats-dump")); err != nil {
 			return fmt.Errorf("writing stats-dump into the work directory: %w", err)
 		}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -181,8 +182,12 @@ func (e *Engine) prepareMaterialize(ctx context.Context, req MaterializeRequest,
 	if asked == "" {
 		asked = p.Memory
 	}
-	if op.memory, err = asked.Resolve(op.check.LazyPages, op.check.NoLazyPages); err != nil {
-		return nil, err
+	// A files-only sibling has nothing of the source's memory: it starts
+	// afresh.
+	if !p.FilesOnly {
+		if op.memory, err = asked.Resolve(op.check.LazyPages, op.check.NoLazyPages); err != nil {
+			return nil, err
+		}
 	}
 	if asked == "" && op.memory == forkopts.MemoryCopy {
 		logrus.Debugf("memory is copied before sibling %s runs: %s", req.ID, op.check.NoLazyPages)
@@ -310,8 +315,10 @@ func (op *materializeOp) run(ctx context.Context) (*Materialized, error) {
 	m := &Materialized{ID: req.ID, PlanID: p.ID, Memory: op.memory}
 	m.Hostname = siblingHostname(p, spec, req.ID)
 	images := filepath.Join(siblingDir, "images")
-	if err := criuhooks.SiblingImages(plan.ImagesDir(op.dir), images, m.Hostname); err != nil {
-		return nil, err
+	if !p.FilesOnly {
+		if err := criuhooks.SiblingImages(plan.ImagesDir(op.dir), images, m.Hostname); err != nil {
+			return nil, err
+		}
 	}
 
 	if err := entry.Update(func(r *journal.Record) { r.Phase = journal.MaterializeRootfs; r.Materialize.RootFilled = true }); err != nil {
@@ -351,6 +358,14 @@ func (op *materializeOp) run(ctx context.Context) (*Materialized, error) {
 		return nil, err
 	}
 	t = time.Now()
+	if p.FilesOnly {
+		if err := op.crunStart(ctx); err != nil {
+			return nil, err
+		}
+		m.Timings.RestoreMs = ms(time.Since(t))
+		op.log.phase("start", nil)
+		return m, nil
+	}
 	if err := op.crunRestore(ctx, images, work); err != nil {
 		return nil, err
 	}
@@ -409,20 +424,7 @@ func (op *materializeOp) crunRestore(ctx context.Context, images, work string) e
 	// crun's stdio must be the caller's own descriptors, not pipes of ours:
 	// the restored tree inherits them as its stdio (conmon's log pipes, or
 	// the terminal), and would hold a pipe of ours open forever.
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = req.Stdin, req.Stdout, req.Stderr
-	err := cmd.Start()
-	if err == nil {
-		op.watch.Watch(cmd.Process.Pid)
-		// On record too, for a recovery after the watchdog died as well:
-		// a crun restore left running (or stopped) keeps CRIU, and the
-		// caller's stdio, busy.
-		if crunProc, ok := journal.OwnerOf(cmd.Process.Pid); ok {
-			if uerr := op.entry.Update(func(r *journal.Record) { r.Materialize.Restorer = &crunProc }); uerr != nil {
-				logrus.Warnf("recording crun's restore of %s: %v", req.ID, uerr)
-			}
-		}
-		err = cmd.Wait()
-	}
+	err := op.runWatched(cmd)
 	if err == nil {
 		return nil
 	}
@@ -436,6 +438,51 @@ func (op *materializeOp) crunRestore(ctx context.Context, images, work string) e
 	kept := e.keepLog(logPath, "restore", req.ID)
 	cerr := &criuhooks.Error{Op: "restore", Err: fmt.Errorf("crun restore: %s", msg), Reasons: reasons, LogPath: kept}
 	return fmt.Errorf("restoring sibling %s: %w", req.ID, cerr)
+}
+
+// runWatched runs a crun command that makes the sibling, with the caller's
+// stdio, under the watchdog.
+func (op *materializeOp) runWatched(cmd *exec.Cmd) error {
+	// crun's stdio must be the caller's own descriptors, not pipes of ours:
+	// the sibling's tree inherits them as its stdio (conmon's log pipes, or
+	// the terminal), and would hold a pipe of ours open forever.
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = op.req.Stdin, op.req.Stdout, op.req.Stderr
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	op.watch.Watch(cmd.Process.Pid)
+	// On record too, for a recovery after the watchdog died as well: a
+	// crun left running (or stopped) keeps CRIU, and the caller's stdio,
+	// busy.
+	if crunProc, ok := journal.OwnerOf(cmd.Process.Pid); ok {
+		if uerr := op.entry.Update(func(r *journal.Record) { r.Materialize.Restorer = &crunProc }); uerr != nil {
+			logrus.Warnf("recording crun's %s of %s: %v", cmd.Args[1], op.req.ID, uerr)
+		}
+	}
+	return cmd.Wait()
+}
+
+// crunStart has crun create and start the sibling of a files-only plan:
+// its root filesystem and volumes are the source's, its processes start
+// from its command, as a new container's.
+func (op *materializeOp) crunStart(ctx context.Context) error {
+	e, req := op.e, op.req
+	args := crun.Args{"--bundle", req.Bundle}
+	args.Value("--pid-file", req.PidFile)
+	args.Value("--console-socket", req.ConsoleSocket)
+	args = append(args, req.ID)
+	ctx, cancel := context.WithTimeout(ctx, e.criuTimeout())
+	defer cancel()
+	create := e.Crun.Command(ctx, "create", args...)
+	op.log.WithField("argv", create.Args).Debug("crun create")
+	if err := op.runWatched(create); err != nil {
+		return fmt.Errorf("creating sibling %s: crun create: %w", req.ID, err)
+	}
+	start := e.Crun.Command(ctx, "start", req.ID)
+	if out, err := start.CombinedOutput(); err != nil {
+		return fmt.Errorf("starting sibling %s: crun start: %w: %s", req.ID, err, strings.TrimSpace(string(out)))
+	}
+	return nil
 }
 
 // undoMaterialize removes what a failed or abandoned Phase B made, as far as

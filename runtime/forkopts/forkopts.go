@@ -46,6 +46,10 @@ type Fork struct {
 	// expiry CRIU is stopped and the source runs on. 0 means
 	// DefaultCaptureTimeout.
 	CaptureTimeout time.Duration `json:"capture_timeout,omitempty"`
+	// FilesOnly captures the root filesystem and the volumes only, with no
+	// process: each sibling runs its command from the start on the
+	// source's files.
+	FilesOnly bool `json:"files_only,omitempty"`
 	// Volumes are the source's mounted volumes each sibling gets its own
 	// copy of, as they were at the fork instant. Every other mount of a
 	// host directory is shared with the source.

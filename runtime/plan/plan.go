@@ -42,6 +42,9 @@ type Plan struct {
 	Source Source           `json:"source"`
 	Tree   Tree             `json:"tree"`
 	Rootfs *rootfs.Snapshot `json:"rootfs"`
+	// FilesOnly is a capture of files without processes: no CRIU images;
+	// a sibling runs its command from the start.
+	FilesOnly bool `json:"files_only,omitempty"`
 	// Volumes are the copies of the source's volumes taken at the fork
 	// instant (forkopts.Fork.Volumes), each to be copied into the
 	// sibling's own directory mounted at the same place.
@@ -110,7 +113,8 @@ type Process struct {
 type Timings struct {
 	TotalMs float64 `json:"total_ms"`
 	// FreezeMs is how long CRIU took to seize the tree with ptrace (its
-	// freezing time; no cgroup is frozen).
+	// freezing time; no cgroup is frozen), or a files-only capture its
+	// own seizing.
 	FreezeMs float64 `json:"freeze_ms"`
 	// DumpMs is CRIU's time with the tree seized, excluding the root
 	// filesystem snapshot.

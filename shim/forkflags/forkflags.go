@@ -24,6 +24,7 @@ const (
 	TTL            = "ttl"
 	CaptureTimeout = "capture-timeout"
 	Memory         = "memory"
+	FilesOnly      = "files-only"
 )
 
 // CrunCapture is the capture flags crun itself has, for the verbs tclone
@@ -49,6 +50,8 @@ func Capture() []cli.Flag {
 func Sibling() []cli.Flag {
 	return []cli.Flag{
 		MemoryFlag(),
+		&cli.BoolFlag{Name: FilesOnly, Usage: "take the source's files only (root filesystem and volumes, while its processes are held still for a moment): " +
+			"each sibling runs its command from the start on them, with none of the source's processes or memory"},
 		&cli.StringFlag{Name: Identity, Value: string(forkopts.IdentityUnique), Usage: "unique: each sibling gets its own hostname and machine-id, and a source where one cannot differ (--uts=host, a mounted /etc/machine-id) is refused; " +
 			"best-effort: the same where possible, keeping what cannot change (--print-stats says what was kept); preserve: the source's"},
 	}
@@ -99,9 +102,13 @@ func Read(c *cli.Context) (forkopts.Fork, error) {
 		Capture:        capture,
 		Identity:       forkopts.Identity(c.String(Identity)),
 		Memory:         forkopts.Memory(c.String(Memory)),
+		FilesOnly:      c.Bool(FilesOnly),
 		Uses:           c.Int(Uses),
 		TTL:            c.Duration(TTL),
 		CaptureTimeout: c.Duration(CaptureTimeout),
+	}
+	if f.FilesOnly && (f.Memory != "" || f.TCP == forkopts.TCPKeep) {
+		return forkopts.Fork{}, fmt.Errorf("--files-only takes none of the source's processes: --memory and --tcp-established do not apply")
 	}
 	if c.IsSet(CaptureTimeout) && f.CaptureTimeout <= 0 {
 		return forkopts.Fork{}, &flagError{CaptureTimeout, f.CaptureTimeout.String(), "give a positive duration, such as 60s"}

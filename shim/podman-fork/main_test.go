@@ -33,6 +33,9 @@ func TestRefusedBeforePodman(t *testing.T) {
 		{[]string{"--parallel", "0"}, "--parallel 0 out of range"},
 		{[]string{"--parallel", "33"}, "--parallel 33 out of range"},
 		{[]string{"--memory", "fast"}, "memory mode"},
+		{[]string{"--files-only", "--memory", "copy"}, "--files-only takes none"},
+		{[]string{"--volume-mode", "move"}, "--volume-mode"},
+		{[]string{"--volume-mode", "copy", "--volume-mode", "share"}, "both given"},
 		{[]string{"src2"}, "exactly one SOURCE"},
 		{[]string{""}, "exactly one SOURCE"},
 	} {
