@@ -421,9 +421,6 @@ func (op *materializeOp) crunRestore(ctx context.Context, images, work string) e
 	cmd := e.Crun.Command(ctx, "restore", args...)
 	op.log.WithFields(logrus.Fields{"argv": cmd.Args, "criu_config": criuConf}).Debug("crun restore")
 	cmd.Env = env
-	// crun's stdio must be the caller's own descriptors, not pipes of ours:
-	// the restored tree inherits them as its stdio (conmon's log pipes, or
-	// the terminal), and would hold a pipe of ours open forever.
 	err := op.runWatched(cmd)
 	if err == nil {
 		return nil

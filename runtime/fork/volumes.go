@@ -152,8 +152,12 @@ func fillVolumes(entry *journal.Entry, vols []siblingVolume) ([]plan.Volume, err
 	for _, v := range vols {
 		// Checked again right before it is recorded: undoing empties a
 		// recorded target, which must never hold anyone else's files.
-		if empty, err := rootfs.IsEmptyDir(v.target); err != nil || !empty {
-			return nil, fmt.Errorf("volume %s: the sibling's %s is no longer empty (%v): it receives the copy only when new", v.Name, v.target, err)
+		empty, err := rootfs.IsEmptyDir(v.target)
+		if err != nil {
+			return nil, fmt.Errorf("volume %s: the sibling's %s: %w", v.Name, v.target, err)
+		}
+		if !empty {
+			return nil, fmt.Errorf("volume %s: the sibling's %s is no longer empty: it receives the copy only when new", v.Name, v.target)
 		}
 		if err := entry.Update(func(r *journal.Record) {
 			r.Materialize.VolumesFilled = append(r.Materialize.VolumesFilled, v.target)
