@@ -291,13 +291,13 @@ func forkProcesses() []string {
 // forkRound is one fork started and killed after delay. It returns the IDs
 // the fork reported (when it finished before the kill) and whether it was
 // killed mid-way.
-func forkRound(t *testing.T, src string, delay time.Duration, spareKeepers bool) (reported []string, killed bool) {
+func forkRound(t *testing.T, src string, delay time.Duration, spareKeepers bool, forkArgs []string) (reported []string, killed bool) {
 	t.Helper()
-	args := []string{src}
+	args := append(slices.Clone(forkArgs), src)
 	if !spareKeepers {
 		// The worst case also has no system service: the client's own
 		// Podman service dies with everything else.
-		args = []string{"--private-service", src}
+		args = append([]string{"--private-service"}, args...)
 	}
 	cmd := exec.Command(podmanForkBin(), args...)
 	cmd.Env = append(os.Environ(), "PODMAN_IGNORE_CGROUPSV1_WARNING=1")
@@ -329,10 +329,10 @@ func forkRound(t *testing.T, src string, delay time.Duration, spareKeepers bool)
 }
 
 // timeOneFork measures a whole fork of src, to spread the kills over it.
-func timeOneFork(t *testing.T, src string) time.Duration {
+func timeOneFork(t *testing.T, src string, forkArgs []string) time.Duration {
 	t.Helper()
 	start := time.Now()
-	r := run(t, 3*time.Minute, podmanForkBin(), src)
+	r := run(t, 3*time.Minute, podmanForkBin(), append(slices.Clone(forkArgs), src)...)
 	if r.code != 0 {
 		t.Fatalf("fork of %s: exit %d: %s", src, r.code, r.stderr)
 	}
@@ -342,7 +342,17 @@ func timeOneFork(t *testing.T, src string) time.Duration {
 // A kill of the operation's cgroup: tclone's keepers survive it, so Podman
 // must answer at once, and the source must run, before any recovery.
 func TestFaultKillEveryProcessAtRandomInstants(t *testing.T) {
-	killMatrix(t, faultRounds(t), true)
+	killMatrix(t, faultRounds(t), true, nil)
+}
+
+// Files-only forks under the same kills: their hold on the source is
+// ptrace's, which the kernel ends with the holder.
+func TestFaultKillFilesOnly(t *testing.T) {
+	rounds := faultRounds(t) / 2
+	if rounds < 3 {
+		rounds = 3
+	}
+	killMatrix(t, rounds, true, []string{"--files-only"})
 }
 
 // The worst case: the keepers die too, and so does the client's own Podman
@@ -354,10 +364,10 @@ func TestFaultKillKeepersToo(t *testing.T) {
 	if rounds < 3 {
 		rounds = 3
 	}
-	killMatrix(t, rounds, false)
+	killMatrix(t, rounds, false, nil)
 }
 
-func killMatrix(t *testing.T, rounds int, spareKeepers bool) {
+func killMatrix(t *testing.T, rounds int, spareKeepers bool, forkArgs []string) {
 	requireStack(t)
 	requireNoLeftovers(t)
 	seed := faultSeed(t)
@@ -365,7 +375,7 @@ func killMatrix(t *testing.T, rounds int, spareKeepers bool) {
 	rng := rand.New(rand.NewSource(seed))
 
 	src, vol := memoryWorkspace(t, 128)
-	whole := timeOneFork(t, src)
+	whole := timeOneFork(t, src, forkArgs)
 	span := whole * 11 / 10
 	t.Logf("one whole fork takes %s; kills fall in [0, %s]", whole.Round(time.Millisecond), span.Round(time.Millisecond))
 
@@ -373,7 +383,7 @@ func killMatrix(t *testing.T, rounds int, spareKeepers bool) {
 	keep := siblingIDsOf(t, src) // siblings a fork reported: they must survive every later round
 	for round := 1; round <= rounds && !t.Failed(); round++ {
 		delay := time.Duration(rng.Int63n(int64(span)))
-		reported, killed := forkRound(t, src, delay, spareKeepers)
+		reported, killed := forkRound(t, src, delay, spareKeepers, forkArgs)
 		tally.rounds++
 		if killed {
 			tally.killedMidway++
@@ -416,7 +426,7 @@ func killMatrix(t *testing.T, rounds int, spareKeepers bool) {
 	}
 	t.Logf("fault suite: %s", tally)
 	// The source can still be forked at the end.
-	if r := run(t, 3*time.Minute, podmanForkBin(), src); r.code != 0 {
+	if r := run(t, 3*time.Minute, podmanForkBin(), append(slices.Clone(forkArgs), src)...); r.code != 0 {
 		t.Fatalf("fork after the killed rounds: exit %d: %s", r.code, r.stderr)
 	}
 }
