@@ -31,6 +31,8 @@ func TestMain(m *testing.M) {
 		ownerHelper(os.Args[len(os.Args)-1])
 	case "sender":
 		senderHelper(os.Args[len(os.Args)-1])
+	case "late-sender":
+		lateSenderHelper(os.Args[len(os.Args)-1])
 	}
 	inheritfd.CloseOnExec()
 	code := m.Run()
@@ -104,15 +106,18 @@ func ownerStep(g *guard, verb, arg string) error {
 			keep = append(keep, l)
 			return g.arm(guardArmListener, fd)
 		}
+		// On the listener, as the daemon does: an accepted socket has it
+		// from the start, so a message sent right after the accept names
+		// its sender too.
+		if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_PASSCRED, 1); err != nil {
+			return err
+		}
 		fmt.Println("listening")
 		c, err := l.AcceptUnix()
 		if err != nil {
 			return err
 		}
 		cfd, _ := socketFD(c)
-		if err := unix.SetsockoptInt(cfd, unix.SOL_SOCKET, unix.SO_PASSCRED, 1); err != nil {
-			return err
-		}
 		keep = append(keep, l, c)
 		return g.arm(guardArmConn, cfd)
 	}
@@ -126,6 +131,23 @@ func senderHelper(path string) {
 	if err != nil {
 		os.Exit(3)
 	}
+	var hdr [4]byte
+	binary.NativeEndian.PutUint32(hdr[:], 1)
+	c.Write(hdr[:])
+	fmt.Println("sent")
+	select {}
+}
+
+// lateSenderHelper connects to path, says so, and sends a task header only
+// once a line arrives on its stdin: a restored task that sends after the
+// daemon died.
+func lateSenderHelper(path string) {
+	c, err := net.Dial("unix", path)
+	if err != nil {
+		os.Exit(3)
+	}
+	fmt.Println("connected")
+	bufio.NewReader(os.Stdin).ReadString('\n')
 	var hdr [4]byte
 	binary.NativeEndian.PutUint32(hdr[:], 1)
 	c.Write(hdr[:])
@@ -270,6 +292,52 @@ func TestGuardKillsSendersOfUnreadMessages(t *testing.T) {
 	o.kill(t)
 	if !sender.killedWithin(10 * time.Second) {
 		t.Fatal("the sender of an unread message survived the owner's SIGKILL")
+	}
+	waitGone(t, o.guard, "guard")
+}
+
+// TestGuardKillsLateSenders: a restore the daemon accepted, whose task sends
+// only after the daemon died. The guard goes on reading the connection until
+// the restore closes it, so that sender is killed too, not left with a
+// userfaultfd nobody will fill.
+func TestGuardKillsLateSenders(t *testing.T) {
+	path := t.TempDir() + "/lazy.sock"
+	cmd := exec.Command(os.Args[0], "-test.run=^$", "conn:"+path)
+	cmd.Env = append(os.Environ(), helperEnv+"=owner")
+	out, _ := cmd.StdoutPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	o := &owner{cmd: cmd, lines: bufio.NewScanner(out)}
+	o.expect(t, "listening")
+
+	late := exec.Command(os.Args[0], "-test.run=^$", path)
+	late.Env = append(os.Environ(), helperEnv+"=late-sender")
+	release, _ := late.StdinPipe()
+	lateOut, _ := late.StdoutPipe()
+	if err := late.Start(); err != nil {
+		t.Fatal(err)
+	}
+	v := &victim{cmd: late, done: make(chan error, 1)}
+	lines := bufio.NewReader(lateOut)
+	if line, _ := lines.ReadString('\n'); line != "connected\n" {
+		t.Fatalf("late sender said %q", line)
+	}
+	go func() { v.done <- late.Wait() }()
+	t.Cleanup(func() { late.Process.Kill() })
+	f := strings.Fields(o.expect(t, "ready"))
+	o.guard, _ = strconv.Atoi(f[1])
+
+	o.kill(t)
+	// The guard has drained what there was; the connection stays open.
+	if v.killedWithin(300 * time.Millisecond) {
+		t.Fatal("a connected restore's process was killed before it sent anything")
+	}
+	// It may be killed before it can say it sent.
+	fmt.Fprintln(release)
+	if !v.killedWithin(10 * time.Second) {
+		t.Fatal("a task that sent after the daemon died survived")
 	}
 	waitGone(t, o.guard, "guard")
 }
