@@ -1,7 +1,16 @@
 package main
 
 import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
 	"github.com/urfave/cli/v2"
+
+	"github.com/tclone/tclone/runtime/forkopts"
+	"github.com/tclone/tclone/runtime/ksm"
 )
 
 // delegated lists the verbs tclone passes to crun untouched. Their flags are
@@ -39,6 +48,11 @@ func delegatedCommands() []*cli.Command {
 				if err != nil {
 					return err
 				}
+				if verb == "create" || verb == "run" {
+					if err := markIfAsked(c.Args().Slice()); err != nil {
+						return err
+					}
+				}
 				// exec: the caller's stdio, inherited descriptors
 				// (--preserve-fds, console sockets), PID, signals and exit
 				// status are crun's own from here on.
@@ -47,4 +61,33 @@ func delegatedCommands() []*cli.Command {
 		})
 	}
 	return cmds
+}
+
+// markIfAsked marks this process mergeable before it becomes crun, when the
+// container's config asks for it (forkopts.AnnotationMerge): crun and the
+// container's processes inherit the mark from their first instruction.
+func markIfAsked(args []string) error {
+	bundle := "."
+	for i, a := range args {
+		switch {
+		case (a == "--bundle" || a == "-b") && i+1 < len(args):
+			bundle = args[i+1]
+		case strings.HasPrefix(a, "--bundle="):
+			bundle = strings.TrimPrefix(a, "--bundle=")
+		}
+	}
+	data, err := os.ReadFile(filepath.Join(bundle, "config.json"))
+	if err != nil {
+		return nil // crun says what is wrong with the bundle
+	}
+	var spec struct {
+		Annotations map[string]string `json:"annotations"`
+	}
+	if json.Unmarshal(data, &spec) != nil || spec.Annotations[forkopts.AnnotationMerge] != "true" {
+		return nil
+	}
+	if err := ksm.Available(); err != nil {
+		return fmt.Errorf("annotation %s=true: %w", forkopts.AnnotationMerge, err)
+	}
+	return ksm.MarkSelf()
 }

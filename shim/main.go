@@ -29,6 +29,7 @@ With Podman:
 
 func main() {
 	fork.RunRestoreWatchIfAsked()
+	fork.RunKSMSettleIfAsked()
 	lazy.RunDaemonIfAsked()
 	if err := newApp().Run(os.Args); err != nil {
 		fatal(err)

@@ -22,6 +22,7 @@ import (
 	"github.com/tclone/tclone/runtime/crun"
 	"github.com/tclone/tclone/runtime/forkopts"
 	"github.com/tclone/tclone/runtime/journal"
+	"github.com/tclone/tclone/runtime/ksm"
 	"github.com/tclone/tclone/runtime/lazy"
 	"github.com/tclone/tclone/runtime/plan"
 	"github.com/tclone/tclone/runtime/rootfs"
@@ -85,6 +86,8 @@ type Materialized struct {
 	// Memory is how the sibling got its memory. A lazy sibling runs while
 	// it still receives it; MemoryComplete waits for the end.
 	Memory forkopts.Memory `json:"memory"`
+	// Merge says the sibling is mergeable as a whole (--memory ksm).
+	Merge bool `json:"merge,omitempty"`
 
 	// reported ends the operation; see Reported.
 	reported func() error
@@ -187,6 +190,11 @@ func (e *Engine) prepareMaterialize(ctx context.Context, req MaterializeRequest,
 	if !p.FilesOnly {
 		if op.memory, err = asked.Resolve(op.check.LazyPages, op.check.NoLazyPages); err != nil {
 			return nil, err
+		}
+		if op.merge = asked == forkopts.MemoryKSM; op.merge {
+			if err := ksm.Available(); err != nil {
+				return nil, fmt.Errorf("--memory ksm: %w; fork with --memory lazy or copy", err)
+			}
 		}
 	}
 	if asked == "" && op.memory == forkopts.MemoryCopy {
@@ -297,6 +305,8 @@ type materializeOp struct {
 	// tcp and memory are decided for this sibling.
 	tcp    forkopts.TCPPolicy
 	memory forkopts.Memory
+	// merge marks the sibling's processes mergeable (--memory ksm).
+	merge bool
 	// volumes are the plan's volume copies and the sibling's directories
 	// that receive them.
 	volumes []siblingVolume
@@ -312,7 +322,7 @@ type materializeOp struct {
 // run fills the sibling's root and has crun restore the tree into it.
 func (op *materializeOp) run(ctx context.Context) (*Materialized, error) {
 	req, p, entry, spec, bundle, root, siblingDir := op.req, op.p, op.entry, op.sib.spec, op.sib.bundle, op.root, op.siblingDir
-	m := &Materialized{ID: req.ID, PlanID: p.ID, Memory: op.memory}
+	m := &Materialized{ID: req.ID, PlanID: p.ID, Memory: op.memory, Merge: op.merge}
 	m.Hostname = siblingHostname(p, spec, req.ID)
 	images := filepath.Join(siblingDir, "images")
 	if !p.FilesOnly {
@@ -370,6 +380,9 @@ func (op *materializeOp) run(ctx context.Context) (*Materialized, error) {
 		return nil, err
 	}
 	m.Timings.RestoreMs = ms(time.Since(t))
+	if op.merge {
+		op.e.mergingSibling(req.ID)
+	}
 	op.log.phase("restore", nil)
 	crashPoint(CrashSiblingRestored)
 	if st, err := criuhooks.RestoreStats(work); err == nil {
@@ -415,6 +428,12 @@ func (op *materializeOp) crunRestore(ctx context.Context, images, work string) e
 			return err
 		}
 		env = append(env, conf)
+	}
+	if op.merge {
+		// crun, CRIU and the tasks CRIU forks inherit the mark.
+		if err := ksm.MarkSelf(); err != nil {
+			return err
+		}
 	}
 	ctx, cancel := context.WithTimeout(ctx, e.criuTimeout())
 	defer cancel()

@@ -69,7 +69,10 @@ func (e *Engine) Recover(ctx context.Context) (*Recovered, error) {
 	r.Locks = locks
 	daemons, derr := lazy.Collect(e.Store.Layout)
 	r.LazyDaemons = daemons
-	return r, errors.Join(err, serr, lerr, derr, ierr)
+	// ksmd back to the host's settings if no merging fork is young (its
+	// settle process may have died).
+	kerr := e.settleKSM()
+	return r, errors.Join(err, serr, lerr, derr, ierr, kerr)
 }
 
 // recoverOperations undoes operations whose process died and sweeps plans:

@@ -156,6 +156,11 @@ func ParseIdentity(s string) (Identity, error) {
 	return "", fmt.Errorf("unknown identity policy %q (use unique, best-effort or preserve)", s)
 }
 
+// AnnotationMerge, set to "true" on a container run by tclone, makes its
+// processes mergeable from their first instruction, so that ksmd can share
+// its pages with its siblings' (MemoryKSM).
+const AnnotationMerge = "io.tclone.memory-merge"
+
 // Memory is how a sibling gets the source's memory.
 type Memory string
 
@@ -166,16 +171,22 @@ const (
 	MemoryLazy Memory = "lazy"
 	// MemoryCopy has CRIU copy every page before the sibling runs.
 	MemoryCopy Memory = "copy"
+	// MemoryKSM gets the memory as the default does (lazy where
+	// possible), and marks the sibling mergeable as a whole, with ksmd
+	// turned up while the fork is young: its pages identical to the
+	// source's (marked likewise) are shared again. For hosts without the
+	// vma_cherrypick module.
+	MemoryKSM Memory = "ksm"
 )
 
 // ParseMemory validates a memory mode; empty means "lazy where possible"
 // and stays empty.
 func ParseMemory(s string) (Memory, error) {
 	switch Memory(s) {
-	case "", MemoryLazy, MemoryCopy:
+	case "", MemoryLazy, MemoryCopy, MemoryKSM:
 		return Memory(s), nil
 	}
-	return "", fmt.Errorf("unknown memory mode %q (use lazy or copy)", s)
+	return "", fmt.Errorf("unknown memory mode %q (use lazy, copy or ksm)", s)
 }
 
 // Resolve decides the memory mode of one restore: asked is what the

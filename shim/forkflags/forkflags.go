@@ -60,7 +60,8 @@ func Sibling() []cli.Flag {
 // MemoryFlag is --memory.
 func MemoryFlag() cli.Flag {
 	return &cli.StringFlag{Name: Memory, Usage: "how a sibling gets the source's memory: lazy (it runs at once and receives its memory while it runs; " +
-		"the default where CRIU and the kernel support it) or copy (every page is copied before it runs)"}
+		"the default where CRIU and the kernel support it), copy (every page is copied before it runs), or ksm (as the default, and the sibling is " +
+		"mergeable: with a source run with the annotation " + forkopts.AnnotationMerge + "=true, ksmd shares their identical pages again)"}
 }
 
 // PlanLife is the flags of a plan captured on its own: how many siblings it

@@ -104,7 +104,9 @@ func TestWriteSiblingArchiveVolumes(t *testing.T) {
 			Anonymous bool     `json:"setAnonymous"`
 		} `json:"namedVolumes"`
 	}
-	var sp struct{ Mounts []struct{ Destination, Source string } }
+	var sp struct {
+		Mounts []struct{ Destination, Source string }
+	}
 	json.Unmarshal(out["config.dump"], &cfg)
 	json.Unmarshal(out["spec.dump"], &sp)
 	db, cache := cfg.NamedVolumes[0], cfg.NamedVolumes[1]
