@@ -69,10 +69,7 @@ func (e *Engine) Recover(ctx context.Context) (*Recovered, error) {
 	r.Locks = locks
 	daemons, derr := lazy.Collect(e.Store.Layout)
 	r.LazyDaemons = daemons
-	// ksmd back to the host's settings if no merging fork is young (its
-	// settle process may have died).
-	kerr := e.settleKSM()
-	return r, errors.Join(err, serr, lerr, derr, ierr, kerr)
+	return r, errors.Join(err, serr, lerr, derr, ierr)
 }
 
 // recoverOperations undoes operations whose process died and sweeps plans:
@@ -114,7 +111,9 @@ func (e *Engine) recoverOperations(ctx context.Context) (*Recovered, error) {
 			r.ExpiredPlans++
 		}
 	}
-	errs = append(errs, err)
+	// ksmd back to the host's settings if no merging fork is young (its
+	// settle process may have died).
+	errs = append(errs, err, e.settleKSM())
 	return &r, errors.Join(errs...)
 }
 
