@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/tclone/tclone/criuhooks/lazypages"
+	"github.com/tclone/tclone/runtime/internal/procfs"
 )
 
 // waitMemoryComplete waits until no task of the source is still receiving
@@ -78,7 +79,7 @@ func (e *Engine) WaitMemory(ctx context.Context, m *Materialized) error {
 // receiving its memory from a lazy-pages daemon, or 0 when the tree's
 // memory is complete. A task that exited meanwhile is not filling.
 func MemoryFilling(pid int) (int, error) {
-	for _, p := range treePids(pid) {
+	for _, p := range procfs.Tree(pid) {
 		filling, err := lazypages.Filling(p)
 		if err != nil && processAlive(p) {
 			return 0, err

@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/tclone/tclone/criuhooks"
+	"github.com/tclone/tclone/runtime/internal/procfs"
 )
 
 // watchedInode is the target of an inotify watch or a fanotify inode mark.
@@ -31,7 +32,7 @@ const irmapWalkBudget = 3 * time.Second
 // criuhooks.WriteIrmapCache). It only ever helps: a watch it misses is as
 // it would have been without it.
 func primeIrmap(workDir string, pid int) error {
-	watched, err := watchedInodes(treePids(pid))
+	watched, err := watchedInodes(procfs.Tree(pid))
 	if err != nil || len(watched) == 0 {
 		return err
 	}
@@ -42,23 +43,6 @@ func primeIrmap(workDir string, pid int) error {
 		return nil
 	}
 	return criuhooks.WriteIrmapCache(workDir, entries)
-}
-
-// treePids lists pid and its descendants.
-func treePids(pid int) []int {
-	pids := []int{pid}
-	for i := 0; i < len(pids); i++ {
-		tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", pids[i]))
-		for _, t := range tasks {
-			data, _ := os.ReadFile(t)
-			for _, f := range strings.Fields(string(data)) {
-				if c, err := strconv.Atoi(f); err == nil {
-					pids = append(pids, c)
-				}
-			}
-		}
-	}
-	return pids
 }
 
 // watchedInodes reads the inotify watches and fanotify inode marks of the

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/tclone/tclone/runtime/internal/procfs"
 )
 
 func TestParseWatches(t *testing.T) {
@@ -80,7 +82,7 @@ func TestWatchedInodesOfAProcess(t *testing.T) {
 	if _, err := unix.InotifyAddWatch(in, dir, unix.IN_CREATE); err != nil {
 		t.Fatal(err)
 	}
-	pids := treePids(os.Getpid())
+	pids := procfs.Tree(os.Getpid())
 	if pids[0] != os.Getpid() {
 		t.Fatalf("tree %v", pids)
 	}

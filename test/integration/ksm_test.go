@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -28,27 +29,18 @@ func ksmSettings(t *testing.T) map[string]string {
 	return out
 }
 
-// rollup sums Rss and Pss (kB) of a process.
-func rollup(t *testing.T, pid int) (rss, pss int) {
+// stats is `tclone stats` of a container: its processes' RSS and PSS, KiB.
+func stats(t *testing.T, id string) (rss, pss int) {
 	t.Helper()
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/smaps_rollup", pid))
-	if err != nil {
-		t.Fatal(err)
+	r := run(t, time.Minute, tcloneBin(), "stats", id)
+	var u struct {
+		RssKiB int `json:"rss_kib"`
+		PssKiB int `json:"pss_kib"`
 	}
-	for _, line := range strings.Split(string(b), "\n") {
-		f := strings.Fields(line)
-		if len(f) < 2 {
-			continue
-		}
-		n, _ := strconv.Atoi(f[1])
-		switch f[0] {
-		case "Rss:":
-			rss = n
-		case "Pss:":
-			pss = n
-		}
+	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &u) != nil || u.RssKiB == 0 {
+		t.Fatalf("tclone stats %s: exit %d: %s%s", id, r.code, r.stdout, r.stderr)
 	}
-	return rss, pss
+	return u.RssKiB, u.PssKiB
 }
 
 func mergeAny(pid int) string {
@@ -83,8 +75,8 @@ func ksmdCPU(t *testing.T) int {
 // --memory ksm without the module: the source (run with the merge
 // annotation) and its sibling are mergeable from their first instruction,
 // ksmd is turned up while the fork is young, and their identical pages are
-// shared again: the sibling's PSS falls to about half its RSS, its memory
-// unchanged. Once the sibling is gone, tclone gc puts the host's ksmd
+// shared again: the sibling's PSS (tclone stats) falls to about half its
+// RSS, its memory unchanged. Once the sibling is gone, tclone gc puts the host's ksmd
 // settings back.
 func TestPodmanForkKSM(t *testing.T) {
 	requireStack(t)
@@ -97,7 +89,7 @@ func TestPodmanForkKSM(t *testing.T) {
 	})
 	src := name(t, "ksm")
 	podman(t, "run", "-d", "--name", src, "--annotation", forkopts.AnnotationMerge+"=true",
-		"-v", workloadBin()+":/workload:ro", busybox, "/workload", "serve", "--mem-mib", "512")
+		"-v", workloadBin()+":/workload:ro", busybox, "/workload", "serve", "--mem-mib", "1024")
 	workloadCmd(t, podmanExec(src), "probe")
 	want := workloadCmd(t, podmanExec(src), "probe", "--hash").MemSHA256
 	srcPid, _ := strconv.Atoi(podman(t, "inspect", "--format", "{{.State.Pid}}", src))
@@ -113,6 +105,7 @@ func TestPodmanForkKSM(t *testing.T) {
 	start := time.Now()
 	sib := src + "-fork-1"
 	sibPid, _ := strconv.Atoi(podman(t, "inspect", "--format", "{{.State.Pid}}", sib))
+	sibID := containerID(t, sib)
 	if got := mergeAny(sibPid); got != "yes" {
 		t.Fatalf("the sibling merges as a whole: %q, want yes", got)
 	}
@@ -121,7 +114,7 @@ func TestPodmanForkKSM(t *testing.T) {
 	}
 	var rss, pss int
 	for {
-		rss, pss = rollup(t, sibPid)
+		rss, pss = stats(t, sibID)
 		if float64(pss) <= 0.6*float64(rss) {
 			break
 		}

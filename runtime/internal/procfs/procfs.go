@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 )
@@ -137,4 +138,22 @@ func Holders(dir string) []int {
 func Exists(pid int) bool {
 	st, err := ReadStat(pid)
 	return err == nil && !st.Exited()
+}
+
+// Tree lists pid and its descendants (through every thread's children),
+// parents before children. A process that exits meanwhile may be listed.
+func Tree(pid int) []int {
+	pids := []int{pid}
+	for i := 0; i < len(pids); i++ {
+		tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", pids[i]))
+		for _, t := range tasks {
+			data, _ := os.ReadFile(t)
+			for _, f := range strings.Fields(string(data)) {
+				if c, err := strconv.Atoi(f); err == nil {
+					pids = append(pids, c)
+				}
+			}
+		}
+	}
+	return pids
 }
