@@ -273,10 +273,10 @@ func TestGuardKillsArmedTasksWhenTheOwnerIsKilled(t *testing.T) {
 	}
 }
 
-// TestGuardKillsSendersOfUnreadMessages: a restore whose task sent its
-// header, and the daemon never read it: only the guard can tell who sent it.
-func TestGuardKillsSendersOfUnreadMessages(t *testing.T) {
-	path := t.TempDir() + "/lazy.sock"
+// startConnOwner starts an owner that accepts one restore at path, and
+// waits until it listens; it says "ready" once it accepted.
+func startConnOwner(t *testing.T, path string) *owner {
+	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$", "conn:"+path)
 	cmd.Env = append(os.Environ(), helperEnv+"=owner")
 	out, _ := cmd.StdoutPipe()
@@ -286,6 +286,14 @@ func TestGuardKillsSendersOfUnreadMessages(t *testing.T) {
 	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
 	o := &owner{cmd: cmd, lines: bufio.NewScanner(out)}
 	o.expect(t, "listening")
+	return o
+}
+
+// TestGuardKillsSendersOfUnreadMessages: a restore whose task sent its
+// header, and the daemon never read it: only the guard can tell who sent it.
+func TestGuardKillsSendersOfUnreadMessages(t *testing.T) {
+	path := t.TempDir() + "/lazy.sock"
+	o := startConnOwner(t, path)
 	sender := startVictim(t, "sender", path)
 	f := strings.Fields(o.expect(t, "ready"))
 	o.guard, _ = strconv.Atoi(f[1])
@@ -302,15 +310,7 @@ func TestGuardKillsSendersOfUnreadMessages(t *testing.T) {
 // userfaultfd nobody will fill.
 func TestGuardKillsLateSenders(t *testing.T) {
 	path := t.TempDir() + "/lazy.sock"
-	cmd := exec.Command(os.Args[0], "-test.run=^$", "conn:"+path)
-	cmd.Env = append(os.Environ(), helperEnv+"=owner")
-	out, _ := cmd.StdoutPipe()
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	o := &owner{cmd: cmd, lines: bufio.NewScanner(out)}
-	o.expect(t, "listening")
+	o := startConnOwner(t, path)
 
 	late := exec.Command(os.Args[0], "-test.run=^$", path)
 	late.Env = append(os.Environ(), helperEnv+"=late-sender")

@@ -206,25 +206,8 @@ func (op *captureOp) capture(ctx context.Context) (*plan.Plan, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &plan.Plan{
-		Version:   plan.FormatVersion,
-		ID:        op.id,
-		CreatedAt: time.Now().UTC(),
-		ExpiresAt: time.Now().Add(req.Fork.TTL).UTC(),
-		Source: plan.Source{
-			ID: src.id, Bundle: src.state.Bundle, Rootfs: src.status.Rootfs, Pid: src.state.Pid,
-			CgroupPath: src.status.CgroupPath, Hostname: src.spec.Hostname,
-		},
-		Rootfs:   d.snapshot,
-		Volumes:  op.volumes,
-		Capture:  opts,
-		Identity: req.Fork.Identity,
-		Memory:   req.Fork.Memory,
-		TCP:      req.Fork.TCP,
-		Timings:  d.timings,
-		Pages:    d.pages,
-		Criu:     op.check.Version.String(),
-	}
+	p := op.newPlan(d.snapshot, d.timings)
+	p.Capture, p.Memory, p.Pages, p.Criu = opts, req.Fork.Memory, d.pages, op.check.Version.String()
 	if path, ok := namespacePath(src.spec, "network"); ok {
 		p.Source.NetNSPath = path
 	}
@@ -270,6 +253,18 @@ func (op *captureOp) captureFiles(ctx context.Context) (*plan.Plan, error) {
 		return nil, fmt.Errorf("capturing the files of %s: %w", src.id, err)
 	}
 	op.log.phase("files", logrus.Fields{"tasks": hold.Tasks, "source_pause_ms": ms(released.Sub(start))})
+	p := op.newPlan(snap, plan.Timings{
+		FreezeMs: ms(held.Sub(start)), SnapshotMs: ms(taken.Sub(held)), ThawMs: ms(released.Sub(taken)),
+		SourcePauseMs: ms(released.Sub(start)),
+	})
+	p.FilesOnly = true
+	return p, nil
+}
+
+// newPlan is what every capture's plan holds: the source, its files and
+// the fork's options.
+func (op *captureOp) newPlan(snap *rootfs.Snapshot, timings plan.Timings) *plan.Plan {
+	src, req := op.src, op.req
 	return &plan.Plan{
 		Version:   plan.FormatVersion,
 		ID:        op.id,
@@ -279,16 +274,12 @@ func (op *captureOp) captureFiles(ctx context.Context) (*plan.Plan, error) {
 			ID: src.id, Bundle: src.state.Bundle, Rootfs: src.status.Rootfs, Pid: src.state.Pid,
 			CgroupPath: src.status.CgroupPath, Hostname: src.spec.Hostname,
 		},
-		FilesOnly: true,
-		Rootfs:    snap,
-		Volumes:   op.volumes,
-		Identity:  req.Fork.Identity,
-		TCP:       req.Fork.TCP,
-		Timings: plan.Timings{
-			FreezeMs: ms(held.Sub(start)), SnapshotMs: ms(taken.Sub(held)), ThawMs: ms(released.Sub(taken)),
-			SourcePauseMs: ms(released.Sub(start)),
-		},
-	}, nil
+		Rootfs:   snap,
+		Volumes:  op.volumes,
+		Identity: req.Fork.Identity,
+		TCP:      req.Fork.TCP,
+		Timings:  timings,
+	}
 }
 
 type dumped struct {
