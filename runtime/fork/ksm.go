@@ -22,16 +22,6 @@ import (
 // for merging forks to age and then puts ksmd's settings back.
 const KSMSettleCommand = "__tclone-ksm-settle"
 
-// EnvKSMWindow overrides ksm.DefaultWindow (tests).
-const EnvKSMWindow = "TCLONE_KSM_WINDOW"
-
-func ksmWindow() time.Duration {
-	if d, err := time.ParseDuration(os.Getenv(EnvKSMWindow)); err == nil && d > 0 {
-		return d
-	}
-	return ksm.DefaultWindow
-}
-
 // ksmTuner keeps its state with the host's live state (<Root>/ksm): a
 // sibling counts as young while crun knows it and for the window after its
 // fork.
@@ -46,7 +36,7 @@ func (e *Engine) ksmTuner(window time.Duration) ksm.Tuner {
 // settle process will turn it back down. A failure leaves the sibling as it
 // is: its memory merges at the host's own pace.
 func (e *Engine) mergingSibling(id string) {
-	window := ksmWindow()
+	window := ksm.DefaultWindow
 	if err := e.ksmTuner(window).Young(id); err != nil {
 		logrus.Warnf("sibling %s is mergeable, but ksmd could not be turned up: %v", id, err)
 		return
@@ -59,9 +49,9 @@ func (e *Engine) mergingSibling(id string) {
 // settleKSM puts ksmd's settings back if no merging fork is young, as
 // recovery does after a settle process died.
 func (e *Engine) settleKSM() error {
-	next, err := e.ksmTuner(ksmWindow()).Settle(time.Now())
+	next, err := e.ksmTuner(ksm.DefaultWindow).Settle(time.Now())
 	if err == nil && next > 0 {
-		err = e.spawnKSMSettle(ksmWindow())
+		err = e.spawnKSMSettle(ksm.DefaultWindow)
 	}
 	return err
 }
