@@ -7,8 +7,10 @@ import (
 	"io"
 	"regexp"
 	"strings"
+	"sync"
 	"time"
 
+	"github.com/containers/podman/v5/libpod/define"
 	"github.com/containers/podman/v5/pkg/api/handlers"
 	"github.com/containers/podman/v5/pkg/bindings/containers"
 	dockerContainer "github.com/docker/docker/api/types/container"
@@ -40,16 +42,26 @@ func execIn(ctx context.Context, id string, argv []string) (*execResult, error) 
 		return nil, fmt.Errorf("creating an exec session: %w", err)
 	}
 	defer removeExec(ctx, session)
-	var buf bytes.Buffer
+	var buf syncBuffer
 	var w io.Writer = &buf
 	attach := true
-	attachErr := containers.ExecStartAndAttach(ctx, session, &containers.ExecStartAndAttachOptions{
-		OutputStream: &w, ErrorStream: &w, AttachOutput: &attach, AttachError: &attach,
-	})
+	done := make(chan error, 1)
+	go func() {
+		done <- containers.ExecStartAndAttach(ctx, session, &containers.ExecStartAndAttachOptions{
+			OutputStream: &w, ErrorStream: &w, AttachOutput: &attach, AttachError: &attach,
+		})
+	}()
+	inspect := func(ctx context.Context) (*define.InspectExecSession, error) {
+		return containers.ExecInspect(ctx, session, nil)
+	}
+	attachErr := waitExec(ctx, inspect, done)
 	// When the command cannot start, the service's attach stream breaks
 	// (`read unixpacket ...attach: connection reset by peer`): the exit
-	// code, not the stream, says what happened.
-	info, err := containers.ExecInspect(ctx, session, nil)
+	// code, not the stream, says what happened. It is read even when ctx
+	// ended while the stream stayed open.
+	ictx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	info, err := inspect(ictx)
 	if err != nil {
 		if attachErr != nil {
 			return nil, fmt.Errorf("running %q: %w", argv[0], attachErr)
@@ -64,6 +76,66 @@ func execIn(ctx context.Context, id string, argv []string) (*execResult, error) 
 		return nil, &missingCommandError{command: argv[0], code: info.ExitCode}
 	}
 	return &execResult{code: info.ExitCode, output: out}, nil
+}
+
+// attachGrace is how long the attach stream may stay open after the
+// command is seen to have exited: its last output is on the way.
+const attachGrace = 2 * time.Second
+
+// waitExec waits for the attach stream to end. The Podman service has been
+// seen to keep it open after the command exited, and the bindings then read
+// it for ever whatever the context says. So the session is watched too: the
+// stream is given up attachGrace after the command is seen exiting, and
+// when ctx ends. (A command too short to be seen running is seen exiting
+// only by a non-zero code; otherwise ctx bounds the wait.) The reading
+// goroutine ends when the connection does.
+func waitExec(ctx context.Context, inspect func(context.Context) (*define.InspectExecSession, error), done <-chan error) error {
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	var ran bool
+	var exited time.Time
+	for {
+		select {
+		case err := <-done:
+			return err
+		case <-ctx.Done():
+			return fmt.Errorf("its output stream did not end: %w", ctx.Err())
+		case <-tick.C:
+		}
+		info, err := inspect(ctx)
+		switch {
+		case err != nil:
+			continue
+		case info.Running:
+			ran = true
+			continue
+		case !ran && info.ExitCode == 0:
+			continue // not started yet, or done with 0: cannot tell
+		}
+		if exited.IsZero() {
+			exited = time.Now()
+		} else if time.Since(exited) > attachGrace {
+			return fmt.Errorf("the service kept its output stream open %s after it exited", attachGrace)
+		}
+	}
+}
+
+// syncBuffer is a buffer the attach goroutine writes while execIn may read.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
 
 // removeExec removes an exec session at once. Podman would keep it, and the
