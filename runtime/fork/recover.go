@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/sirupsen/logrus"
@@ -35,6 +37,9 @@ type Recovered struct {
 	// Intents are the containers whose fork intent no checkpoint would
 	// take (its client died first, or it expired).
 	Intents []string `json:"intents,omitempty"`
+	// OrphanCRIUs is how many CRIU processes working in a plan that is
+	// gone were killed.
+	OrphanCRIUs int `json:"orphan_criu,omitempty"`
 }
 
 // RemovedPlan is a plan the sweep removed.
@@ -46,7 +51,7 @@ type RemovedPlan struct {
 }
 
 func (r *Recovered) empty() bool {
-	return r.Captures+r.Siblings+r.StraySnaps+len(r.Plans)+len(r.Thawed)+len(r.Locks)+len(r.LazyDaemons)+len(r.Intents) == 0
+	return r.Captures+r.Siblings+r.StraySnaps+len(r.Plans)+len(r.Thawed)+len(r.Locks)+len(r.LazyDaemons)+len(r.Intents)+r.OrphanCRIUs == 0
 }
 
 // Recover undoes every fork operation whose tclone process died, removes
@@ -69,6 +74,7 @@ func (e *Engine) Recover(ctx context.Context) (*Recovered, error) {
 	r.Locks = locks
 	daemons, derr := lazy.Collect(e.Store.Layout)
 	r.LazyDaemons = daemons
+	r.OrphanCRIUs = e.killOrphanCRIUs()
 	return r, errors.Join(err, serr, lerr, derr, ierr)
 }
 
@@ -245,4 +251,40 @@ func (e *Engine) removeSibling(ctx context.Context, crunRoot, id string) error {
 		}
 	}
 	return nil
+}
+
+// killOrphanCRIUs kills the CRIU processes still working in a plan that is
+// gone. A capture killed after it started CRIU but before CRIU announced
+// itself (the journal learns of CRIU at its first notification) leaves a
+// CRIU nobody will ever talk to; one was seen asleep in its kernel probe an
+// hour later. It holds nothing of the source yet, only the plan's files.
+// Returns how many it killed.
+func (e *Engine) killOrphanCRIUs() int {
+	plans := e.Store.PlansDir() + "/"
+	n := 0
+	procs, _ := os.ReadDir("/proc")
+	for _, p := range procs {
+		pid, err := strconv.Atoi(p.Name())
+		if err != nil {
+			continue
+		}
+		cwd, err := os.Readlink(fmt.Sprintf("/proc/%d/cwd", pid))
+		if err != nil || !strings.HasPrefix(cwd, plans) {
+			continue
+		}
+		id, _, _ := strings.Cut(strings.TrimPrefix(cwd, plans), "/")
+		if !plan.ValidID(id) {
+			continue
+		}
+		if _, err := os.Stat(e.Store.Dir(id)); !errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid)); strings.TrimSpace(string(comm)) != "criu" {
+			continue
+		}
+		if syscall.Kill(pid, syscall.SIGKILL) == nil {
+			n++
+		}
+	}
+	return n
 }

@@ -231,3 +231,47 @@ func TestRecoveryKillsOrphanRestore(t *testing.T) {
 		t.Fatalf("%d journal entries left", n)
 	}
 }
+
+// A CRIU still working in a plan that is gone is killed; one working in a
+// live plan, and any other program, is not.
+func TestKillOrphanCRIUs(t *testing.T) {
+	e := testEngine(t)
+	bin := filepath.Join(t.TempDir(), "criu")
+	sleep, err := exec.LookPath("sleep")
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, _ := os.ReadFile(sleep)
+	if err := os.WriteFile(bin, data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	start := func(exe, id string) *exec.Cmd {
+		work := filepath.Join(e.Store.Dir(id), "work")
+		if err := os.MkdirAll(work, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		cmd := exec.Command(exe, "60")
+		cmd.Dir = work
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+		return cmd
+	}
+	gone, live := plan.NewID(), plan.NewID()
+	orphan := start(bin, gone)
+	kept := start(bin, live)
+	other := start(sleep, gone)
+	os.RemoveAll(e.Store.Dir(gone))
+	if n := e.killOrphanCRIUs(); n != 1 {
+		t.Fatalf("killed %d, want 1", n)
+	}
+	if err := orphan.Wait(); err == nil {
+		t.Fatal("the orphan CRIU was not killed")
+	}
+	for _, c := range []*exec.Cmd{kept, other} {
+		if err := c.Process.Signal(syscall.Signal(0)); err != nil {
+			t.Errorf("%s in %s was killed", c.Path, c.Dir)
+		}
+	}
+}

@@ -261,8 +261,9 @@ func openCalls() []string {
 }
 
 // forkProcesses lists the helper processes a fork starts that must not
-// outlive it: restore watchdogs, podman-fork's private Podman services, and
-// a restore's CRIU and the tasks it forked (they hold a sibling's images).
+// outlive it: restore watchdogs, podman-fork's private Podman services, a
+// capture's CRIU, and a restore's CRIU and the tasks it forked (they hold a
+// sibling's images).
 // (Lazy-pages daemons outlive a fork on purpose, until their siblings are
 // complete and they have idled; the suite's end checks them.)
 func forkProcesses() []string {
@@ -279,10 +280,14 @@ func forkProcesses() []string {
 		}
 		args := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
 		cmd := strings.Join(args, " ")
+		cwd, _ := os.Readlink(filepath.Join(filepath.Dir(path), "cwd"))
+		comm, _ := os.ReadFile(filepath.Join(filepath.Dir(path), "comm"))
 		switch {
 		case slices.Contains(args, fork.RestoreWatchCommand),
-			strings.Contains(cmd, "system service --time=0 unix:///tmp/podman-fork-"):
-			found = append(found, fmt.Sprintf("process %s: %s", filepath.Base(filepath.Dir(path)), cmd))
+			strings.Contains(cmd, "system service --time=0 unix:///tmp/podman-fork-"),
+			// A capture's CRIU, working in its plan.
+			strings.TrimSpace(string(comm)) == "criu" && strings.HasPrefix(cwd, hostStore.PlansDir()+"/"):
+			found = append(found, fmt.Sprintf("process %s: %s (in %s)", filepath.Base(filepath.Dir(path)), cmd, cwd))
 		}
 	}
 	return found
