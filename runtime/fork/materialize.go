@@ -175,7 +175,7 @@ func (e *Engine) prepareMaterialize(ctx context.Context, req MaterializeRequest,
 	if _, err := p.Rootfs.CheckTarget(op.root); err != nil {
 		return nil, err
 	}
-	if op.volumes, err = siblingVolumes(p, spec); err != nil {
+	if op.volumes, err = siblingVolumes(p, spec, sib.bundle); err != nil {
 		return nil, err
 	}
 	if op.check, err = e.CheckCriu(ctx); err != nil {

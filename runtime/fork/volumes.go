@@ -117,9 +117,9 @@ type siblingVolume struct {
 // take them before anything is made for it: one that does not mount a
 // directory there, mounts the source's own (its writes would land in the
 // source's volume), or mounts one that holds files (tclone never writes
-// over data). A private /dev/shm shared with the source instead (both in
-// the host's IPC namespace, say) is left alone.
-func siblingVolumes(p *plan.Plan, spec *specs.Spec) ([]siblingVolume, error) {
+// over data). /dev/shm is filled only when the sibling's is its own, in
+// its bundle; one shared with the source or the host is left alone.
+func siblingVolumes(p *plan.Plan, spec *specs.Spec, bundle string) ([]siblingVolume, error) {
 	var out []siblingVolume
 	for _, v := range p.Volumes {
 		m, ok := bindMountAt(spec, v.Destination)
@@ -128,7 +128,7 @@ func siblingVolumes(p *plan.Plan, spec *specs.Spec) ([]siblingVolume, error) {
 			continue
 		case !ok:
 			return nil, fmt.Errorf("volume %s: the sibling mounts no directory of its own at %s to receive its copy", v.Name, v.Destination)
-		case m.Source == v.Source && v.Name == shmVolume:
+		case v.Name == shmVolume && (m.Source == v.Source || !within(m.Source, bundle)):
 			continue
 		case m.Source == v.Source:
 			return nil, fmt.Errorf("volume %s: the sibling mounts the source's own %s at %s; give it a directory of its own, or share the volume instead of copying it", v.Name, v.Source, v.Destination)

@@ -51,18 +51,29 @@ func TestVolumesIntoSibling(t *testing.T) {
 		"the source's own": bindSpec(map[string]string{"/data": srcVol}),
 		"no directory":     bindSpec(nil),
 	} {
-		if _, err := siblingVolumes(p, spec); err == nil {
+		if _, err := siblingVolumes(p, spec, dir); err == nil {
 			t.Errorf("a sibling mounting %s at /data was accepted", what)
 		}
 	}
 	full := filepath.Join(dir, "full")
 	os.MkdirAll(full, 0o755)
 	os.WriteFile(filepath.Join(full, "precious"), []byte("x"), 0o644)
-	if _, err := siblingVolumes(p, bindSpec(map[string]string{"/data": full})); err == nil || !strings.Contains(err.Error(), "not empty") {
+	if _, err := siblingVolumes(p, bindSpec(map[string]string{"/data": full}), dir); err == nil || !strings.Contains(err.Error(), "not empty") {
 		t.Errorf("a sibling volume holding files: %v", err)
 	}
 
-	targets, err := siblingVolumes(p, bindSpec(map[string]string{"/data": sibVol, shmVolume: "/shared/shm"}))
+	// A /dev/shm outside the sibling's bundle (the host's, say) is shared,
+	// never filled; one in its bundle is its own.
+	hostShm, ownShm := filepath.Join(dir, "host-shm"), filepath.Join(dir, "bundle", "shm")
+	os.MkdirAll(hostShm, 0o755)
+	os.MkdirAll(ownShm, 0o755)
+	if got, err := siblingVolumes(p, bindSpec(map[string]string{"/data": sibVol, shmVolume: hostShm}), filepath.Join(dir, "bundle")); err != nil || len(got) != 1 {
+		t.Fatalf("a /dev/shm outside the sibling's bundle: %+v %v", got, err)
+	}
+	if got, err := siblingVolumes(p, bindSpec(map[string]string{"/data": sibVol, shmVolume: ownShm}), filepath.Join(dir, "bundle")); err != nil || len(got) != 2 {
+		t.Fatalf("the sibling's own /dev/shm: %+v %v", got, err)
+	}
+	targets, err := siblingVolumes(p, bindSpec(map[string]string{"/data": sibVol, shmVolume: "/shared/shm"}), dir)
 	if err != nil || len(targets) != 1 || targets[0].target != sibVol {
 		t.Fatalf("targets %+v %v", targets, err)
 	}

@@ -49,7 +49,23 @@ func Available() error {
 	if _, err := unix.PrctlRetInt(prGetMemoryMerge, 0, 0, 0, 0); err != nil {
 		return fmt.Errorf("this kernel cannot mark a whole process mergeable (PR_SET_MEMORY_MERGE needs Linux 6.4, and 6.7 to keep it across exec): %w", err)
 	}
+	var u unix.Utsname
+	if err := unix.Uname(&u); err != nil {
+		return err
+	}
+	if release := unix.ByteSliceToString(u.Release[:]); !keepsMergeAcrossExec(release) {
+		return fmt.Errorf("kernel %s drops the mergeable mark at exec (kept since Linux 6.7), so a container's processes would not be mergeable", release)
+	}
 	return nil
+}
+
+// keepsMergeAcrossExec tells whether a kernel release is 6.7 or later.
+func keepsMergeAcrossExec(release string) bool {
+	var major, minor int
+	if n, _ := fmt.Sscanf(release, "%d.%d", &major, &minor); n != 2 {
+		return false
+	}
+	return major > 6 || major == 6 && minor >= 7
 }
 
 // MarkSelf marks the calling process mergeable, and with it everything it

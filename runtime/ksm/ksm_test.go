@@ -131,3 +131,11 @@ func TestSettingsOfAnEarlierBootAreDropped(t *testing.T) {
 		t.Fatal("settings of another boot were kept")
 	}
 }
+
+func TestKeepsMergeAcrossExec(t *testing.T) {
+	for release, want := range map[string]bool{"6.6.58": false, "6.7.0": true, "6.12.117+deb13-cloud-amd64": true, "7.3.4": true, "5.15.0": false, "junk": false} {
+		if got := keepsMergeAcrossExec(release); got != want {
+			t.Errorf("%s: %v, want %v", release, got, want)
+		}
+	}
+}

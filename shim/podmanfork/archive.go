@@ -171,13 +171,16 @@ func editConfig(data []byte, edit siblingEdit) ([]byte, error) {
 		delete(cfg, "portMappings")
 		delete(cfg, "exposedPorts")
 	}
-	if len(edit.Volumes) > 0 {
+	if edit.Volumes != nil {
 		vols, _ := cfg["namedVolumes"].([]any)
 		for _, x := range vols {
 			v, _ := x.(map[string]any)
 			name, _ := v["volumeName"].(string)
 			renamed, ok := edit.Volumes[name]
 			if !ok {
+				// Shared with the source: never the sibling's to remove
+				// with `podman rm -v`, even a source's anonymous one.
+				delete(v, "setAnonymous")
 				continue
 			}
 			v["volumeName"] = renamed

@@ -54,7 +54,7 @@ func execIn(ctx context.Context, id string, argv []string) (*execResult, error) 
 	inspect := func(ctx context.Context) (*define.InspectExecSession, error) {
 		return containers.ExecInspect(ctx, session, nil)
 	}
-	attachErr := waitExec(ctx, inspect, done)
+	ended, attachErr := waitExec(ctx, inspect, done)
 	// When the command cannot start, the service's attach stream breaks
 	// (`read unixpacket ...attach: connection reset by peer`): the exit
 	// code, not the stream, says what happened. It is read even when ctx
@@ -70,6 +70,11 @@ func execIn(ctx context.Context, id string, argv []string) (*execResult, error) 
 	}
 	if info.Running {
 		return nil, fmt.Errorf("running %q: the exec session broke off while the command still ran: %v", argv[0], attachErr)
+	}
+	// "Not running, exit 0" is also what a session that never started
+	// says: only a command seen to end has an exit status to trust.
+	if !ended {
+		return nil, fmt.Errorf("running %q: %v; whether it ran cannot be told", argv[0], attachErr)
 	}
 	out := cleanExecOutput(buf.String())
 	if commandMissing(info.ExitCode, out, argv[0]) {
@@ -89,7 +94,10 @@ const attachGrace = 2 * time.Second
 // when ctx ends. (A command too short to be seen running is seen exiting
 // only by a non-zero code; otherwise ctx bounds the wait.) The reading
 // goroutine ends when the connection does.
-func waitExec(ctx context.Context, inspect func(context.Context) (*define.InspectExecSession, error), done <-chan error) error {
+//
+// ended says whether the command is known to have ended: its stream ended,
+// or it was seen exiting.
+func waitExec(ctx context.Context, inspect func(context.Context) (*define.InspectExecSession, error), done <-chan error) (ended bool, err error) {
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
 	var ran bool
@@ -97,9 +105,9 @@ func waitExec(ctx context.Context, inspect func(context.Context) (*define.Inspec
 	for {
 		select {
 		case err := <-done:
-			return err
+			return true, err
 		case <-ctx.Done():
-			return fmt.Errorf("its output stream did not end: %w", ctx.Err())
+			return false, fmt.Errorf("its output stream did not end: %w", ctx.Err())
 		case <-tick.C:
 		}
 		info, err := inspect(ctx)
@@ -115,7 +123,7 @@ func waitExec(ctx context.Context, inspect func(context.Context) (*define.Inspec
 		if exited.IsZero() {
 			exited = time.Now()
 		} else if time.Since(exited) > attachGrace {
-			return fmt.Errorf("the service kept its output stream open %s after it exited", attachGrace)
+			return true, fmt.Errorf("the service kept its output stream open %s after it exited", attachGrace)
 		}
 	}
 }

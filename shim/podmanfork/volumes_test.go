@@ -78,7 +78,7 @@ func TestWriteSiblingArchiveVolumes(t *testing.T) {
 	src := filepath.Join(dir, "src.tar")
 	config := map[string]any{"namedVolumes": []any{
 		map[string]any{"volumeName": "db", "dest": "/db", "options": []any{"rbind"}},
-		map[string]any{"volumeName": "cache", "dest": "/cache"},
+		map[string]any{"volumeName": "cache", "dest": "/cache", "setAnonymous": true},
 	}}
 	spec := map[string]any{"mounts": []any{
 		map[string]any{"destination": "/db", "source": "/v/db/_data"},
@@ -113,6 +113,7 @@ func TestWriteSiblingArchiveVolumes(t *testing.T) {
 	if db.Name != "db-sib" || !db.Anonymous || strings.Join(db.Options, ",") != "rbind,nocopy" {
 		t.Errorf("copied volume %+v", db)
 	}
+	// A shared anonymous volume of the source stays the source's.
 	if cache.Name != "cache" || cache.Anonymous || len(cache.Options) != 0 {
 		t.Errorf("shared volume changed: %+v", cache)
 	}
