@@ -30,10 +30,13 @@ type Error struct {
 func (e *Error) Error() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "criu %s failed", e.Op)
-	// CRIU's log says why; go-criu's own message repeats CRIU's first
-	// error line, which is usually a harmless warning, so it is shown only
-	// when the log has nothing, or when tclone itself ended the call.
-	if len(e.Reasons) == 0 || errors.Is(e.Err, ErrTimeout) {
+	// A hook of tclone's that failed is the reason; CRIU's log then only
+	// says that a script failed. Otherwise CRIU's log says why; go-criu's
+	// own message repeats CRIU's first error line, which is usually a
+	// harmless warning, so it is shown only when the log has nothing, or
+	// when tclone itself ended the call.
+	var hook *HookError
+	if errors.As(e.Err, &hook) || len(e.Reasons) == 0 || errors.Is(e.Err, ErrTimeout) {
 		fmt.Fprintf(&b, ": %v", e.Err)
 	}
 	if len(e.Reasons) > 0 {
@@ -72,7 +75,7 @@ type Request struct {
 
 // Dump runs a CRIU dump with the given hooks.
 func Dump(ctx context.Context, req Request, hooks criu.Notify) error {
-	return run(ctx, "dump", req, func(c *criu.Criu) error { return c.Dump(req.Opts, hooks) })
+	return run(ctx, "dump", req, func(c *criu.Criu) error { return c.Dump(req.Opts, namedHooks{hooks}) })
 }
 
 func run(ctx context.Context, op string, req Request, call func(*criu.Criu) error) error {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
 
 	"github.com/tclone/tclone/runtime/forkopts"
 	"github.com/tclone/tclone/runtime/journal"
@@ -78,6 +79,28 @@ func bindMountAt(spec *specs.Spec, dest string) (specs.Mount, bool) {
 	return specs.Mount{}, false
 }
 
+// dirWithin reports whether directory dir is root or below it, by
+// identity rather than by name: two mounts of one filesystem give one
+// directory two names.
+func dirWithin(dir, root string) (bool, error) {
+	var r unix.Stat_t
+	if err := unix.Stat(root, &r); err != nil {
+		return false, err
+	}
+	for d := dir; ; d = filepath.Dir(d) {
+		var st unix.Stat_t
+		if err := unix.Stat(d, &st); err != nil {
+			return false, err
+		}
+		if st.Dev == r.Dev && st.Ino == r.Ino {
+			return true, nil
+		}
+		if d == "/" {
+			return false, nil
+		}
+	}
+}
+
 func within(path, dir string) bool {
 	rel, err := filepath.Rel(dir, path)
 	return err == nil && rel != "." && !strings.HasPrefix(rel, "..")
@@ -95,6 +118,9 @@ func copyVolumes(ctx context.Context, vols []volumeToCopy, dir string) ([]plan.V
 	}
 	var out []plan.Volume
 	for i, v := range vols {
+		if within, err := dirWithin(dir, v.from); err != nil || within {
+			return nil, fmt.Errorf("volume %s: tclone's volume copies go to %s, inside the volume itself (%s): the copy would copy itself; keep tclone's snapshot store off the volume's filesystem root (%v)", v.Name, dir, v.from, err)
+		}
 		t := time.Now()
 		snap := filepath.Join(dir, strconv.Itoa(i))
 		stats, err := rootfs.CopyDir(ctx, v.from, snap)

@@ -141,3 +141,25 @@ func TestStrayVolumeCopiesRemoved(t *testing.T) {
 		t.Error("a live plan's volume copies were removed")
 	}
 }
+
+// A snapshot store inside the volume (one filesystem mounted at both, so
+// that the names differ) is refused instead of copying the copy into
+// itself without end.
+func TestVolumeCopyRefusesItsOwnInside(t *testing.T) {
+	dir := t.TempDir()
+	vol := filepath.Join(dir, "vol")
+	os.MkdirAll(vol, 0o755)
+	os.WriteFile(filepath.Join(vol, "f"), []byte("x"), 0o644)
+	link := filepath.Join(dir, "store")
+	if err := os.Symlink(vol, link); err != nil {
+		t.Fatal(err)
+	}
+	vols := []volumeToCopy{{Volume: forkopts.Volume{Name: "data", Source: vol, Destination: "/data"}, from: vol}}
+	_, err := copyVolumes(context.Background(), vols, filepath.Join(link, "plan.volumes"))
+	if err == nil || !strings.Contains(err.Error(), "inside the volume itself") {
+		t.Fatalf("a copy into the volume itself: %v", err)
+	}
+	if _, err := copyVolumes(context.Background(), vols, filepath.Join(dir, "plan.volumes")); err != nil {
+		t.Fatalf("a copy beside the volume: %v", err)
+	}
+}

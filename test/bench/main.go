@@ -61,6 +61,11 @@ type Config struct {
 	FanOutVariants  []fanOutVariant
 	FanOutExtraReps int
 	FanOutMemMiB    int
+	VolumeMiB       int
+	VolumeReps      int
+	FilesOnlyMemMiB int
+	KSMMemMiB       int
+	KSMWindow       time.Duration
 	LaterDelay      time.Duration
 	ArchiveDir      string
 	CriuDir         string
@@ -126,6 +131,11 @@ func run() int {
 	flag.StringVar(&variants, "fan-out-variants", "lazy:0,lazy:1,copy:0", "fan-out variants MEMORY:PARALLEL (parallel 0: podman-fork's default); the first is the main one")
 	flag.IntVar(&cfg.FanOutExtraReps, "fan-out-extra-reps", 3, "repetitions per fan-out count of the other variants")
 	flag.IntVar(&cfg.FanOutMemMiB, "fan-out-mem", 256, "memory of the fan-out source, MiB, in --mem-procs processes")
+	flag.IntVar(&cfg.VolumeMiB, "volume-mib", 1024, "data in the named volume of the volume experiment, MiB (0: skip it)")
+	flag.IntVar(&cfg.VolumeReps, "volume-reps", 3, "warm repetitions per volume variant (plus one cold)")
+	flag.IntVar(&cfg.FilesOnlyMemMiB, "files-only-mem", 1024, "memory of the larger files-only source, MiB")
+	flag.IntVar(&cfg.KSMMemMiB, "ksm-mem", 1024, "memory of the --memory ksm source, MiB (0: skip it)")
+	flag.DurationVar(&cfg.KSMWindow, "ksm-window", 60*time.Second, "how long the --memory ksm sibling is watched")
 	flag.DurationVar(&cfg.LaterDelay, "later", 30*time.Second, "when to read memory again after the cold fork")
 	flag.StringVar(&cfg.ArchiveDir, "archive-dir", "/dev/shm", "where stock Podman's export archives go (tmpfs, like tclone's plans)")
 	flag.StringVar(&cfg.CriuDir, "criu-dir", "/dev/shm", "where raw CRIU's images go (tmpfs)")
@@ -153,6 +163,11 @@ func run() int {
 		setDefault("fan-out-extra-reps", "1")
 		setDefault("fan-out-mem", "16")
 		setDefault("later", "3s")
+		setDefault("volume-mib", "8")
+		setDefault("volume-reps", "1")
+		setDefault("files-only-mem", "32")
+		setDefault("ksm-mem", "16")
+		setDefault("ksm-window", "4s")
 	}
 	var err error
 	if cfg.ProcCounts, err = intList(procs); err == nil {
@@ -287,7 +302,8 @@ func (b *Bench) removeContainers(names ...string) {
 	// A fresh context: cleanup must run after ^C too.
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	args := append([]string{"rm", "-f", "-t", "0", "--ignore"}, names...)
+	// -v: a sibling's copies of named volumes are its anonymous volumes.
+	args := append([]string{"rm", "-f", "-v", "-t", "0", "--ignore"}, names...)
 	if _, _, err := b.tools.podman(ctx, args...); err != nil {
 		b.logf("warning: removing %v: %v", names, err)
 		return
@@ -415,6 +431,8 @@ func (b *Bench) run(ctx context.Context, holder string) (*Results, error) {
 		LazyKinds:    b.cfg.LazyKinds,
 		FanOutCounts: b.cfg.FanOutCounts, FanOutReps: b.cfg.FanOutReps, FanOutMemMiB: b.cfg.FanOutMemMiB,
 		FanOutVariants: variantNames(b.cfg.FanOutVariants), FanOutExtraReps: b.cfg.FanOutExtraReps,
+		VolumeMiB: b.cfg.VolumeMiB, VolumeReps: b.cfg.VolumeReps, FilesOnlyMemMiB: b.cfg.FilesOnlyMemMiB,
+		KSMMemMiB: b.cfg.KSMMemMiB, KSMWindowS: b.cfg.KSMWindow.Seconds(),
 		LaterDelayS: b.cfg.LaterDelay.Seconds(), ArchiveDir: b.cfg.ArchiveDir, CriuImageDir: b.cfg.CriuDir,
 	}
 	if b.svc, err = startService(t.Podman); err != nil {
@@ -461,6 +479,18 @@ func (b *Bench) run(ctx context.Context, holder string) (*Results, error) {
 	if len(b.cfg.FanOutCounts) > 0 && b.selected("fanout") && ctx.Err() == nil {
 		b.logf("fan-out %v", b.cfg.FanOutCounts)
 		b.res.FanOut = b.runFanOut(ctx)
+	}
+	if b.cfg.VolumeMiB > 0 && b.selected("volume") && ctx.Err() == nil {
+		b.logf("named volume of %d MiB: share, copy, reflink", b.cfg.VolumeMiB)
+		b.res.Volumes = b.runVolumes(ctx)
+	}
+	if b.selected("files-only") && ctx.Err() == nil {
+		b.logf("files-only forks")
+		b.res.FilesOnly = b.runFilesOnly(ctx)
+	}
+	if b.cfg.KSMMemMiB > 0 && b.selected("ksm") && ctx.Err() == nil {
+		b.logf("--memory ksm of %d MiB, watched for %s", b.cfg.KSMMemMiB, b.cfg.KSMWindow)
+		b.res.KSM = b.runKSM(ctx)
 	}
 	if ctx.Err() != nil {
 		b.res.Failures = append(b.res.Failures, Failure{Workload: "*", Method: "*", Rep: -1, Error: "interrupted: " + ctx.Err().Error()})

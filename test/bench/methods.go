@@ -47,11 +47,15 @@ type forkStats struct {
 type forkRequest struct {
 	name   string
 	count  int
-	memory string // --memory: copy or lazy
+	memory string // --memory: copy, lazy or ksm (empty: none, for --files-only)
 	// ready is --ready (empty: podman-fork's default, running).
 	ready string
 	// parallel is --parallel (0: podman-fork's default).
 	parallel int
+	// volumeMode is --volume-mode (empty: the default, copy).
+	volumeMode string
+	// filesOnly is --files-only.
+	filesOnly bool
 	// stats asks for --print-stats, which also waits until every
 	// sibling's memory is complete; without it the call prints the
 	// siblings (--format json) and returns once they are ready.
@@ -62,12 +66,21 @@ type forkRequest struct {
 // Podman service, and returns its statistics (without req.stats only the
 // siblings) and wall time. A failure carries podman-fork's stderr.
 func (b *Bench) runPodmanFork(ctx context.Context, src *Source, req forkRequest) (*forkStats, time.Duration, error) {
-	args := []string{"--url", b.svc.url, "--count", strconv.Itoa(req.count), "--name", req.name, "--memory", req.memory}
+	args := []string{"--url", b.svc.url, "--count", strconv.Itoa(req.count), "--name", req.name}
+	if req.memory != "" {
+		args = append(args, "--memory", req.memory)
+	}
 	if req.ready != "" {
 		args = append(args, "--ready", req.ready)
 	}
 	if req.parallel > 0 {
 		args = append(args, "--parallel", strconv.Itoa(req.parallel))
+	}
+	if req.volumeMode != "" {
+		args = append(args, "--volume-mode", req.volumeMode)
+	}
+	if req.filesOnly {
+		args = append(args, "--files-only")
 	}
 	if req.stats {
 		args = append(args, "--print-stats")

@@ -420,6 +420,8 @@ func writeMarkdown(r *Results, path, outDir string) error {
 		p("![%s](%s)\n\n", plotTitle("fanout.png"), rel("fanout.png"))
 	}
 
+	writeForkModes(r, p)
+
 	// fork() floor.
 	p("## fork() floor\n\n| workload | anonymous memory forked (MiB) | fork() of it (ms) | fork() of a tiny process (ms) | processes | floor (ms) |\n| --- | ---: | ---: | ---: | ---: | ---: |\n")
 	for _, w := range r.Workloads {

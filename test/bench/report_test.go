@@ -188,3 +188,49 @@ func TestValidateTargets(t *testing.T) {
 		}
 	}
 }
+
+func volumeVariantOf(name string, pauses []float64, copied, reflinked float64) *VolumeVariant {
+	vals := map[string][]float64{"pause_ms": pauses}
+	for range pauses {
+		vals["copied_mib"] = append(vals["copied_mib"], copied)
+		vals["reflinked_mib"] = append(vals["reflinked_mib"], reflinked)
+	}
+	return &VolumeVariant{Name: name, Mode: "copy", Summary: summarizeAll(vals)}
+}
+
+// The volume target is the pause reflink adds over share (which may be
+// below zero within the noise, and is then met); the KSM target the
+// lowest sibling PSS/RSS within 60 s; and validation catches a copy that
+// did not reflink and ksmd settings not put back.
+func TestForkModeTargets(t *testing.T) {
+	r := &Results{Config: RunConfig{VolumeMiB: 1024, VolumeReps: 3, KSMMemMiB: 1024, KSMWindowS: 60, WarmReps: 1}}
+	r.Volumes = &VolumeResult{SizeMiB: 1024, Variants: []*VolumeVariant{
+		volumeVariantOf("share", []float64{80, 70, 90}, 0, 0),
+		volumeVariantOf("copy", []float64{500, 520, 540}, 1024, 0),
+		volumeVariantOf("reflink", []float64{75, 78, 76}, 1024, 1024),
+	}}
+	mem := func(rss, pss int64) MemUsage { return MemUsage{RssKiB: rss, PssKiB: pss} }
+	r.KSM = &KSMResult{MemMiB: 1024, Restored: true, Points: []KSMPoint{
+		{AtS: 0, Sibling: mem(1000, 1000)}, {AtS: 30, Sibling: mem(1000, 580)}, {AtS: 60, Sibling: mem(1000, 700)}, {AtS: 65, Sibling: mem(1000, 500)}}}
+	ts := forkModeTargets(r)
+	if v := findTarget(t, ts, "volume_reflink_added_pause_ms"); v.Status != TargetMet || v.Value != 76-80 {
+		t.Errorf("volume target %+v, want met at -4 ms", v)
+	}
+	if k := findTarget(t, ts, "ksm_sibling_pss_over_rss_60s"); k.Status != TargetMet || k.Value != 0.58 {
+		t.Errorf("ksm target %+v, want met at 0.58 (the 65 s point is outside the window)", k)
+	}
+	r.FilesOnly = &FilesOnlyResult{Sources: []*FilesOnlySource{
+		{Workload: "a", Summary: summarizeAll(map[string][]float64{"pause_ms": {2}, "to_running_ms": {900}})},
+		{Workload: "b", Summary: summarizeAll(map[string][]float64{"pause_ms": {3}, "to_running_ms": {950}})}}}
+	if p := validateForkModes(r); len(p) != 0 {
+		t.Fatalf("good fork modes flagged: %v", p)
+	}
+	r.Volumes.Variants[2] = volumeVariantOf("reflink", []float64{500, 510, 505}, 1024, 0)
+	r.KSM.Restored = false
+	p := strings.Join(validateForkModes(r), "\n")
+	for _, want := range []string{"volume reflink: 0 MiB reflinked", "ksmd's settings were not put back"} {
+		if !strings.Contains(p, want) {
+			t.Errorf("problems lack %q: %s", want, p)
+		}
+	}
+}

@@ -10,8 +10,9 @@ import (
 // SchemaVersion is the layout version of results.json. Version 2 records
 // the runtime of every restore and the headline's cold numbers; version 3
 // splits tclone into --memory copy and --memory lazy, measures the fan-out
-// in variants (memory, --parallel) and adds the issue's targets.
-const SchemaVersion = 3
+// in variants (memory, --parallel) and adds the issue's targets; version 4
+// adds named volumes, files-only forks and --memory ksm.
+const SchemaVersion = 4
 
 // Methods, in the order they are reported.
 const (
@@ -42,6 +43,9 @@ type Results struct {
 	Config    RunConfig         `json:"config"`
 	Workloads []*WorkloadResult `json:"workloads"`
 	FanOut    *FanOutResult     `json:"fan_out"`
+	Volumes   *VolumeResult     `json:"volumes"`
+	FilesOnly *FilesOnlyResult  `json:"files_only"`
+	KSM       *KSMResult        `json:"ksm"`
 	Headline  Headline          `json:"headline"`
 	// Failures lists every measurement that could not be made, with the
 	// exact error.
@@ -69,6 +73,11 @@ type RunConfig struct {
 	FanOutVariants  []string `json:"fan_out_variants"`
 	FanOutExtraReps int      `json:"fan_out_extra_reps"`
 	FanOutMemMiB    int      `json:"fan_out_mem_mib"`
+	VolumeMiB       int      `json:"volume_mib"`
+	VolumeReps      int      `json:"volume_reps"`
+	FilesOnlyMemMiB int      `json:"files_only_mem_mib"`
+	KSMMemMiB       int      `json:"ksm_mem_mib"`
+	KSMWindowS      float64  `json:"ksm_window_s"`
 	LaterDelayS     float64  `json:"later_delay_s"`
 	ArchiveDir      string   `json:"archive_dir"`
 	CriuImageDir    string   `json:"criu_image_dir"`
@@ -223,6 +232,9 @@ type Target struct {
 	BoundText string  `json:"bound_text"`
 	// Detail gives the numbers the ratio is made of.
 	Detail string `json:"detail"`
+	// Difference marks a value that is a difference, not a ratio: it can
+	// be 0 or below and still be measured.
+	Difference bool `json:"difference,omitempty"`
 }
 
 // Target statuses.

@@ -38,7 +38,7 @@ func memAt(r *Results, mib int) (*WorkloadResult, bool) {
 // judge fills a target's status from its value and bound.
 func judge(t *Target, exact bool) {
 	switch {
-	case math.IsNaN(t.Value) || t.Value <= 0:
+	case math.IsNaN(t.Value) || (t.Value <= 0 && !t.Difference):
 		t.Status, t.Value = TargetNotMeasured, 0
 	case !exact:
 		t.Status = TargetOtherSize
@@ -158,7 +158,7 @@ func targets(r *Results) []Target {
 		judge(&t, exact)
 		out = append(out, t)
 	}
-	return out
+	return append(out, forkModeTargets(r)...)
 }
 
 func sizeKey(mib int) string {

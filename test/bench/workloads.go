@@ -36,6 +36,8 @@ type Workload struct {
 	HostTree bool
 	// holder serve arguments, for HostTree workloads.
 	HolderArgs []string
+	// RunArgs are more `podman run` options (volumes, annotations).
+	RunArgs []string
 }
 
 func procsWorkload(n int) Workload {
@@ -132,6 +134,7 @@ func (b *Bench) startSource(ctx context.Context, w Workload, name, runtime strin
 	for _, e := range w.Env {
 		args = append(args, "-e", e)
 	}
+	args = append(args, w.RunArgs...)
 	args = append(args, w.Image)
 	args = append(args, w.Cmd...)
 	b.track(name)
