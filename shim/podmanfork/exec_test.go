@@ -45,3 +45,32 @@ func TestWaitExec(t *testing.T) {
 		t.Fatalf("a session that says nothing: %v, ended %v", err, ended)
 	}
 }
+
+// An attempt of --ready exec whose stream never ends is given up after
+// its bound, and a new one is made: the readiness wait does not spend its
+// whole timeout on one stuck session.
+func TestReadyExecRetriesAStuckAttempt(t *testing.T) {
+	defer func(a time.Duration, run func(context.Context, string, []string) (*execResult, error)) {
+		readyExecAttempt, runExec = a, run
+	}(readyExecAttempt, runExec)
+	readyExecAttempt = 100 * time.Millisecond
+	var attempts int
+	runExec = func(ctx context.Context, id string, argv []string) (*execResult, error) {
+		attempts++
+		if attempts == 1 {
+			<-ctx.Done() // the service keeps the stream open
+			return nil, ctx.Err()
+		}
+		return &execResult{code: 0}, nil
+	}
+	f := &forker{opts: Options{Ready: Ready{Kind: ReadyExec}}, start: time.Now()}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	r := &Result{ID: "sibling"}
+	if err := f.ready(ctx, r); err != nil {
+		t.Fatalf("ready: %v", err)
+	}
+	if attempts != 2 || r.FirstCommandMs == 0 {
+		t.Fatalf("%d attempts, first command at %v ms; want a second attempt that answered", attempts, r.FirstCommandMs)
+	}
+}

@@ -157,8 +157,21 @@ type fatalReadyError struct{ err error }
 
 func (e *fatalReadyError) Error() string { return e.err.Error() }
 
+// readyExecAttempt bounds one attempt of --ready exec. The Podman service
+// has been seen to keep an exec's output stream open after the command
+// ended; `true` ends too fast to be seen running, so such an attempt
+// cannot be told from one still starting, and only its bound ends it. The
+// readiness command is harmless to run again, and the next attempt, in a
+// session of its own, is tried until the ready timeout.
+var readyExecAttempt = 10 * time.Second
+
+// runExec runs a command in a container (execIn; a test replaces it).
+var runExec = execIn
+
 func (f *forker) readyExec(ctx context.Context, r *Result) error {
-	res, err := execIn(ctx, r.ID, readyCommand)
+	actx, cancel := context.WithTimeout(ctx, readyExecAttempt)
+	defer cancel()
+	res, err := runExec(actx, r.ID, readyCommand)
 	var missing *missingCommandError
 	switch {
 	case errors.As(err, &missing):
