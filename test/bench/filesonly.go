@@ -36,14 +36,12 @@ func (b *Bench) runFilesOnly(ctx context.Context) *FilesOnlyResult {
 			b.fail(w.Name, MethodTclone, -1, fmt.Errorf("starting the source: %w", err))
 			continue
 		}
-		vals := map[string][]float64{}
 		for rep := 0; rep <= b.cfg.WarmReps && ctx.Err() == nil; rep++ {
 			sib := fmt.Sprintf("%s-sib%d", prefix, rep)
 			b.track(sib)
 			st, wall, err := b.runPodmanFork(ctx, src, forkRequest{name: sib, count: 1, filesOnly: true, stats: true})
 			if err == nil {
-				// The sibling started its command afresh: its holder is
-				// a new process, not the source's.
+				// The sibling runs: a command answers in it.
 				_, _, err = b.tools.podman(ctx, "exec", sib, "true")
 			}
 			b.removeContainers(sib)
@@ -59,13 +57,8 @@ func (b *Bench) runFilesOnly(ctx context.Context) *FilesOnlyResult {
 				"fs_snapshot_ms": st.Capture.Timings.SnapshotMs,
 			}}
 			fs.Samples = append(fs.Samples, s)
-			if !s.Cold {
-				for k, x := range s.Metrics {
-					vals[k] = append(vals[k], x)
-				}
-			}
 		}
-		fs.Summary = summarizeAll(vals)
+		fs.Summary = summarizeWarm(fs.Samples)
 		b.removeContainers(src.Name)
 	}
 	return fr

@@ -284,6 +284,20 @@ func (m *MethodResult) summarize() {
 	m.Warm = summarizeAll(warm)
 }
 
+// summarizeWarm summarises the metrics of the samples that are not cold.
+func summarizeWarm(samples []*Sample) map[string]Stat {
+	vals := map[string][]float64{}
+	for _, s := range samples {
+		if s.Cold {
+			continue
+		}
+		for k, v := range s.Metrics {
+			vals[k] = append(vals[k], v)
+		}
+	}
+	return summarizeAll(vals)
+}
+
 func summarizeAll(vals map[string][]float64) map[string]Stat {
 	out := map[string]Stat{}
 	for k, v := range vals {

@@ -59,16 +59,7 @@ func (b *Bench) runVolumes(ctx context.Context) *VolumeResult {
 		if err := b.volumeVariant(ctx, vv, prefix); err != nil {
 			b.fail("volume-"+v.name, MethodTclone, -1, err)
 		}
-		var vals = map[string][]float64{}
-		for _, s := range vv.Samples {
-			if s.Cold {
-				continue
-			}
-			for k, x := range s.Metrics {
-				vals[k] = append(vals[k], x)
-			}
-		}
-		vv.Summary = summarizeAll(vals)
+		vv.Summary = summarizeWarm(vv.Samples)
 	}
 	return vr
 }
