@@ -63,7 +63,7 @@ func newApp() *cli.App {
 		ExitErrHandler: func(*cli.Context, error) {},
 	}
 	cli.VersionPrinter = printVersion
-	app.Commands = append(delegatedCommands(), checkpointCommand, restoreCommand, forkCommand, gcCommand, statsCommand)
+	app.Commands = append(delegatedCommands(), checkpointCommand, restoreCommand, forkCommand, gcCommand, statsCommand, serviceCommand)
 	return app
 }
 

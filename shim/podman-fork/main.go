@@ -11,7 +11,6 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
-	"slices"
 	"syscall"
 
 	"github.com/sirupsen/logrus"
@@ -47,26 +46,18 @@ briefly and keeps running. SOURCE must run with --runtime tclone.
 
 Prints the new container IDs, one per line, like podman create.`,
 		HideHelpCommand: true,
-		Flags: slices.Concat(forkflags.Capture(), forkflags.Sibling(), []cli.Flag{
-			&cli.StringFlag{Name: "name", Usage: "name of the new container (with --count N: NAME-1..NAME-N); default SOURCE-fork-<n>"},
-			&cli.IntFlag{Name: "count", Value: 1, Usage: fmt.Sprintf("number of siblings, 1..%d, all or nothing", podmanfork.MaxCount)},
-			&cli.IntFlag{Name: "parallel", Usage: fmt.Sprintf("restore this many siblings at once, 1..%d (default: one per CPU, up to 4)", podmanfork.MaxCount)},
-			&cli.StringSliceFlag{Name: "publish", Aliases: []string{"p"}, Usage: "publish a port of each sibling (podman -p syntax)"},
-			&cli.BoolFlag{Name: "ignore-static-ip", Usage: "give siblings of a source with a static IP fresh addresses"},
-			&cli.BoolFlag{Name: "ignore-static-mac", Usage: "give siblings of a source with a static MAC fresh addresses"},
-			&cli.StringSliceFlag{Name: "label", Aliases: []string{"l"}, Usage: "add a label KEY=VALUE to each sibling"},
-			&cli.StringSliceFlag{Name: "volume-mode", Usage: "what siblings get of the source's named volumes: copy (default: a new volume each, <volume>-<sibling>, " +
-				"as it was at the fork instant, removed by podman rm -v), share (the source's own), or NAME=copy|share for one volume; host directories are always shared"},
-			&cli.StringSliceFlag{Name: "hook", Usage: "command run with sh -c in each sibling before it is reported; a failure fails the fork"},
-			&cli.StringFlag{Name: "ready", Value: "running", Usage: "when a sibling is up: running (Podman and crun say it runs; needs nothing in the image), " +
-				"exec (`true` runs in it), tcp:PORT (it accepts a connection) or http:PORT/PATH (GET answers 2xx/3xx)"},
-			&cli.DurationFlag{Name: "ready-timeout", Value: podmanfork.DefaultReadyTimeout, Usage: "how long hooks plus readiness may take per sibling (> 0)"},
-			&cli.BoolFlag{Name: "print-stats", Usage: "print the fork's timings as JSON instead of the IDs"},
+		// A hook or a label may hold commas: each flag is one value.
+		DisableSliceFlagSeparator: true,
+		Flags: append(forkflags.PodmanFork(),
+			&cli.BoolFlag{Name: "print-stats", Usage: "print the fork's timings as JSON instead of the IDs (waits for each sibling's memory, as --wait-memory)"},
 			&cli.StringFlag{Name: "format", Usage: "output format: json prints the new containers as a JSON array"},
-			&cli.StringFlag{Name: "url", EnvVars: []string{"CONTAINER_HOST"}, Usage: "Podman service URL (default: the local service, started for this call if none runs)"},
+			&cli.StringFlag{Name: "url", EnvVars: []string{"CONTAINER_HOST"}, Usage: "API service to fork through: tclone's (unix:///run/tclone/tclone.sock, ssh://USER@HOST/run/tclone/tclone.sock) " +
+				"forks wherever it runs; Podman's own forks here, as root on its host (default: the local Podman service, started for this call if none runs)"},
+			&cli.StringFlag{Name: "connection", Aliases: []string{"c"}, EnvVars: []string{"CONTAINER_CONNECTION"}, Usage: "a connection from `podman system connection ls` to use as --url, with its ssh identity"},
+			&cli.StringFlag{Name: "ssh-identity", EnvVars: []string{"CONTAINER_SSHKEY"}, Usage: "ssh key for an ssh:// --url (Podman's --identity; --identity here is the siblings')"},
 			&cli.BoolFlag{Name: "private-service", Hidden: true, Usage: "start a Podman service for this call even when the system one answers"},
 			&cli.BoolFlag{Name: "debug", Usage: "debug output"},
-		}),
+		),
 		Action: run,
 	}
 }
@@ -95,7 +86,11 @@ func run(c *cli.Context) error {
 	if err := opts.Validate(); err != nil {
 		return err
 	}
-	ctx, stop, err := connectTo(c.Context, c.String("url"), c.Bool("private-service"))
+	target, err := destination(c.String("url"), c.String("connection"), c.String("ssh-identity"))
+	if err != nil {
+		return err
+	}
+	ctx, stop, err := connectTo(c.Context, target, c.Bool("private-service"))
 	if err != nil {
 		return err
 	}
@@ -127,60 +122,8 @@ func run(c *cli.Context) error {
 }
 
 func options(c *cli.Context) (podmanfork.Options, error) {
-	labels, err := podmanfork.ParseLabels(c.StringSlice("label"))
-	if err != nil {
-		return podmanfork.Options{}, err
-	}
-	ready, err := podmanfork.ParseReady(c.String("ready"))
-	if err != nil {
-		return podmanfork.Options{}, err
-	}
-	count := c.Int("count")
-	if count < 1 || count > podmanfork.MaxCount {
-		return podmanfork.Options{}, fmt.Errorf("--count %d out of range: fork 1 to %d siblings at a time", count, podmanfork.MaxCount)
-	}
-	// 0 is the default (one per CPU, up to 4), but only when not given.
-	if p := c.Int("parallel"); c.IsSet("parallel") && (p < 1 || p > podmanfork.MaxCount) {
-		return podmanfork.Options{}, fmt.Errorf("--parallel %d out of range: restore 1 to %d siblings at a time", p, podmanfork.MaxCount)
-	}
-	if d := c.Duration("ready-timeout"); d <= 0 {
-		return podmanfork.Options{}, fmt.Errorf("--ready-timeout %s: give a duration above zero, such as 30s", d)
-	}
-	fork, err := forkflags.Read(c)
-	if err != nil {
-		return podmanfork.Options{}, err
-	}
-	volumeModes, err := podmanfork.ParseVolumeModes(c.StringSlice("volume-mode"))
-	if err != nil {
-		return podmanfork.Options{}, fmt.Errorf("--volume-mode: %w", err)
-	}
-	opts := podmanfork.Options{
-		Count:           count,
-		Publish:         c.StringSlice("publish"),
-		IgnoreStaticIP:  c.Bool("ignore-static-ip"),
-		IgnoreStaticMAC: c.Bool("ignore-static-mac"),
-		Fork:            fork,
-		Labels:          labels,
-		Hooks:           c.StringSlice("hook"),
-		Ready:           ready,
-		ReadyTimeout:    c.Duration("ready-timeout"),
-		Parallel:        c.Int("parallel"),
-		VolumeModes:     volumeModes,
-		// --print-stats reports when each sibling's memory was complete.
-		WaitMemory: c.Bool("print-stats"),
-	}
-	if c.IsSet("name") {
-		name := c.String("name")
-		if err := podmanfork.CheckName(name); err != nil {
-			return podmanfork.Options{}, fmt.Errorf("--name: %w", err)
-		}
-		if opts.Count <= 1 {
-			opts.Names = []string{name}
-		} else {
-			for i := 1; i <= opts.Count; i++ {
-				opts.Names = append(opts.Names, fmt.Sprintf("%s-%d", name, i))
-			}
-		}
-	}
-	return opts, nil
+	opts, err := forkflags.ReadPodmanFork(c)
+	// --print-stats reports when each sibling's memory was complete.
+	opts.WaitMemory = opts.WaitMemory || c.Bool("print-stats")
+	return opts, err
 }

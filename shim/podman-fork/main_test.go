@@ -12,14 +12,14 @@ var errReached = errors.New("reached Podman")
 
 // Every bad flag is refused before a connection to Podman is made.
 func TestRefusedBeforePodman(t *testing.T) {
-	connectTo = func(context.Context, string, bool) (context.Context, func(), error) { return nil, nil, errReached }
+	connectTo = func(context.Context, target, bool) (context.Context, func(), error) { return nil, nil, errReached }
 	defer func() { connectTo = connect }()
 	for _, c := range []struct {
 		args []string
 		want string
 	}{
-		{[]string{"--count", "0"}, "--count 0 out of range"},
-		{[]string{"--count", "33"}, "--count 33 out of range"},
+		{[]string{"--count", "0"}, "--count 0: out of range"},
+		{[]string{"--count", "33"}, "--count 33: out of range"},
 		{[]string{"--ready-timeout", "0s"}, "--ready-timeout"},
 		{[]string{"--ready", "bogus"}, "invalid readiness"},
 		{[]string{"--identity", "clone"}, "identity"},
@@ -30,8 +30,11 @@ func TestRefusedBeforePodman(t *testing.T) {
 		{[]string{"--count", "2", "-p", "8081:80"}, "host port"},
 		{[]string{"--hook", " "}, "hook"},
 		{[]string{"--format", "yaml"}, "--format"},
-		{[]string{"--parallel", "0"}, "--parallel 0 out of range"},
-		{[]string{"--parallel", "33"}, "--parallel 33 out of range"},
+		{[]string{"--parallel", "0"}, "--parallel 0: out of range"},
+		{[]string{"--parallel", "33"}, "--parallel 33: out of range"},
+		{[]string{"--name", "a", "--name", "b", "--count", "3"}, "2 names for 3 siblings"},
+		{[]string{"--url", "unix:///x", "--connection", "c"}, "give one"},
+		{[]string{"--ssh-identity", "/k"}, "--ssh-identity is for an ssh://"},
 		{[]string{"--memory", "fast"}, "memory mode"},
 		{[]string{"--files-only", "--memory", "copy"}, "--files-only takes none"},
 		{[]string{"--volume-mode", "move"}, "--volume-mode"},

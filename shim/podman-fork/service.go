@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/containers/common/pkg/config"
 	"github.com/containers/podman/v5/pkg/bindings"
 
 	"github.com/tclone/tclone/runtime/calls"
@@ -21,16 +22,46 @@ import (
 // DefaultSocket is where a system Podman service listens.
 const DefaultSocket = "/run/podman/podman.sock"
 
-// connect returns a context holding a Podman connection. With no URL it
-// uses the local system service, and when none answers it starts a private
-// one for the duration of the command, so `podman container fork` works
-// like any podman command without a running service. private asks for the
-// private service whatever runs.
-func connect(ctx context.Context, url string, private bool) (context.Context, func(), error) {
-	if url != "" {
-		conn, err := bindings.NewConnection(ctx, url)
+// target is the API service a fork goes through: a URL, and the ssh key
+// for an ssh:// one. The zero target is the local Podman service.
+type target struct {
+	url, identity string
+}
+
+// destination reads --url, --connection and --ssh-identity.
+func destination(url, connection, identity string) (target, error) {
+	switch {
+	case url != "" && connection != "":
+		return target{}, fmt.Errorf("--url %s and --connection %s both say where to connect: give one", url, connection)
+	case connection != "":
+		cfg, err := config.Default()
 		if err != nil {
-			return nil, nil, fmt.Errorf("connecting to Podman at %s: %w", url, err)
+			return target{}, fmt.Errorf("--connection %s: reading Podman's configuration: %w", connection, err)
+		}
+		dest, err := cfg.GetConnection(connection, false)
+		if err != nil {
+			return target{}, fmt.Errorf("--connection %s: %w (see podman system connection ls)", connection, err)
+		}
+		if identity == "" {
+			identity = dest.Identity
+		}
+		return target{url: dest.URI, identity: identity}, nil
+	case identity != "" && !strings.HasPrefix(url, "ssh://"):
+		return target{}, fmt.Errorf("--ssh-identity is for an ssh:// --url or --connection; give one")
+	}
+	return target{url: url, identity: identity}, nil
+}
+
+// connect returns a context holding a connection to the target's service.
+// With no URL it uses the local system Podman service, and when none
+// answers it starts a private one for the duration of the command, so
+// `podman container fork` works like any podman command without a running
+// service. private asks for the private service whatever runs.
+func connect(ctx context.Context, t target, private bool) (context.Context, func(), error) {
+	if t.url != "" {
+		conn, err := bindings.NewConnectionWithIdentity(ctx, t.url, t.identity, false)
+		if err != nil {
+			return nil, nil, fmt.Errorf("connecting to the API service at %s: %w", t.url, err)
 		}
 		return conn, func() {}, nil
 	}

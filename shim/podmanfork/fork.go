@@ -87,13 +87,36 @@ func Fork(ctx context.Context, source string, opts Options) ([]Result, error) {
 
 // ForkWithStats is Fork, also returning timings of every phase.
 //
+// When the connection is to tclone's API service (`tclone service`, local or
+// over ssh://), the service forks, and this process needs no access to the
+// host: the options are checked here first, then sent. When it is to
+// Podman's own service, the fork runs here, as ForkHere.
+func ForkWithStats(ctx context.Context, source string, opts Options) (*Stats, error) {
+	if err := opts.Validate(); err != nil {
+		return nil, ofKind(ErrInvalidOption, err)
+	}
+	remote, err := serviceIsTclone(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if remote {
+		return forkOverREST(ctx, source, opts)
+	}
+	return ForkHere(ctx, source, opts)
+}
+
+// ForkHere forks in this process, through the connection to the Podman
+// service of this host, which must restore with tclone. It is what tclone's
+// API service runs; it needs root on the host, since it leaves the fork's
+// request to tclone in the host's plan store.
+//
 // The call is recorded in the host's plan store while it runs (see package
 // runtime/calls): if this process dies, the next fork or `tclone gc` rolls
 // back what it made. Calls of clients that died are rolled back first.
-func ForkWithStats(ctx context.Context, source string, opts Options) (*Stats, error) {
+func ForkHere(ctx context.Context, source string, opts Options) (*Stats, error) {
 	start := time.Now()
 	if err := opts.normalize(); err != nil {
-		return nil, err
+		return nil, ofKind(ErrInvalidOption, err)
 	}
 	store := plan.DefaultStore()
 	collectDeadCalls(ctx, store)
@@ -103,13 +126,13 @@ func ForkWithStats(ctx context.Context, source string, opts Options) (*Stats, er
 	}
 	limits, err := checkIdentity(opts.Identity, src)
 	if err != nil {
-		return nil, err
+		return nil, ofKind(ErrConflict, err)
 	}
 	// tclone copies the volumes in the source's frozen window; the fork
 	// intent tells it which.
 	copies, uses, err := planVolumes(src, opts.VolumeModes)
 	if err != nil {
-		return nil, err
+		return nil, ofKind(ErrInvalidOption, err)
 	}
 	opts.Fork.Volumes = copies
 	names, err := newNamer(ctx, src.Name, opts)
@@ -551,10 +574,10 @@ func explainRestoreError(err error) error {
 	msg := strings.ToLower(err.Error())
 	switch {
 	case nameInUse(err):
-		return fmt.Errorf("%w: choose another --name, or leave --name out for SOURCE-fork-<n>", err)
+		return ofKind(ErrConflict, fmt.Errorf("%w: choose another --name, or leave --name out for SOURCE-fork-<n>", err))
 	case strings.Contains(msg, "address already in use") || strings.Contains(msg, "port is already allocated") ||
 		strings.Contains(msg, "bind: address"):
-		return fmt.Errorf("%w: a --publish host port is taken (the source or another container holds it); choose a free host port, or give only the container port so Podman picks one", err)
+		return ofKind(ErrConflict, fmt.Errorf("%w: a --publish host port is taken (the source or another container holds it); choose a free host port, or give only the container port so Podman picks one", err))
 	case strings.Contains(msg, "requested ip address") || strings.Contains(msg, "static ip"):
 		return fmt.Errorf("%w: the source has a static IP; fork with --ignore-static-ip", err)
 	case strings.Contains(msg, "mac address"):

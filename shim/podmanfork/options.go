@@ -7,9 +7,12 @@
 // on the host, and each restore makes a real Podman container (its own ID,
 // name, IP, hostname, /etc/hosts) that conmon monitors like any other.
 //
-// The package runs on the Podman host: it leaves a fork intent for tclone in
-// the host's plan store (see plan.Intent), so the connection must be to the
-// local Podman service, as root.
+// Given a connection to tclone's API service (`tclone service`, which
+// serves Podman's API and adds the fork endpoint), a client forks from
+// anywhere the connection reaches: a unix socket it may use, or ssh://.
+// Given a connection to Podman's own service, the fork runs in the caller,
+// which must then be root on the Podman host: it leaves a fork intent for
+// tclone in the host's plan store (see plan.Intent).
 package podmanfork
 
 import (

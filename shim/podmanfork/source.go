@@ -2,12 +2,15 @@ package podmanfork
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net/http"
 	"path/filepath"
 	"strings"
 
 	"github.com/containers/podman/v5/libpod/define"
 	"github.com/containers/podman/v5/pkg/bindings/containers"
+	"github.com/containers/podman/v5/pkg/errorhandling"
 )
 
 // RuntimeName is the name tclone is registered under in containers.conf.
@@ -16,24 +19,29 @@ const RuntimeName = "tclone"
 // inspectSource checks that source is a running container run by tclone.
 func inspectSource(ctx context.Context, source string) (*define.InspectContainerData, error) {
 	if source == "" {
-		return nil, fmt.Errorf("no source container given")
+		return nil, ofKind(ErrInvalidOption, errors.New("no source container given: name the container to fork"))
 	}
 	data, err := containers.Inspect(ctx, source, nil)
 	if err != nil {
-		return nil, fmt.Errorf("cannot fork %s: %w", source, err)
+		err = fmt.Errorf("cannot fork %s: %w", source, err)
+		var model *errorhandling.ErrorModel
+		if errors.As(err, &model) && model.ResponseCode == http.StatusNotFound {
+			err = ofKind(ErrNoSuchSource, err)
+		}
+		return nil, err
 	}
 	runtime := data.OCIRuntime
 	if runtime != RuntimeName && filepath.Base(runtime) != RuntimeName {
-		return nil, fmt.Errorf("cannot fork %s: it was created with --runtime %s; only containers run by tclone can be forked, so recreate it with --runtime %s", data.Name, runtime, RuntimeName)
+		return nil, ofKind(ErrConflict, fmt.Errorf("cannot fork %s: it was created with --runtime %s; only containers run by tclone can be forked, so recreate it with --runtime %s", data.Name, runtime, RuntimeName))
 	}
 	if data.State == nil {
 		return nil, fmt.Errorf("cannot fork %s: Podman reports no state for it", data.Name)
 	}
 	switch {
 	case data.State.Paused:
-		return nil, fmt.Errorf("cannot fork %s: it is paused; unpause it first (podman unpause %s)", data.Name, data.Name)
+		return nil, ofKind(ErrConflict, fmt.Errorf("cannot fork %s: it is paused; unpause it first (podman unpause %s)", data.Name, data.Name))
 	case !data.State.Running:
-		return nil, fmt.Errorf("cannot fork %s: it is %s, and only a running container can be forked; start it first", data.Name, data.State.Status)
+		return nil, ofKind(ErrConflict, fmt.Errorf("cannot fork %s: it is %s, and only a running container can be forked; start it first", data.Name, data.State.Status))
 	}
 	return data, nil
 }

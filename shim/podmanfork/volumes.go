@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"slices"
+	"sort"
 	"strings"
 
 	"github.com/containers/podman/v5/libpod/define"
@@ -175,4 +176,21 @@ func siblingVolumes(ctx context.Context, uses []VolumeUse, sibling string) ([]Vo
 		edit.VolumePaths[u.Source] = filepath.Join(filepath.Dir(filepath.Dir(u.Source)), name, "_data")
 	}
 	return out, edit, nil
+}
+
+// Values is the modes as --volume-mode values, the default first.
+func (m VolumeModes) Values() []string {
+	var out []string
+	if m.Default != "" {
+		out = append(out, string(m.Default))
+	}
+	names := make([]string, 0, len(m.ByName))
+	for n := range m.ByName {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		out = append(out, n+"="+string(m.ByName[n]))
+	}
+	return out
 }
