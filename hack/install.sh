@@ -63,3 +63,28 @@ if [ "$(cat "$conf" 2>/dev/null)" != "$want" ]; then
 	printf '%s\n' "$want" >"$conf"
 	log "registered runtime tclone in $conf"
 fi
+
+# tclone's API service (`tclone service`): users of the group tclone may use
+# its socket, locally or over ssh.
+if ! getent group tclone >/dev/null; then
+	groupadd --system tclone
+	log "created the group tclone (members may fork through /run/tclone/tclone.sock)"
+fi
+unitdir=$prefix/lib/systemd/system
+install -d "$unitdir"
+changed=0
+for unit in tclone.socket tclone.service; do
+	want=$(sed "s#@PREFIX@#$prefix#" "$here/systemd/$unit")
+	if [ "$(cat "$unitdir/$unit" 2>/dev/null)" != "$want" ]; then
+		printf '%s\n' "$want" >"$unitdir/$unit"
+		log "installed $unitdir/$unit"
+		changed=1
+	fi
+done
+# Where systemd runs, the socket is enabled and started (the service starts
+# on the first request); elsewhere hack/tclone-service.sh starts it.
+if [ -d /run/systemd/system ]; then
+	if [ $changed = 1 ]; then systemctl daemon-reload; fi
+	systemctl enable --now tclone.socket >/dev/null 2>&1 && log "tclone.socket enabled" ||
+		log "enabling tclone.socket failed; see systemctl status tclone.socket"
+fi

@@ -4,7 +4,9 @@
 # podman-fork; everything else is Podman's own, unchanged.
 #
 # Global options before the verb are skipped to find it; the ones
-# podman-fork also understands (--url, --log-level=debug) are passed on.
+# podman-fork also understands are passed on: --url, --connection,
+# --identity (podman-fork's --ssh-identity: its --identity is the
+# siblings'), --log-level=debug.
 fork="@PODMAN_FORK@"
 pass=""
 skip=0
@@ -13,10 +15,15 @@ i=1
 for arg in "$@"; do
 	if [ "$skip" = 1 ]; then
 		skip=0
-		[ "$prev" = --url ] && pass="$pass --url=$arg"
+		case "$prev" in
+		--url) pass="$pass --url=$arg" ;;
+		--connection | -c) pass="$pass --connection=$arg" ;;
+		--identity) pass="$pass --ssh-identity=$arg" ;;
+		esac
 	else
 		case "$arg" in
-		--url=*) pass="$pass $arg" ;;
+		--url=* | --connection=*) pass="$pass $arg" ;;
+		--identity=*) pass="$pass --ssh-identity=${arg#--identity=}" ;;
 		--log-level=debug) pass="$pass --debug" ;;
 		--url | --connection | -c | --identity | --log-level | --root | --runroot | --runtime | \
 			--storage-driver | --tmpdir | --cgroup-manager | --events-backend | --network-backend | \

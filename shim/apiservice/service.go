@@ -123,6 +123,9 @@ func (s *Service) serveFork(w http.ResponseWriter, r *http.Request, source strin
 	stats, err := s.fork(ctx, source, opts)
 	if err != nil {
 		status := podmanfork.HTTPStatus(err)
+		if errors.As(err, new(unavailable)) {
+			status = http.StatusServiceUnavailable
+		}
 		logrus.Warnf("fork of %s from %s failed (%d) after %s: %v", source, clientOf(r), status, time.Since(start).Round(time.Millisecond), err)
 		writeError(w, status, err)
 		return
@@ -184,18 +187,24 @@ func (s *Service) proxyError(w http.ResponseWriter, r *http.Request, err error) 
 	if errors.Is(err, context.Canceled) && r.Context().Err() != nil {
 		return // the client left
 	}
-	if down := s.podmanDown(err); down != err {
+	if down := s.podmanDown(err); errors.As(down, new(unavailable)) {
 		writeError(w, http.StatusServiceUnavailable, down)
 		return
 	}
 	writeError(w, http.StatusBadGateway, fmt.Errorf("passing %s %s to Podman's service at %s: %w", r.Method, r.URL.Path, s.podman, err))
 }
 
-// podmanDown explains an error that means Podman's service is not there.
+// unavailable is an error that means Podman's service is not there.
+type unavailable struct{ error }
+
+func (u unavailable) Unwrap() error { return u.error }
+
+// podmanDown explains an error that means Podman's service is not there,
+// as unavailable; other errors are returned as they are.
 func (s *Service) podmanDown(err error) error {
 	if errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNREFUSED) {
-		return fmt.Errorf("Podman's API service does not answer at %s (%w): start it with `systemctl start podman.socket`, "+
-			"or, where systemd does not run, hack/podman-service.sh start", s.podman, err)
+		return unavailable{fmt.Errorf("Podman's API service does not answer at %s (%w): start it with `systemctl start podman.socket`, "+
+			"or, where systemd does not run, hack/podman-service.sh start", s.podman, err)}
 	}
 	return err
 }

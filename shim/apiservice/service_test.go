@@ -306,3 +306,12 @@ func TestGoClientThroughService(t *testing.T) {
 		t.Errorf("a bad count came back as %v", err)
 	}
 }
+
+// A fork with Podman's service down is 503 too, saying how to start it.
+func TestForkWithPodmanDownIs503(t *testing.T) {
+	_, socket := stack(t, false)
+	status, e := post(t, socket, "/v5.4.2/libpod/containers/src/fork")
+	if status != 503 || !strings.Contains(e.Message, "podman-service.sh start") {
+		t.Errorf("got %d %+v", status, e)
+	}
+}

@@ -1,0 +1,393 @@
+package integration
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/containers/podman/v5/pkg/bindings"
+
+	"github.com/tclone/tclone/shim/podmanfork"
+)
+
+// apiService is a `tclone service` this test started.
+type apiService struct {
+	socket string
+	cmd    *exec.Cmd
+	log    *strings.Builder
+	done   chan error
+}
+
+// startAPIService starts tclone's API service on a socket of its own, in
+// front of the Podman service the integration run uses; it is stopped (with
+// TERM, and must exit 0) when the test ends. extra are more flags.
+func startAPIService(t *testing.T, extra ...string) *apiService {
+	t.Helper()
+	dir, err := os.MkdirTemp("/run", "tct-api-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.Chmod(dir, 0o755)
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	s := &apiService{socket: filepath.Join(dir, "tclone.sock"), log: &strings.Builder{}, done: make(chan error, 1)}
+	s.cmd = exec.Command(tcloneBin(), append([]string{"service", "--url", "unix://" + s.socket}, extra...)...)
+	s.cmd.Stdout, s.cmd.Stderr = s.log, s.log
+	if err := s.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { s.done <- s.cmd.Wait() }()
+	t.Cleanup(func() { s.stop(t) })
+	eventually(t, 10*time.Second, "tclone service answering", func() error {
+		c, err := net.Dial("unix", s.socket)
+		if err != nil {
+			return err
+		}
+		return c.Close()
+	})
+	return s
+}
+
+// stop sends TERM and fails the test unless the service exits 0.
+func (s *apiService) stop(t *testing.T) {
+	if s.cmd.ProcessState != nil {
+		return
+	}
+	s.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-s.done:
+		if err != nil {
+			t.Errorf("tclone service exited with %v:\n%s", err, s.log)
+		}
+	case <-time.After(3 * time.Minute):
+		s.cmd.Process.Kill()
+		<-s.done
+		t.Errorf("tclone service did not stop on TERM:\n%s", s.log)
+	}
+}
+
+// curl runs curl against the service and returns the status and body.
+func (s *apiService) curl(t *testing.T, method, path string) (int, string) {
+	t.Helper()
+	r := run(t, 5*time.Minute, "curl", "-sS", "--unix-socket", s.socket, "-X", method, "-w", "\n%{http_code}", "http://d"+path)
+	if r.code != 0 {
+		t.Fatalf("curl %s %s: exit %d: %s", method, path, r.code, r.stderr)
+	}
+	body, code, _ := strings.Cut(strings.TrimSpace(r.stdout), "\n")
+	if i := strings.LastIndex(r.stdout, "\n"); i >= 0 {
+		body, code = strings.TrimSpace(r.stdout[:i]), strings.TrimSpace(r.stdout[i+1:])
+	}
+	var status int
+	fmt.Sscan(code, &status)
+	return status, body
+}
+
+// errorBody reads Podman's error body.
+func errorBody(t *testing.T, body string) (message string, response int) {
+	t.Helper()
+	var e struct {
+		Cause    string `json:"cause"`
+		Message  string `json:"message"`
+		Response int    `json:"response"`
+	}
+	if err := json.Unmarshal([]byte(body), &e); err != nil || e.Message == "" {
+		t.Fatalf("not Podman's error body: %q (%v)", body, err)
+	}
+	return e.Message, e.Response
+}
+
+const apiVersion = "/v5.4.2"
+
+func forkPath(src string, q url.Values) string {
+	p := apiVersion + "/libpod/containers/" + src + "/fork"
+	if len(q) > 0 {
+		p += "?" + q.Encode()
+	}
+	return p
+}
+
+// A fork from curl, and each refusal with Podman's status and error body,
+// leaving nothing behind.
+func TestRESTForkWithCurl(t *testing.T) {
+	requireStack(t)
+	svc := startAPIService(t)
+	src := shellSource(t)
+	status, body := svc.curl(t, "POST", forkPath(src, url.Values{"count": {"2"}, "label": {"task=42"}, "readyTimeout": {"30s"}}))
+	if status != 200 {
+		t.Fatalf("fork: %d %s", status, body)
+	}
+	var st podmanfork.Stats
+	if err := json.Unmarshal([]byte(body), &st); err != nil {
+		t.Fatalf("fork answer %q: %v", body, err)
+	}
+	if len(st.Siblings) != 2 || st.SourcePauseMs <= 0 || st.Source != containerID(t, src) {
+		t.Fatalf("fork answer: %s", body)
+	}
+	for _, s := range st.Siblings {
+		if got := state(t, s.Name); got != "running" {
+			t.Errorf("%s is %s", s.Name, got)
+		}
+		if got := podman(t, "inspect", "--format", `{{index .Config.Labels "task"}}`, s.Name); got != "42" {
+			t.Errorf("%s: label task=%q", s.Name, got)
+		}
+		if c := shellCount(t, s.Name); c == 0 {
+			t.Errorf("%s: no counter", s.Name)
+		}
+	}
+
+	// Every refusal leaves the two siblings alone and adds none.
+	hostPort := freePort(t)
+	ln, err := net.Listen("tcp", fmt.Sprintf("0.0.0.0:%d", hostPort))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	paused := shellSource(t)
+	podman(t, "pause", paused)
+	defer podmanTry(t, "unpause", paused)
+	for _, c := range []struct {
+		path   string
+		status int
+		want   string
+	}{
+		{forkPath("tct-no-such-container", nil), 404, "no such container"},
+		{forkPath(paused, nil), 409, "paused"},
+		{forkPath(src, url.Values{"count": {"0"}}), 400, "--count 0"},
+		{forkPath(src, url.Values{"count": {"lots"}}), 400, "count"},
+		{forkPath(src, url.Values{"memory": {"fast"}}), 400, "memory"},
+		{forkPath(src, url.Values{"publish": {fmt.Sprintf("%d:80", hostPort)}}), 409, "port"},
+		{forkPath(src, url.Values{"name": {st.Siblings[0].Name}}), 409, "in use"},
+	} {
+		status, body := svc.curl(t, "POST", c.path)
+		msg, resp := errorBody(t, body)
+		if status != c.status || resp != c.status || !strings.Contains(strings.ToLower(msg), c.want) {
+			t.Errorf("POST %s: %d %s, want %d saying %q", c.path, status, body, c.status, c.want)
+		}
+	}
+	if got := siblingsOf(t, src); len(got) != 2 {
+		t.Errorf("siblings after the refusals: %v, want the 2 from before", got)
+	}
+	if got := state(t, src); got != "running" {
+		t.Errorf("source is %s", got)
+	}
+	requireNoLiveCalls(t)
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// Podman's own clients work through the service unchanged: podman --url
+// (ps, exec with its attached streams, logs, inspect) and the Go bindings.
+func TestRESTProxyServesPodmanClients(t *testing.T) {
+	requireStack(t)
+	svc := startAPIService(t)
+	src := shellSource(t)
+	remote := func(args ...string) result {
+		return run(t, 2*time.Minute, "/usr/bin/podman", append([]string{"--url", "unix://" + svc.socket}, args...)...)
+	}
+	if r := remote("ps", "--format", "{{.Names}}"); r.code != 0 || !strings.Contains(r.stdout, src) {
+		t.Errorf("podman --url ps: %d %q %q", r.code, r.stdout, r.stderr)
+	}
+	if r := remote("exec", src, "/bin/sh", "-c", "echo out; echo err >&2; exit 3"); r.code != 3 || strings.TrimSpace(r.stdout) != "out" || !strings.Contains(r.stderr, "err") {
+		t.Errorf("podman --url exec: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+	}
+	// Input reaches the command, and its end ends it.
+	cmd := exec.Command("/usr/bin/podman", "--url", "unix://"+svc.socket, "exec", "-i", src, "/bin/sh", "-c", "read a; read b; echo \"$b $a\"")
+	cmd.Stdin = strings.NewReader("one\ntwo\n")
+	if out, err := cmd.Output(); err != nil || strings.TrimSpace(string(out)) != "two one" {
+		t.Errorf("podman --url exec -i: %q %v", out, err)
+	}
+	if r := remote("inspect", "--format", "{{.State.Status}}", src); strings.TrimSpace(r.stdout) != "running" {
+		t.Errorf("podman --url inspect: %q %q", r.stdout, r.stderr)
+	}
+	// A fork through podman container fork --url: the service forks.
+	r := forkCLI(t, "--url", "unix://"+svc.socket, "--format", "json", src)
+	if r.code != 0 {
+		t.Fatalf("podman container fork --url: %s", r.stderr)
+	}
+	var sibs []podmanfork.Result
+	if err := json.Unmarshal([]byte(r.stdout), &sibs); err != nil || len(sibs) != 1 {
+		t.Fatalf("fork output %q: %v", r.stdout, err)
+	}
+	if !strings.Contains(svc.log.String(), "forked "+src) {
+		t.Errorf("the fork did not go through the service; its log:\n%s", svc.log)
+	}
+}
+
+// Eight clients fork one source at once: each gets its own sibling.
+func TestRESTConcurrentForks(t *testing.T) {
+	requireStack(t)
+	svc := startAPIService(t)
+	src := shellSource(t)
+	const n = 8
+	var wg sync.WaitGroup
+	results := make([]*podmanfork.Stats, n)
+	errs := make([]error, n)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			// Each client has a connection of its own.
+			conn, err := bindings.NewConnection(context.Background(), "unix://"+svc.socket)
+			if err == nil {
+				results[i], err = podmanfork.ForkWithStats(conn, src, podmanfork.Options{ReadyTimeout: 2 * time.Minute})
+			}
+			errs[i] = err
+		}()
+	}
+	wg.Wait()
+	var names []string
+	for i := range n {
+		if errs[i] != nil {
+			t.Errorf("client %d: %v", i, errs[i])
+			continue
+		}
+		names = append(names, results[i].Siblings[0].Name)
+	}
+	slices.Sort(names)
+	if len(slices.Compact(names)) != n {
+		t.Errorf("sibling names %v: want %d distinct", names, n)
+	}
+	if got := siblingsOf(t, src); len(got) != n {
+		t.Errorf("%d siblings, want %d", len(got), n)
+	}
+	for _, s := range names {
+		if got := state(t, s); got != "running" {
+			t.Errorf("%s is %s", s, got)
+		}
+	}
+	if got := state(t, src); got != "running" {
+		t.Errorf("source is %s", got)
+	}
+	requireNoLiveCalls(t)
+}
+
+// A client that disconnects in the middle of its fork: the fork is rolled
+// back, nothing is left, and the service goes on serving.
+func TestRESTClientDisconnectsMidFork(t *testing.T) {
+	requireStack(t)
+	svc := startAPIService(t)
+	src := shellSource(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	q := url.Values{"count": {"2"}, "hook": {"sleep 30"}, "readyTimeout": {"2m"}}
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://d"+forkPath(src, q), nil)
+	client := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, "unix", svc.socket)
+	}}}
+	answered := make(chan error, 1)
+	go func() {
+		resp, err := client.Do(req)
+		if err == nil {
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			err = fmt.Errorf("answered %d %s", resp.StatusCode, b)
+		}
+		answered <- err
+	}()
+	// The client leaves once a sibling exists, its hook running.
+	eventually(t, 2*time.Minute, "a sibling made", func() error {
+		if len(siblingsOf(t, src)) == 0 {
+			return fmt.Errorf("none yet")
+		}
+		return nil
+	})
+	cancel()
+	if err := <-answered; !strings.Contains(err.Error(), "context canceled") {
+		t.Fatalf("the request was not cut: %v", err)
+	}
+	eventually(t, 90*time.Second, "the fork rolled back", func() error {
+		if got := siblingsOf(t, src); len(got) > 0 {
+			return fmt.Errorf("siblings left: %v", got)
+		}
+		if l := liveCalls(t); len(l) > 0 {
+			return fmt.Errorf("call records left: %v", l)
+		}
+		return nil
+	})
+	requireNoLeftovers(t)
+	if got := state(t, src); got != "running" {
+		t.Errorf("source is %s", got)
+	}
+	if status, body := svc.curl(t, "POST", forkPath(src, nil)); status != 200 {
+		t.Errorf("a fork after the disconnect: %d %s", status, body)
+	}
+}
+
+// TERM while a fork is under way: the fork finishes and is answered, then
+// the service exits 0; it takes no fork meanwhile.
+func TestRESTServiceStopsAfterForksUnderWay(t *testing.T) {
+	requireStack(t)
+	svc := startAPIService(t)
+	src := shellSource(t)
+	answered := make(chan [2]any, 1)
+	go func() {
+		r := run(t, 5*time.Minute, "curl", "-sS", "--unix-socket", svc.socket, "-X", "POST", "-w", "\n%{http_code}",
+			"http://d"+forkPath(src, url.Values{"hook": {"sleep 4"}}))
+		answered <- [2]any{r.stdout, r.stderr}
+	}()
+	eventually(t, 2*time.Minute, "a sibling made", func() error {
+		if len(siblingsOf(t, src)) == 0 {
+			return fmt.Errorf("none yet")
+		}
+		return nil
+	})
+	svc.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-svc.done:
+		if err != nil {
+			t.Errorf("service exit: %v\n%s", err, svc.log)
+		}
+	case <-time.After(3 * time.Minute):
+		t.Fatalf("service did not exit after TERM:\n%s", svc.log)
+	}
+	a := <-answered
+	if out := a[0].(string); !strings.HasSuffix(strings.TrimSpace(out), "200") {
+		t.Fatalf("the fork under way was not finished: %q %q\n%s", out, a[1], svc.log)
+	}
+	if got := siblingsOf(t, src); len(got) != 1 || state(t, got[0]) != "running" {
+		t.Errorf("siblings after the stop: %v", got)
+	}
+	if _, err := os.Stat(svc.socket); err == nil {
+		t.Errorf("the socket %s is left", svc.socket)
+	}
+	requireNoLiveCalls(t)
+}
+
+// With Podman's service not running, the service says how to start it.
+func TestRESTPodmanNotRunning(t *testing.T) {
+	requireStack(t)
+	svc := startAPIService(t, "--podman-url", "unix:///run/tct-no-podman/podman.sock")
+	for _, p := range []string{apiVersion + "/libpod/containers/json", forkPath("x", nil)} {
+		status, body := svc.curl(t, http.MethodGet, p)
+		if p != forkPath("x", nil) {
+			msg, _ := errorBody(t, body)
+			if status != 503 || !strings.Contains(msg, "podman-service.sh start") {
+				t.Errorf("GET %s: %d %s", p, status, body)
+			}
+		}
+	}
+	status, body := svc.curl(t, http.MethodPost, forkPath("x", nil))
+	if msg, _ := errorBody(t, body); status != 503 || !strings.Contains(msg, "podman-service.sh start") {
+		t.Errorf("fork without Podman: %d %s", status, body)
+	}
+}
