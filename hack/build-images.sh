@@ -8,6 +8,7 @@
 #                                      `true`, `ls`, ... exist as programs
 #   localhost/tclone-workspace:latest  Debian trixie with bash, tmux, python3,
 #                                      coreutils, procps, git, iproute2, curl
+#   localhost/tclone-pyclient:latest   Debian trixie with python3-podman
 #
 # An image that already exists is left alone; set TCLONE_REBUILD_IMAGES=1 to
 # rebuild them all.
@@ -82,5 +83,15 @@ if need_image localhost/tclone-workspace:latest; then
 	podman commit --quiet --change 'CMD ["/bin/bash"]' tclone-image-build localhost/tclone-workspace:latest >/dev/null
 	podman rm -f tclone-image-build >/dev/null
 	podman rmi localhost/tclone-workspace:base >/dev/null
+fi
+# pyclient: a REST client in Python, Debian's python3-podman (podman-py), for
+# the REST tests. It runs as a container, so the host's Python never moves
+# to the newer suite python3-podman needs on bookworm.
+if need_image localhost/tclone-pyclient:latest; then
+	command -v mmdebstrap >/dev/null || die "mmdebstrap is missing; install it"
+	log "building localhost/tclone-pyclient (mmdebstrap trixie with python3-podman, about a minute)"
+	tclone_mmdebstrap --quiet --variant=apt --include=python3-podman \
+		trixie "$work/pyclient.tar" http://deb.debian.org/debian
+	podman import --quiet --change 'CMD ["/usr/bin/python3"]' "$work/pyclient.tar" localhost/tclone-pyclient:latest >/dev/null
 fi
 log "images ready"

@@ -121,6 +121,27 @@ if ! have_stack || [ -n "$need_tools" ]; then
 	ldconfig
 	have_stack || die "podman 5, crun, conmon and criu >= 4.2 are still missing after installing; check the apt output above"
 fi
+# The REST tests fork over ssh:// through an sshd of their own, on loopback.
+# openssh-server must match the host's openssh-client, which the step above
+# takes from trixie on bookworm. Installing it must not start a system sshd
+# (its package starts one where no policy says otherwise): a policy forbids
+# it for the install.
+if ! dpkg-query -W -f='${Status}' openssh-server 2>/dev/null | grep -q 'install ok installed'; then
+	client_suite=$(apt-cache policy openssh-client | awk '/\*\*\*/ {getline; print $3; exit}')
+	policy=/usr/sbin/policy-rc.d
+	made_policy=0
+	if [ ! -e "$policy" ]; then
+		printf '#!/bin/sh\nexit 101\n' >"$policy"
+		chmod 0755 "$policy"
+		made_policy=1
+	fi
+	log "installing openssh-server (for the ssh:// REST test; no system sshd is started)"
+	case "$client_suite" in
+	trixie*) apt_install_showing_removals -t trixie openssh-server ;;
+	*) apt_install_showing_removals openssh-server ;;
+	esac
+	if [ "$made_policy" = 1 ]; then rm -f "$policy"; fi
+fi
 log "podman $(podman --version | awk '{print $3}'), crun $(crun --version | awk 'NR==1{print $3}'), criu $(criu --version | awk '/^Version:/{print $2}'), conmon $(conmon --version | awk 'NR==1{print $3}')"
 # hack/check-fresh-setup.sh runs this step alone in a fresh machine's root.
 if [ "${TCLONE_SETUP_PACKAGES_ONLY:-0}" = 1 ]; then

@@ -60,6 +60,10 @@ func destination(url, connection, identity string) (target, error) {
 func connect(ctx context.Context, t target, private bool) (context.Context, func(), error) {
 	if t.url != "" {
 		conn, err := bindings.NewConnectionWithIdentity(ctx, t.url, t.identity, false)
+		if err != nil && strings.HasPrefix(t.url, "ssh://") && strings.Contains(err.Error(), "open failed") {
+			return nil, nil, fmt.Errorf("connecting to the API service at %s: %w: the ssh server could not open the socket for "+
+				"this user; check the path, and that the user may use it (tclone's socket: a member of the group tclone)", t.url, err)
+		}
 		if err != nil {
 			return nil, nil, fmt.Errorf("connecting to the API service at %s: %w", t.url, err)
 		}

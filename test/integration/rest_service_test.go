@@ -36,12 +36,7 @@ type apiService struct {
 // TERM, and must exit 0) when the test ends. extra are more flags.
 func startAPIService(t *testing.T, extra ...string) *apiService {
 	t.Helper()
-	dir, err := os.MkdirTemp("/run", "tct-api-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	os.Chmod(dir, 0o755)
-	t.Cleanup(func() { os.RemoveAll(dir) })
+	dir := publicTempDir(t, "tct-api-")
 	s := &apiService{socket: filepath.Join(dir, "tclone.sock"), log: &strings.Builder{}, done: make(chan error, 1)}
 	s.cmd = exec.Command(tcloneBin(), append([]string{"service", "--url", "unix://" + s.socket}, extra...)...)
 	s.cmd.Stdout, s.cmd.Stderr = s.log, s.log
@@ -58,6 +53,19 @@ func startAPIService(t *testing.T, extra ...string) *apiService {
 		return c.Close()
 	})
 	return s
+}
+
+// publicTempDir is a directory that users other than root may enter,
+// removed when the test ends.
+func publicTempDir(t *testing.T, prefix string) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("/run", prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.Chmod(dir, 0o755)
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
 }
 
 // stop sends TERM and fails the test unless the service exits 0.
@@ -389,5 +397,228 @@ func TestRESTPodmanNotRunning(t *testing.T) {
 	status, body := svc.curl(t, http.MethodPost, forkPath("x", nil))
 	if msg, _ := errorBody(t, body); status != 503 || !strings.Contains(msg, "podman-service.sh start") {
 		t.Errorf("fork without Podman: %d %s", status, body)
+	}
+}
+
+// pyclientImage holds Debian's python3-podman (hack/build-images.sh).
+const pyclientImage = "localhost/tclone-pyclient:latest"
+
+// podman-py against the service: its ordinary calls (ping, version, list,
+// get, exec) through the proxy, and a fork and an unknown source through its
+// raw API client.
+func TestRESTFromPython(t *testing.T) {
+	requireStack(t)
+	if podmanTry(t, "image", "exists", pyclientImage).code != 0 {
+		t.Fatalf("%s is missing: hack/build-images.sh builds it", pyclientImage)
+	}
+	svc := startAPIService(t)
+	src := shellSource(t)
+	script, err := filepath.Abs("testdata/pyclient.py")
+	if err != nil {
+		t.Fatal(err)
+	}
+	client := name(t, "py")
+	r := podmanTry(t, "run", "--rm", "--name", client, "--runtime", "crun",
+		"-v", filepath.Dir(svc.socket)+":/run/tclone-api", "-v", script+":/pyclient.py:ro",
+		pyclientImage, "python3", "/pyclient.py", "/run/tclone-api/tclone.sock", src)
+	if r.code != 0 {
+		t.Fatalf("podman-py client: exit %d\n%s\n%s", r.code, r.stdout, r.stderr)
+	}
+	var out struct {
+		Ping          bool     `json:"ping"`
+		Version       string   `json:"version"`
+		Names         []string `json:"names"`
+		Status        string   `json:"status"`
+		Exec          []any    `json:"exec"`
+		ForkStatus    int      `json:"fork_status"`
+		Fork          podmanfork.Stats
+		MissingStatus int `json:"missing_status"`
+		Missing       struct {
+			Message string `json:"message"`
+		}
+		Siblings []struct {
+			Name   string            `json:"name"`
+			Status string            `json:"status"`
+			Labels map[string]string `json:"labels"`
+		}
+	}
+	if err := json.Unmarshal([]byte(r.stdout), &out); err != nil {
+		t.Fatalf("client output %q: %v", r.stdout, err)
+	}
+	t.Logf("podman-py saw: %s", r.stdout)
+	if !out.Ping || out.Version == "" || !slices.Contains(out.Names, src) || out.Status != "running" {
+		t.Errorf("ordinary calls: %+v", out)
+	}
+	if len(out.Exec) != 2 || out.Exec[0] != float64(0) || out.Exec[1] != "exec-ok" {
+		t.Errorf("exec through the proxy: %v", out.Exec)
+	}
+	if out.ForkStatus != 200 || len(out.Fork.Siblings) != 2 || len(out.Siblings) != 2 {
+		t.Fatalf("fork: %d, %+v", out.ForkStatus, out.Fork)
+	}
+	for _, s := range out.Siblings {
+		if s.Status != "running" || s.Labels["via"] != "python" || s.Labels[podmanfork.LabelForkedFrom] != containerID(t, src) {
+			t.Errorf("sibling %+v", s)
+		}
+	}
+	if out.MissingStatus != 404 || !strings.Contains(out.Missing.Message, "no such container") {
+		t.Errorf("unknown source: %d %q", out.MissingStatus, out.Missing.Message)
+	}
+}
+
+// sshd is an sshd of the test's own on a loopback port, letting one user in
+// with one key, which it forwards to unix sockets for (as ssh:// clients of
+// Podman need).
+type sshd struct {
+	port           int
+	key, knownHome string
+}
+
+func startSSHD(t *testing.T, user string) *sshd {
+	t.Helper()
+	if _, err := os.Stat("/usr/sbin/sshd"); err != nil {
+		t.Fatalf("no sshd: hack/setup-host.sh installs openssh-server: %v", err)
+	}
+	// Readable by the user sshd reads authorized_keys as; t.TempDir is
+	// below a directory only root may enter.
+	dir := publicTempDir(t, "tct-ssh-")
+	for _, k := range []string{"host", "client"} {
+		if out, err := exec.Command("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", filepath.Join(dir, k)).CombinedOutput(); err != nil {
+			t.Fatalf("ssh-keygen: %v: %s", err, out)
+		}
+	}
+	clientPub, _ := os.ReadFile(filepath.Join(dir, "client.pub"))
+	if err := os.WriteFile(filepath.Join(dir, "authorized_keys"), clientPub, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s := &sshd{port: freePort(t), key: filepath.Join(dir, "client"), knownHome: filepath.Join(dir, "home")}
+	cfg := fmt.Sprintf(`Port %d
+ListenAddress 127.0.0.1
+HostKey %s/host
+AuthorizedKeysFile %s/authorized_keys
+PidFile none
+UsePAM no
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+AllowUsers %s
+AllowStreamLocalForwarding yes
+`, s.port, dir, dir, user)
+	if err := os.WriteFile(filepath.Join(dir, "sshd_config"), []byte(cfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// sshd's privilege separation directory, made by its init script.
+	if _, err := os.Stat("/run/sshd"); err != nil {
+		os.Mkdir("/run/sshd", 0o755)
+		t.Cleanup(func() { os.Remove("/run/sshd") })
+	}
+	log := &strings.Builder{}
+	cmd := exec.Command("/usr/sbin/sshd", "-D", "-e", "-f", filepath.Join(dir, "sshd_config"))
+	cmd.Stdout, cmd.Stderr = log, log
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+		if t.Failed() {
+			t.Logf("sshd's log:\n%s", log)
+		}
+	})
+	// The client checks the server's key against HOME/.ssh/known_hosts.
+	hostPub, _ := os.ReadFile(filepath.Join(dir, "host.pub"))
+	os.MkdirAll(filepath.Join(s.knownHome, ".ssh"), 0o700)
+	known := fmt.Sprintf("[127.0.0.1]:%d %s", s.port, hostPub)
+	if err := os.WriteFile(filepath.Join(s.knownHome, ".ssh", "known_hosts"), []byte(known), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "sshd listening", func() error {
+		c, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", s.port))
+		if err != nil {
+			return err
+		}
+		return c.Close()
+	})
+	return s
+}
+
+// addUser makes a user of the test's own, in the given groups (none: no
+// supplementary group), removed with its home when the test ends.
+func addUser(t *testing.T, groups string) string {
+	t.Helper()
+	u := fmt.Sprintf("tct%d", time.Now().UnixNano()%1_000_000_000)
+	args := []string{"-m", "-s", "/bin/sh"}
+	if groups != "" {
+		args = append(args, "-G", groups)
+	}
+	if out, err := exec.Command("useradd", append(args, u)...).CombinedOutput(); err != nil {
+		t.Fatalf("useradd: %v: %s", err, out)
+	}
+	t.Cleanup(func() { exec.Command("userdel", "-r", u).Run() })
+	// A locked account ("!") may not log in even with a key.
+	if out, err := exec.Command("usermod", "-p", "*", u).CombinedOutput(); err != nil {
+		t.Fatalf("usermod: %v: %s", err, out)
+	}
+	return u
+}
+
+// sshFork runs podman container fork (podman-fork, the Go package's
+// command) over ssh:// with the key; HOME is the sshd's, whose known_hosts
+// holds its key (the ssh client reads HOME once per process, so it runs in a
+// process of its own).
+func sshFork(t *testing.T, d *sshd, uri string, args ...string) result {
+	t.Helper()
+	cmd := exec.Command(podmanCLI, append([]string{"--url", uri, "--identity", d.key, "container", "fork"}, args...)...)
+	cmd.Env = append(os.Environ(), "HOME="+d.knownHome)
+	var stdout, stderr strings.Builder
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	r := result{stdout: stdout.String(), stderr: stderr.String()}
+	if err != nil {
+		r.code = -1
+		if ee, ok := err.(*exec.ExitError); ok {
+			r.code = ee.ExitCode()
+		}
+	}
+	return r
+}
+
+// A client over ssh:// to this host, logged in as a user who is not root
+// but is in the socket's group: the fork runs in the service. A user outside
+// the group is refused by the socket.
+func TestRESTOverSSH(t *testing.T) {
+	requireStack(t)
+	rootKnown, _ := os.ReadFile("/root/.ssh/known_hosts")
+	svc := startAPIService(t, "--group", "tclone")
+	src := shellSource(t)
+	allowed := addUser(t, "tclone")
+	d := startSSHD(t, allowed)
+	uri := fmt.Sprintf("ssh://%s@127.0.0.1:%d%s", allowed, d.port, svc.socket)
+	r := sshFork(t, d, uri, "--print-stats", "--label", "via=ssh", src)
+	if r.code != 0 {
+		t.Fatalf("fork over %s: exit %d: %s\nservice log:\n%s", uri, r.code, r.stderr, svc.log)
+	}
+	var st podmanfork.Stats
+	if err := json.Unmarshal([]byte(r.stdout), &st); err != nil || len(st.Siblings) != 1 {
+		t.Fatalf("fork over ssh printed %q: %v", r.stdout, err)
+	}
+	if got := state(t, st.Siblings[0].Name); got != "running" {
+		t.Errorf("%s is %s", st.Siblings[0].Name, got)
+	}
+	if !strings.Contains(svc.log.String(), "forked "+src) {
+		t.Errorf("the fork did not run in the service:\n%s", svc.log)
+	}
+
+	// A user outside the group: the socket refuses, nothing is made.
+	outsider := addUser(t, "")
+	d2 := startSSHD(t, outsider)
+	uri2 := fmt.Sprintf("ssh://%s@127.0.0.1:%d%s", outsider, d2.port, svc.socket)
+	r = sshFork(t, d2, uri2, src)
+	if r.code == 0 || !strings.Contains(r.stderr, "group tclone") {
+		t.Errorf("a user outside the socket's group: exit %d %q", r.code, r.stderr)
+	}
+	if got := siblingsOf(t, src); len(got) != 1 {
+		t.Errorf("siblings after the refused user: %v, want 1", got)
+	}
+	if after, _ := os.ReadFile("/root/.ssh/known_hosts"); string(after) != string(rootKnown) {
+		t.Errorf("the ssh client wrote root's known_hosts, not the test's")
 	}
 }
