@@ -66,6 +66,7 @@ type Config struct {
 	FilesOnlyMemMiB int
 	KSMMemMiB       int
 	KSMWindow       time.Duration
+	ProxyReps       int
 	LaterDelay      time.Duration
 	ArchiveDir      string
 	CriuDir         string
@@ -136,6 +137,7 @@ func run() int {
 	flag.IntVar(&cfg.FilesOnlyMemMiB, "files-only-mem", 1024, "memory of the larger files-only source, MiB")
 	flag.IntVar(&cfg.KSMMemMiB, "ksm-mem", 1024, "memory of the --memory ksm source, MiB (0: skip it)")
 	flag.DurationVar(&cfg.KSMWindow, "ksm-window", 60*time.Second, "how long the --memory ksm sibling is watched")
+	flag.IntVar(&cfg.ProxyReps, "proxy-reps", 200, "requests per socket to measure what tclone's API service adds (a quarter of them for exec; 0: skip it)")
 	flag.DurationVar(&cfg.LaterDelay, "later", 30*time.Second, "when to read memory again after the cold fork")
 	flag.StringVar(&cfg.ArchiveDir, "archive-dir", "/dev/shm", "where stock Podman's export archives go (tmpfs, like tclone's plans)")
 	flag.StringVar(&cfg.CriuDir, "criu-dir", "/dev/shm", "where raw CRIU's images go (tmpfs)")
@@ -168,6 +170,7 @@ func run() int {
 		setDefault("files-only-mem", "32")
 		setDefault("ksm-mem", "16")
 		setDefault("ksm-window", "4s")
+		setDefault("proxy-reps", "12")
 	}
 	var err error
 	if cfg.ProcCounts, err = intList(procs); err == nil {
@@ -432,7 +435,7 @@ func (b *Bench) run(ctx context.Context, holder string) (*Results, error) {
 		FanOutCounts: b.cfg.FanOutCounts, FanOutReps: b.cfg.FanOutReps, FanOutMemMiB: b.cfg.FanOutMemMiB,
 		FanOutVariants: variantNames(b.cfg.FanOutVariants), FanOutExtraReps: b.cfg.FanOutExtraReps,
 		VolumeMiB: b.cfg.VolumeMiB, VolumeReps: b.cfg.VolumeReps, FilesOnlyMemMiB: b.cfg.FilesOnlyMemMiB,
-		KSMMemMiB: b.cfg.KSMMemMiB, KSMWindowS: b.cfg.KSMWindow.Seconds(),
+		KSMMemMiB: b.cfg.KSMMemMiB, KSMWindowS: b.cfg.KSMWindow.Seconds(), ProxyReps: b.cfg.ProxyReps,
 		LaterDelayS: b.cfg.LaterDelay.Seconds(), ArchiveDir: b.cfg.ArchiveDir, CriuImageDir: b.cfg.CriuDir,
 	}
 	if b.svc, err = startService(t.Podman); err != nil {
@@ -491,6 +494,10 @@ func (b *Bench) run(ctx context.Context, holder string) (*Results, error) {
 	if b.cfg.KSMMemMiB > 0 && b.selected("ksm") && ctx.Err() == nil {
 		b.logf("--memory ksm of %d MiB, watched for %s", b.cfg.KSMMemMiB, b.cfg.KSMWindow)
 		b.res.KSM = b.runKSM(ctx)
+	}
+	if b.cfg.ProxyReps > 0 && b.selected("rest-proxy") && ctx.Err() == nil {
+		b.logf("tclone's API service in front of Podman's: %d requests each way", b.cfg.ProxyReps)
+		b.res.Proxy = b.runProxy(ctx)
 	}
 	if ctx.Err() != nil {
 		b.res.Failures = append(b.res.Failures, Failure{Workload: "*", Method: "*", Rep: -1, Error: "interrupted: " + ctx.Err().Error()})

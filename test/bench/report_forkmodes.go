@@ -5,8 +5,8 @@ import (
 	"math"
 )
 
-// writeForkModes writes the sections on named volumes, files-only forks
-// and --memory ksm through p.
+// writeForkModes writes the sections on named volumes, files-only forks,
+// --memory ksm and tclone's API service through p.
 func writeForkModes(r *Results, p func(string, ...any)) {
 	if vr := r.Volumes; vr != nil {
 		p("## Named volumes\n\nSource: %s. `podman container fork --memory copy --print-stats --volume-mode MODE`, one cold fork and %d warm ones per variant; milliseconds, warm median (p95). *share*: the sibling mounts the source's volume. *copy*: tclone copies the volume inside the source's pause into its snapshot store, on the host's own filesystem. *reflink*: the same copy with the volume and the snapshot store on one XFS filesystem (a loop device), so the copy shares extents instead of copying them. The data was just written, so a copy reads it from the page cache.\n\n",
@@ -45,6 +45,14 @@ func writeForkModes(r *Results, p func(string, ...any)) {
 		} else {
 			p("\nThe sibling's PSS never fell to 0.6 of its RSS in the window.\n\n")
 		}
+	}
+	if pr := r.Proxy; pr != nil {
+		p("## REST proxy\n\n`tclone service` in front of the benchmark's Podman service: each request was sent to Podman's socket and to tclone's in turn (alternating which went first), on kept-alive connections, after 3 unmeasured rounds; %d rounds for the list, a quarter of that for exec. Milliseconds, median (p95); *added* is the median of the paired differences.\n\n", pr.Reps)
+		p("| request | Podman's socket | tclone's socket | added |\n| --- | ---: | ---: | ---: |\n")
+		for _, q := range pr.Requests {
+			p("| %s | %s (%s) | %s (%s) | %s |\n", q.Name, fmtMs(q.Podman.Median), fmtMs(q.Podman.P95), fmtMs(q.Tclone.Median), fmtMs(q.Tclone.P95), fmtMs(q.AddedMs))
+		}
+		p("\n")
 	}
 }
 
@@ -93,8 +101,25 @@ func forkModeTargets(r *Results) []Target {
 		judge(&t, kr.MemMiB == 1024 && r.Config.KSMWindowS >= 60)
 		out = append(out, t)
 	}
+	if pr := r.Proxy; pr != nil {
+		for i, key := range proxyTargetKeys {
+			t := Target{Key: key, Bound: 2, BoundText: "≤ 2 ms", Difference: true,
+				Title: "latency tclone's API service adds to " + proxyRequests[i] + ", ms (median of paired differences)", Value: math.NaN()}
+			for _, q := range pr.Requests {
+				if q.Name == proxyRequests[i] && q.Tclone.N > 0 {
+					t.Value = q.AddedMs
+					t.Detail = fmt.Sprintf("%s ms through tclone's socket, %s ms through Podman's, %d rounds", fmtMs(q.Tclone.Median), fmtMs(q.Podman.Median), q.Tclone.N)
+				}
+			}
+			judge(&t, !r.Quick)
+			out = append(out, t)
+		}
+	}
 	return out
 }
+
+// proxyTargetKeys are the targets of proxyRequests, in their order.
+var proxyTargetKeys = []string{"rest_proxy_added_ms_list", "rest_proxy_added_ms_exec"}
 
 func volumeVariant(vr *VolumeResult, name string) *VolumeVariant {
 	for _, v := range vr.Variants {

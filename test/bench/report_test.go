@@ -234,3 +234,35 @@ func TestForkModeTargets(t *testing.T) {
 		}
 	}
 }
+
+// The proxy targets are the median added latency, met at or below 2 ms
+// (below zero within the noise); a run that asked for the proxy and has
+// no measurement of it, or one request unmeasured, fails validation.
+func TestProxyTargets(t *testing.T) {
+	st := func(v ...float64) Stat { return summarize(v) }
+	r := &Results{Config: RunConfig{ProxyReps: 3, WarmReps: 1}, Proxy: &ProxyResult{Reps: 3, Requests: []*ProxyRequest{
+		{Name: proxyRequests[0], Podman: st(1, 1.1, 1.2), Tclone: st(1.3, 1.4, 1.5), AddedMs: 0.3},
+		{Name: proxyRequests[1], Podman: st(30, 31, 32), Tclone: st(33, 35, 36), AddedMs: 3.5},
+	}}}
+	r.FilesOnly = &FilesOnlyResult{Sources: []*FilesOnlySource{
+		{Workload: "a", Summary: summarizeAll(map[string][]float64{"pause_ms": {2}, "to_running_ms": {900}})},
+		{Workload: "b", Summary: summarizeAll(map[string][]float64{"pause_ms": {3}, "to_running_ms": {950}})}}}
+	ts := forkModeTargets(r)
+	if l := findTarget(t, ts, "rest_proxy_added_ms_list"); l.Status != TargetMet || l.Value != 0.3 {
+		t.Errorf("list target %+v, want met at 0.3", l)
+	}
+	if e := findTarget(t, ts, "rest_proxy_added_ms_exec"); e.Status != TargetNotMet || e.Value != 3.5 {
+		t.Errorf("exec target %+v, want not met at 3.5", e)
+	}
+	if p := validateForkModes(r); len(p) != 0 {
+		t.Errorf("a good proxy run flagged: %v", p)
+	}
+	r.Proxy.Requests = r.Proxy.Requests[:1]
+	if p := strings.Join(validateForkModes(r), "\n"); !strings.Contains(p, "rest proxy: 1 requests measured") {
+		t.Errorf("a missing request not flagged: %s", p)
+	}
+	r.Proxy = nil
+	if p := strings.Join(validateForkModes(r), "\n"); !strings.Contains(p, "rest proxy: not run") {
+		t.Errorf("a missing proxy section not flagged: %s", p)
+	}
+}

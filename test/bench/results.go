@@ -11,8 +11,9 @@ import (
 // the runtime of every restore and the headline's cold numbers; version 3
 // splits tclone into --memory copy and --memory lazy, measures the fan-out
 // in variants (memory, --parallel) and adds the issue's targets; version 4
-// adds named volumes, files-only forks and --memory ksm.
-const SchemaVersion = 4
+// adds named volumes, files-only forks and --memory ksm; version 5 what
+// tclone's API service adds to requests.
+const SchemaVersion = 5
 
 // Methods, in the order they are reported.
 const (
@@ -46,6 +47,7 @@ type Results struct {
 	Volumes   *VolumeResult     `json:"volumes"`
 	FilesOnly *FilesOnlyResult  `json:"files_only"`
 	KSM       *KSMResult        `json:"ksm"`
+	Proxy     *ProxyResult      `json:"rest_proxy"`
 	Headline  Headline          `json:"headline"`
 	// Failures lists every measurement that could not be made, with the
 	// exact error.
@@ -78,6 +80,7 @@ type RunConfig struct {
 	FilesOnlyMemMiB int      `json:"files_only_mem_mib"`
 	KSMMemMiB       int      `json:"ksm_mem_mib"`
 	KSMWindowS      float64  `json:"ksm_window_s"`
+	ProxyReps       int      `json:"proxy_reps"`
 	LaterDelayS     float64  `json:"later_delay_s"`
 	ArchiveDir      string   `json:"archive_dir"`
 	CriuImageDir    string   `json:"criu_image_dir"`

@@ -218,6 +218,9 @@ func validate(dir, markdown string, want *Results) []string {
 		if r.Config.KSMMemMiB > 0 {
 			sections = append(sections, "## --memory ksm")
 		}
+		if r.Config.ProxyReps > 0 {
+			sections = append(sections, "## REST proxy")
+		}
 		for _, s := range sections {
 			if !strings.Contains(text, "\n"+s+"\n") && !strings.HasPrefix(text, s+"\n") {
 				bad("markdown: section %q missing", s)
@@ -398,6 +401,9 @@ func validateTargets(r *Results) []string {
 	if r.Config.KSMMemMiB > 0 {
 		want = append(want, "ksm_sibling_pss_over_rss_60s")
 	}
+	if r.Config.ProxyReps > 0 {
+		want = append(want, proxyTargetKeys...)
+	}
 	if len(r.Config.FanOutCounts) > 0 {
 		for _, v := range r.Config.FanOutVariants {
 			want = append(want, "fanout_marginal_over_first_"+v)
@@ -452,6 +458,8 @@ func validateTargets(r *Results) []string {
 			need = r.Config.VolumeMiB == 1024
 		case "ksm_sibling_pss_over_rss_60s":
 			need = r.Config.KSMMemMiB == 1024 && r.Config.KSMWindowS >= 60
+		case proxyTargetKeys[0], proxyTargetKeys[1]:
+			need = !r.Quick
 		default:
 			need = slices.Contains(r.Config.FanOutCounts, 1) && slices.Contains(r.Config.FanOutCounts, 16)
 		}
@@ -527,6 +535,20 @@ func validateForkModes(r *Results) []string {
 			bad("ksm: %d samples, not through the %v s window", len(kr.Points), r.Config.KSMWindowS)
 		case !kr.Restored:
 			bad("ksm: ksmd's settings were not put back")
+		}
+	}
+	if r.Config.ProxyReps > 0 {
+		switch pr := r.Proxy; {
+		case pr == nil:
+			bad("rest proxy: not run")
+		case len(pr.Requests) != len(proxyRequests):
+			bad("rest proxy: %d requests measured, want %d", len(pr.Requests), len(proxyRequests))
+		default:
+			for _, q := range pr.Requests {
+				if q.Podman.N == 0 || q.Podman.N != q.Tclone.N || q.Podman.Median <= 0 || q.Tclone.Median <= 0 {
+					bad("rest proxy %s: %d and %d samples (medians %v, %v)", q.Name, q.Podman.N, q.Tclone.N, q.Podman.Median, q.Tclone.Median)
+				}
+			}
 		}
 	}
 	return problems
