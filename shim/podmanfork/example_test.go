@@ -11,12 +11,15 @@ import (
 )
 
 // Fork a running workspace into two siblings that are ready once a command
-// runs in them, from a CI job on the Podman host. It needs a Podman service
-// (hack/podman-service.sh start) and a container "dev" running under
-// tclone, so go test compiles it without running it; the integration test
-// TestGoClientOverREST makes the same calls against a live service.
+// runs in them, from a CI job, through tclone's API service (`tclone
+// service`; hack/tclone-service.sh start where there is no systemd). The
+// same works over ssh://USER@HOST/run/tclone/tclone.sock with
+// bindings.NewConnectionWithIdentity. It needs the service and a container
+// "dev" running under tclone, so go test compiles it without running it;
+// the integration tests TestRESTOverSSH and TestRESTConcurrentForks make
+// the same calls against a live service.
 func Example() {
-	conn, err := bindings.NewConnection(context.Background(), "unix:///run/podman/podman.sock")
+	conn, err := bindings.NewConnection(context.Background(), "unix:///run/tclone/tclone.sock")
 	if err != nil {
 		log.Fatal(err)
 	}

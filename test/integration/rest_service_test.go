@@ -560,14 +560,14 @@ func addUser(t *testing.T, groups string) string {
 	return u
 }
 
-// sshFork runs podman container fork (podman-fork, the Go package's
-// command) over ssh:// with the key; HOME is the sshd's, whose known_hosts
-// holds its key (the ssh client reads HOME once per process, so it runs in a
-// process of its own).
-func sshFork(t *testing.T, d *sshd, uri string, args ...string) result {
+// sshPodman runs the podman users type (tclone's wrapper) with HOME (and
+// Podman's configuration) in the sshd's directory, whose known_hosts holds
+// its key: the ssh client reads HOME once per process, so each client runs
+// in a process of its own.
+func sshPodman(t *testing.T, d *sshd, args ...string) result {
 	t.Helper()
-	cmd := exec.Command(podmanCLI, append([]string{"--url", uri, "--identity", d.key, "container", "fork"}, args...)...)
-	cmd.Env = append(os.Environ(), "HOME="+d.knownHome)
+	cmd := exec.Command(podmanCLI, args...)
+	cmd.Env = append(os.Environ(), "HOME="+d.knownHome, "XDG_CONFIG_HOME="+filepath.Join(d.knownHome, ".config"))
 	var stdout, stderr strings.Builder
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()
@@ -579,6 +579,13 @@ func sshFork(t *testing.T, d *sshd, uri string, args ...string) result {
 		}
 	}
 	return r
+}
+
+// sshFork runs podman container fork (podman-fork, the Go package's
+// command) over ssh:// with the sshd's key.
+func sshFork(t *testing.T, d *sshd, uri string, args ...string) result {
+	t.Helper()
+	return sshPodman(t, d, append([]string{"--url", uri, "--identity", d.key, "container", "fork"}, args...)...)
 }
 
 // A client over ssh:// to this host, logged in as a user who is not root
@@ -607,6 +614,21 @@ func TestRESTOverSSH(t *testing.T) {
 		t.Errorf("the fork did not run in the service:\n%s", svc.log)
 	}
 
+	// A connection saved with podman system connection add, as a remote
+	// user would: Podman's own commands and the fork go through it.
+	if r := sshPodman(t, d, "system", "connection", "add", "--identity", d.key, "tct-conn", uri); r.code != 0 {
+		t.Fatalf("podman system connection add: %s", r.stderr)
+	}
+	if r := sshPodman(t, d, "--connection", "tct-conn", "ps", "--format", "{{.Names}}"); r.code != 0 || !strings.Contains(r.stdout, src) {
+		t.Errorf("podman --connection ps: %d %q %q", r.code, r.stdout, r.stderr)
+	}
+	if r := sshPodman(t, d, "--connection", "tct-conn", "container", "fork", src); r.code != 0 {
+		t.Errorf("podman --connection container fork: %s", r.stderr)
+	}
+	if got := siblingsOf(t, src); len(got) != 2 {
+		t.Errorf("siblings: %v, want 2", got)
+	}
+
 	// A user outside the group: the socket refuses, nothing is made.
 	outsider := addUser(t, "")
 	d2 := startSSHD(t, outsider)
@@ -615,8 +637,8 @@ func TestRESTOverSSH(t *testing.T) {
 	if r.code == 0 || !strings.Contains(r.stderr, "group tclone") {
 		t.Errorf("a user outside the socket's group: exit %d %q", r.code, r.stderr)
 	}
-	if got := siblingsOf(t, src); len(got) != 1 {
-		t.Errorf("siblings after the refused user: %v, want 1", got)
+	if got := siblingsOf(t, src); len(got) != 2 {
+		t.Errorf("siblings after the refused user: %v, want 2", got)
 	}
 	if after, _ := os.ReadFile("/root/.ssh/known_hosts"); string(after) != string(rootKnown) {
 		t.Errorf("the ssh client wrote root's known_hosts, not the test's")
