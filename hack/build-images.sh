@@ -9,6 +9,8 @@
 #   localhost/tclone-workspace:latest  Debian trixie with bash, tmux, python3,
 #                                      coreutils, procps, git, iproute2, curl
 #   localhost/tclone-pyclient:latest   Debian trixie with python3-podman
+#   localhost/tclone-postgres:latest   Debian trixie with PostgreSQL, a cluster
+#                                      initialised, run as postgres
 #
 # An image that already exists is left alone; set TCLONE_REBUILD_IMAGES=1 to
 # rebuild them all.
@@ -93,5 +95,22 @@ if need_image localhost/tclone-pyclient:latest; then
 	tclone_mmdebstrap --quiet --variant=apt --include=python3-podman \
 		trixie "$work/pyclient.tar" http://deb.debian.org/debian
 	podman import --quiet --change 'CMD ["/usr/bin/python3"]' "$work/pyclient.tar" localhost/tclone-pyclient:latest >/dev/null
+fi
+# postgres: Debian's PostgreSQL with a database cluster initialised at
+# /var/lib/postgresql/data, for make ci-example and its test. The server
+# runs as postgres, on its unix socket in /tmp (the image's /run is empty)
+# and on localhost.
+if need_image localhost/tclone-postgres:latest; then
+	command -v mmdebstrap >/dev/null || die "mmdebstrap is missing; install it"
+	log "building localhost/tclone-postgres (mmdebstrap trixie with postgresql, about a minute)"
+	tclone_mmdebstrap --quiet --variant=apt --include=postgresql,postgresql-contrib \
+		--customize-hook='chroot "$1" sh -c "pg_dropcluster --stop 17 main 2>/dev/null || true"' \
+		--customize-hook='chroot "$1" install -d -o postgres -g postgres -m 0700 /var/lib/postgresql/data' \
+		--customize-hook='chroot "$1" su postgres -s /bin/sh -c "/usr/lib/postgresql/17/bin/initdb --no-sync -A trust -D /var/lib/postgresql/data >/dev/null"' \
+		trixie "$work/postgres.tar" http://deb.debian.org/debian
+	podman import --quiet --change 'USER postgres' --change 'ENV PATH=/usr/lib/postgresql/17/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
+		--change 'CMD ["postgres", "-D", "/var/lib/postgresql/data", "-c", "listen_addresses=localhost", "-c", "unix_socket_directories=/tmp"]' \
+		--change 'ENV PGHOST=/tmp' \
+		"$work/postgres.tar" localhost/tclone-postgres:latest >/dev/null
 fi
 log "images ready"

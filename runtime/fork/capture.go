@@ -98,8 +98,12 @@ func (e *Engine) captureSource(ctx context.Context, src *source, req CaptureRequ
 		return nil, err
 	}
 	defer unlock()
-	// Memory a files-only fork does not take may be incomplete.
+	// Memory a files-only fork does not take may be incomplete; nor does
+	// it run CRIU.
 	if !req.Fork.FilesOnly {
+		if err := checkDumpableCredentials(src.state.Pid); err != nil {
+			return nil, err
+		}
 		if err := e.waitMemoryComplete(ctx, src, req.Fork.CaptureTimeout); err != nil {
 			return nil, err
 		}
