@@ -20,7 +20,7 @@ STATICCHECK_VERSION := v0.8.2
 BENCHGO := $(GO) -C test/bench
 export PODMAN_IGNORE_CGROUPSV1_WARNING := 1
 
-.PHONY: all build install setup test unit-test integration-test demo bench bench-quick lint clean
+.PHONY: all build install setup test unit-test integration-test demo ci-example bench bench-quick lint clean
 
 all: build
 
@@ -60,6 +60,11 @@ integration-test: setup
 
 demo: setup
 	hack/demo.sh
+
+# A CI pipeline that forks a PostgreSQL test database into 4 shards over
+# tclone's REST endpoint instead of loading its fixture 4 times.
+ci-example: setup
+	hack/ci-example.sh
 
 # The full benchmark (about 20 minutes): BENCHMARKS.md, bench-results/.
 bench: setup

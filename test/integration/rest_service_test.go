@@ -644,3 +644,29 @@ func TestRESTOverSSH(t *testing.T) {
 		t.Errorf("the ssh client wrote root's known_hosts, not the test's")
 	}
 }
+
+// make ci-example, small: PostgreSQL forked into 4 shards over the REST
+// endpoint, each shard writing to its own copy, the postmaster's children
+// and its shared memory alive in every shard, the source untouched.
+func TestCIExample(t *testing.T) {
+	requireStack(t)
+	svc := startAPIService(t)
+	cmd := exec.Command("../../hack/ci-example.sh")
+	cmd.Env = append(os.Environ(), "TCLONE_SOCKET="+svc.socket, "SCALE=2", "SEED_ROWS=300", "TEST_SECONDS=2", "SHARDS=4")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("ci-example: %v\n%s\nservice log:\n%s", err, out, svc.log)
+	}
+	t.Logf("%s", out)
+	if n := strings.Count(string(out), "sees only its own writes"); n != 4 {
+		t.Errorf("%d shards checked, want 4", n)
+	}
+	for _, want := range []string{"the source database is untouched", "loading it once and forking took"} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("output lacks %q", want)
+		}
+	}
+	if left := podman(t, "ps", "-a", "--filter", "label=ci-example", "--format", "{{.Names}}"); left != "" {
+		t.Errorf("ci-example left containers: %s", left)
+	}
+}
