@@ -203,7 +203,7 @@ func (u unavailable) Unwrap() error { return u.error }
 // as unavailable; other errors are returned as they are.
 func (s *Service) podmanDown(err error) error {
 	if errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNREFUSED) {
-		return unavailable{fmt.Errorf("Podman's API service does not answer at %s (%w): start it with `systemctl start podman.socket`, "+
+		return unavailable{fmt.Errorf("the Podman API service does not answer at %s (%w): start it with `systemctl start podman.socket`, "+
 			"or, where systemd does not run, hack/podman-service.sh start", s.podman, err)}
 	}
 	return err
