@@ -18,6 +18,7 @@ import (
 
 	"github.com/sirupsen/logrus"
 	"github.com/urfave/cli/v2"
+	"golang.org/x/sys/unix"
 
 	"github.com/tclone/tclone/runtime/buildinfo"
 	"github.com/tclone/tclone/shim/apiservice"
@@ -146,6 +147,11 @@ func listenUnix(path, group string) (net.Listener, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return nil, err
 	}
+	if gid >= 0 {
+		if err := letGroupThrough(filepath.Dir(path), gid, group); err != nil {
+			return nil, err
+		}
+	}
 	if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
 		c.Close()
 		return nil, fmt.Errorf("a service already listens at %s: stop it first, or give another --url", path)
@@ -174,6 +180,28 @@ func listenUnix(path, group string) (net.Listener, error) {
 		return nil, err
 	}
 	return ln, nil
+}
+
+// letGroupThrough lets the group reach a socket in dir. tclone's own state
+// directory (/run/tclone, made 0700 by the first fork) is opened to the
+// group for traversal only: its contents stay root's (each is 0700).
+func letGroupThrough(dir string, gid int, group string) error {
+	var st unix.Stat_t
+	if err := unix.Stat(dir, &st); err != nil {
+		return err
+	}
+	if st.Mode&0o001 != 0 || (int(st.Gid) == gid && st.Mode&0o010 != 0) {
+		return nil
+	}
+	if err := os.Chown(dir, -1, gid); err != nil {
+		return fmt.Errorf("letting group %s reach %s: %w", group, dir, err)
+	}
+	mode := os.FileMode(st.Mode&0o7777) | 0o010
+	if err := os.Chmod(dir, mode); err != nil {
+		return fmt.Errorf("letting group %s reach %s: %w", group, dir, err)
+	}
+	logrus.Infof("%s is now group %s, mode %04o, so that the group reaches the socket", dir, group, mode)
+	return nil
 }
 
 // unixPath reads a unix:///PATH URL.

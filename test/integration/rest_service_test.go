@@ -36,7 +36,12 @@ type apiService struct {
 // TERM, and must exit 0) when the test ends. extra are more flags.
 func startAPIService(t *testing.T, extra ...string) *apiService {
 	t.Helper()
-	dir := publicTempDir(t, "tct-api-")
+	return startAPIServiceIn(t, publicTempDir(t, "tct-api-"), extra...)
+}
+
+// startAPIServiceIn is startAPIService with the socket in dir.
+func startAPIServiceIn(t *testing.T, dir string, extra ...string) *apiService {
+	t.Helper()
 	s := &apiService{socket: filepath.Join(dir, "tclone.sock"), log: &strings.Builder{}, done: make(chan error, 1)}
 	s.cmd = exec.Command(tcloneBin(), append([]string{"service", "--url", "unix://" + s.socket}, extra...)...)
 	s.cmd.Stdout, s.cmd.Stderr = s.log, s.log
@@ -594,7 +599,11 @@ func sshFork(t *testing.T, d *sshd, uri string, args ...string) result {
 func TestRESTOverSSH(t *testing.T) {
 	requireStack(t)
 	rootKnown, _ := os.ReadFile("/root/.ssh/known_hosts")
-	svc := startAPIService(t, "--group", "tclone")
+	// The socket's directory is root's alone, as /run/tclone is once a
+	// fork has made it: the service lets the group through.
+	dir := publicTempDir(t, "tct-api-")
+	os.Chmod(dir, 0o700)
+	svc := startAPIServiceIn(t, dir, "--group", "tclone")
 	src := shellSource(t)
 	allowed := addUser(t, "tclone")
 	d := startSSHD(t, allowed)
