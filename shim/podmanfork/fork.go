@@ -579,9 +579,9 @@ func explainRestoreError(err error) error {
 		strings.Contains(msg, "bind: address"):
 		return ofKind(ErrConflict, fmt.Errorf("%w: a --publish host port is taken (the source or another container holds it); choose a free host port, or give only the container port so Podman picks one", err))
 	case strings.Contains(msg, "requested ip address") || strings.Contains(msg, "static ip"):
-		return fmt.Errorf("%w: the source has a static IP; fork with --ignore-static-ip", err)
+		return ofKind(ErrConflict, fmt.Errorf("%w: the source has a static IP; fork with --ignore-static-ip", err))
 	case strings.Contains(msg, "mac address"):
-		return fmt.Errorf("%w: the source has a static MAC address; fork with --ignore-static-mac", err)
+		return ofKind(ErrConflict, fmt.Errorf("%w: the source has a static MAC address; fork with --ignore-static-mac", err))
 	}
 	return err
 }
