@@ -679,3 +679,52 @@ func TestCIExample(t *testing.T) {
 		t.Errorf("ci-example left containers: %s", left)
 	}
 }
+
+// kill -9 of tclone's API service in the middle of a fork, with its client
+// still waiting: the client gets an error, and `tclone gc` (as the next
+// fork would) rolls the dead service's call back: no sibling, no record, no
+// plan, the source running. A service started again serves forks.
+func TestRESTServiceKilledMidFork(t *testing.T) {
+	requireStack(t)
+	svc := startAPIService(t)
+	src := shellSource(t)
+	answered := make(chan result, 1)
+	go func() {
+		answered <- run(t, 5*time.Minute, "curl", "-sS", "--unix-socket", svc.socket, "-X", "POST", "-w", "\n%{http_code}",
+			"http://d"+forkPath(src, url.Values{"count": {"3"}, "hook": {"sleep 30"}, "readyTimeout": {"2m"}}))
+	}()
+	eventually(t, 2*time.Minute, "a sibling made", func() error {
+		if len(siblingsOf(t, src)) == 0 {
+			return fmt.Errorf("none yet")
+		}
+		return nil
+	})
+	svc.cmd.Process.Signal(syscall.SIGKILL)
+	<-svc.done
+	if r := <-answered; r.code == 0 && strings.HasSuffix(strings.TrimSpace(r.stdout), "200") {
+		t.Fatalf("the fork was answered 200 by a killed service: %q", r.stdout)
+	}
+	// A restore Podman was running for the dead service may still end
+	// after a first collection; the call's record stays until its label
+	// is swept, so a later gc removes that sibling too.
+	eventually(t, 90*time.Second, "the dead service's fork rolled back", func() error {
+		if r := run(t, 3*time.Minute, tcloneBin(), "gc"); r.code != 0 {
+			return fmt.Errorf("tclone gc: %s", r.stderr)
+		}
+		if got := siblingsOf(t, src); len(got) > 0 {
+			return fmt.Errorf("siblings left: %v", got)
+		}
+		if l := liveCalls(t); len(l) > 0 {
+			return fmt.Errorf("call records left: %v", l)
+		}
+		return nil
+	})
+	requireNoLeftovers(t)
+	if got := state(t, src); got != "running" {
+		t.Errorf("source is %s", got)
+	}
+	again := startAPIService(t)
+	if status, body := again.curl(t, "POST", forkPath(src, nil)); status != 200 {
+		t.Errorf("a fork through a new service: %d %s", status, body)
+	}
+}

@@ -1,0 +1,41 @@
+package main
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// The podman wrapper (hack/podman-wrapper.sh) finds `container fork` past
+// Podman's global options and passes on the ones podman-fork understands:
+// --url, --connection and --identity (as --ssh-identity, since podman-fork's
+// --identity is the siblings').
+func TestPodmanWrapperPassesRemoteOptions(t *testing.T) {
+	script, err := os.ReadFile("../../hack/podman-wrapper.sh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	wrapper := filepath.Join(t.TempDir(), "podman")
+	// podman-fork replaced by echo: the test reads the arguments it got.
+	if err := os.WriteFile(wrapper, []byte(strings.ReplaceAll(string(script), "@PODMAN_FORK@", "echo")), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ args, want string }{
+		{"container fork src", "src"},
+		{"--url unix:///x container fork --count 2 src", "--url=unix:///x --count 2 src"},
+		{"--url=ssh://u@h/s --identity /k container fork src", "--url=ssh://u@h/s --ssh-identity=/k src"},
+		{"--identity=/k2 -c build container fork src", "--ssh-identity=/k2 --connection=build src"},
+		{"--connection=build --log-level debug --root /r container fork src", "--connection=build src"},
+		{"--log-level=debug container fork --identity preserve src", "--debug --identity preserve src"},
+	} {
+		out, err := exec.Command("sh", append([]string{wrapper}, strings.Fields(c.args)...)...).Output()
+		if err != nil {
+			t.Fatalf("%s: %v", c.args, err)
+		}
+		if got := strings.TrimSpace(string(out)); got != c.want {
+			t.Errorf("podman %s: podman-fork got %q, want %q", c.args, got, c.want)
+		}
+	}
+}
