@@ -88,7 +88,12 @@ func runService(c *cli.Context) error {
 	grace, cancel := context.WithTimeout(context.Background(), c.Duration("shutdown-grace"))
 	defer cancel()
 	svc.Shutdown(grace)
-	// Closing the listener also removes a socket file it made.
+	// Answers written are let go for a moment; then the streams still open
+	// (events, attach) are cut. Closing the listener also removes a socket
+	// file it made.
+	idle, cancelIdle := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancelIdle()
+	srv.Shutdown(idle)
 	srv.Close()
 	logrus.Infof("stopped")
 	return nil

@@ -132,6 +132,11 @@ func (s *Service) serveFork(w http.ResponseWriter, r *http.Request, source strin
 	}
 	logrus.Infof("forked %s into %d siblings for %s in %s", source, len(stats.Siblings), clientOf(r), time.Since(start).Round(time.Millisecond))
 	writeJSON(w, http.StatusOK, stats)
+	// On the wire before the fork counts as done: Shutdown, which waits
+	// for it, then closes the connections.
+	if err := http.NewResponseController(w).Flush(); err != nil {
+		logrus.Debugf("sending the fork's answer: %v", err)
+	}
 }
 
 // startFork registers a fork request. Its context ends when the client goes
