@@ -5,13 +5,18 @@ import (
 	"errors"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/tclone/tclone/runtime/plan"
 )
 
 // Collect removes what daemons that died left in layout l's lazy and lazy
-// images directories: their image links, control sockets and lock files. A daemon that answers, or whose lock is held (it is starting or
-// stopping), is left alone. It returns the plan IDs it cleaned up after.
+// images directories: their image links, control sockets and lock files. A
+// daemon that answers is left alone. One that does not may be dying: its
+// guard shares its lock and exits after it, which takes as long as the
+// kernel takes to tear the daemon down. So its lock is waited for, up to
+// collectLockWait; a lock still held then (a daemon starting or stopping)
+// leaves it alone. It returns the plan IDs it cleaned up after.
 func Collect(l plan.Layout) ([]string, error) {
 	dir, imagesDir := l.LazyDir(), l.LazyImagesDir()
 	seen := map[string]bool{}
@@ -37,9 +42,13 @@ func Collect(l plan.Layout) ([]string, error) {
 	var errs []error
 	for id := range seen {
 		p := PathsFor(l, id)
-		done, cancel := context.WithCancel(context.Background())
-		cancel() // take the lock only if it is free
-		unlock, err := plan.Lock(done, p.Lock)
+		if c, err := dial(p.Control); err == nil {
+			c.Close()
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), collectLockWait)
+		unlock, err := plan.Lock(ctx, p.Lock)
+		cancel()
 		if err != nil {
 			continue
 		}
@@ -54,6 +63,9 @@ func Collect(l plan.Layout) ([]string, error) {
 	}
 	return removed, errors.Join(errs...)
 }
+
+// collectLockWait bounds how long Collect waits for a silent daemon's lock.
+var collectLockWait = 5 * time.Second
 
 func ignoreMissing(err error) error {
 	if errors.Is(err, os.ErrNotExist) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -144,13 +145,10 @@ func TestCollectAfterKilledDaemon(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	// Its guard shares its descriptors (the lock, the control socket) and
-	// exits right after it: until then the daemon counts as alive.
-	var removed []string
-	for deadline := time.Now().Add(5 * time.Second); len(removed) == 0 && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-		removed, err = Collect(l)
-		if err != nil {
-			t.Fatal(err)
-		}
+	// exits right after it: one collection waits for it.
+	removed, err := Collect(l)
+	if err != nil {
+		t.Fatal(err)
 	}
 	if len(removed) != 1 || removed[0] != "dead" {
 		t.Fatalf("collected %v", removed)
@@ -188,4 +186,44 @@ func daemonPid(t *testing.T, c *Client) int {
 	}
 	t.Logf("daemon pid %s", strconv.Itoa(pid))
 	return pid
+}
+
+// A silent daemon's lock held for a moment (its guard still exiting) is
+// waited for, and what it left is removed; one held past the wait (a daemon
+// starting) is left alone.
+func TestCollectWaitsForADyingDaemonsLock(t *testing.T) {
+	defer func(old time.Duration) { collectLockWait = old }(collectLockWait)
+	collectLockWait = time.Second
+	l := plan.LayoutUnder(t.TempDir())
+	for _, c := range []struct {
+		id      string
+		hold    time.Duration
+		removed bool
+	}{{"dying", 200 * time.Millisecond, true}, {"starting", 3 * time.Second, false}} {
+		p := PathsFor(l, c.id)
+		if err := os.MkdirAll(p.Images, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		unlock, err := plan.Lock(context.Background(), p.Lock)
+		if err != nil {
+			t.Fatal(err)
+		}
+		released := make(chan struct{})
+		go func() {
+			time.Sleep(c.hold)
+			unlock()
+			close(released)
+		}()
+		removed, err := Collect(l)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := slices.Contains(removed, c.id); got != c.removed {
+			t.Errorf("%s (lock held %s): removed %v, want %v", c.id, c.hold, got, c.removed)
+		}
+		if _, err := os.Stat(p.Images); os.IsNotExist(err) == !c.removed {
+			t.Errorf("%s: images left = %v", c.id, err == nil)
+		}
+		<-released
+	}
 }
