@@ -12,7 +12,8 @@
 # 2 million accounts), SEED_ROWS (rows of its seed, one transaction each,
 # default 20000), SHARDS (default 4), TEST_SECONDS (each shard's pgbench run,
 # default 10), TCLONE_SOCKET (default /run/tclone/tclone.sock; started with
-# hack/tclone-service.sh when nothing answers there, and stopped after).
+# hack/tclone-service.sh when nothing answers there, and stopped after, with
+# Podman's service when that was started for it too).
 set -euo pipefail
 export PODMAN_IGNORE_CGROUPSV1_WARNING=1
 here=$(cd "$(dirname "$0")" && pwd)
@@ -37,20 +38,29 @@ case "$scale$seed$shards$seconds" in *[!0-9]*) die "SCALE, SEED_ROWS, SHARDS and
 
 work=$(mktemp -d /tmp/tclone-ci-example.XXXXXX)
 started_service=0
+podman_was_running=1
 cleanup() {
+	# Every step runs, whatever failed before it.
+	set +e
 	local id
 	id=$(podman inspect --format '{{.Id}}' "$db" 2>/dev/null || true)
 	if [ -n "$id" ]; then
 		podman ps -aq --filter "label=io.tclone.forked-from=$id" | xargs -r podman rm -f -t 0 >/dev/null
 		podman rm -f -t 0 "$db" >/dev/null
 	fi
-	if [ "$started_service" = 1 ]; then "$here/tclone-service.sh" stop; fi
+	if [ "$started_service" = 1 ]; then
+		"$here/tclone-service.sh" stop
+		# and Podman's, when it was started for this run too.
+		if [ "$podman_was_running" = 0 ]; then "$here/podman-service.sh" stop; fi
+	fi
 	rm -rf "$work"
 }
 trap cleanup EXIT
 
 if ! curl -sf --unix-socket "$sock" http://d/_ping >/dev/null 2>&1; then
 	[ "$sock" = /run/tclone/tclone.sock ] || die "nothing answers at TCLONE_SOCKET=$sock"
+	podman_was_running=0
+	if "$here/podman-service.sh" status >/dev/null 2>&1; then podman_was_running=1; fi
 	log "starting tclone's API service (hack/tclone-service.sh)"
 	"$here/tclone-service.sh" start
 	started_service=1
