@@ -50,14 +50,20 @@ func startAPIServiceIn(t *testing.T, dir string, extra ...string) *apiService {
 	}
 	go func() { s.done <- s.cmd.Wait() }()
 	t.Cleanup(func() { s.stop(t) })
-	eventually(t, 10*time.Second, "tclone service answering", func() error {
-		c, err := net.Dial("unix", s.socket)
+	waitListening(t, "unix", s.socket)
+	return s
+}
+
+// waitListening waits until something accepts connections at addr.
+func waitListening(t *testing.T, network, addr string) {
+	t.Helper()
+	eventually(t, 10*time.Second, network+" "+addr+" listening", func() error {
+		c, err := net.Dial(network, addr)
 		if err != nil {
 			return err
 		}
 		return c.Close()
 	})
-	return s
 }
 
 // publicTempDir is a directory that users other than root may enter,
@@ -328,7 +334,23 @@ func TestRESTClientDisconnectsMidFork(t *testing.T) {
 	if err := <-answered; !strings.Contains(err.Error(), "context canceled") {
 		t.Fatalf("the request was not cut: %v", err)
 	}
+	requireRolledBack(t, src, nil)
+	if status, body := svc.curl(t, "POST", forkPath(src, nil)); status != 200 {
+		t.Errorf("a fork after the disconnect: %d %s", status, body)
+	}
+}
+
+// requireRolledBack waits until src has no sibling and no live fork call
+// record is left (running first, each time, when not nil), then fails on
+// any other leftover or a source that no longer runs.
+func requireRolledBack(t *testing.T, src string, first func() error) {
+	t.Helper()
 	eventually(t, 90*time.Second, "the fork rolled back", func() error {
+		if first != nil {
+			if err := first(); err != nil {
+				return err
+			}
+		}
 		if got := siblingsOf(t, src); len(got) > 0 {
 			return fmt.Errorf("siblings left: %v", got)
 		}
@@ -340,9 +362,6 @@ func TestRESTClientDisconnectsMidFork(t *testing.T) {
 	requireNoLeftovers(t)
 	if got := state(t, src); got != "running" {
 		t.Errorf("source is %s", got)
-	}
-	if status, body := svc.curl(t, "POST", forkPath(src, nil)); status != 200 {
-		t.Errorf("a fork after the disconnect: %d %s", status, body)
 	}
 }
 
@@ -535,13 +554,7 @@ AllowStreamLocalForwarding yes
 	if err := os.WriteFile(filepath.Join(s.knownHome, ".ssh", "known_hosts"), []byte(known), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 10*time.Second, "sshd listening", func() error {
-		c, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", s.port))
-		if err != nil {
-			return err
-		}
-		return c.Close()
-	})
+	waitListening(t, "tcp", fmt.Sprintf("127.0.0.1:%d", s.port))
 	return s
 }
 
@@ -707,22 +720,12 @@ func TestRESTServiceKilledMidFork(t *testing.T) {
 	// A restore Podman was running for the dead service may still end
 	// after a first collection; the call's record stays until its label
 	// is swept, so a later gc removes that sibling too.
-	eventually(t, 90*time.Second, "the dead service's fork rolled back", func() error {
+	requireRolledBack(t, src, func() error {
 		if r := run(t, 3*time.Minute, tcloneBin(), "gc"); r.code != 0 {
 			return fmt.Errorf("tclone gc: %s", r.stderr)
 		}
-		if got := siblingsOf(t, src); len(got) > 0 {
-			return fmt.Errorf("siblings left: %v", got)
-		}
-		if l := liveCalls(t); len(l) > 0 {
-			return fmt.Errorf("call records left: %v", l)
-		}
 		return nil
 	})
-	requireNoLeftovers(t)
-	if got := state(t, src); got != "running" {
-		t.Errorf("source is %s", got)
-	}
 	again := startAPIService(t)
 	if status, body := again.curl(t, "POST", forkPath(src, nil)); status != 200 {
 		t.Errorf("a fork through a new service: %d %s", status, body)
