@@ -460,7 +460,8 @@ func checkSiblings(t *testing.T, what, src string, keep []string) int {
 			// such a sibling from one the user was shown, so it is kept;
 			// the client narrows that window to one write.
 			t.Logf("%s: sibling %s: its call had ended when the client was killed, before its report was written", what, id)
-			podman(t, "rm", "-f", id)
+			// With its copies of the source's volumes.
+			podman(t, "rm", "-f", "-v", id)
 			continue
 		}
 		t.Errorf("%s: sibling %s of a killed fork left after recovery", what, id)
