@@ -82,15 +82,15 @@ func runService(c *cli.Context) error {
 	case <-ctx.Done():
 	}
 	logrus.Infof("stopping: no new requests; waiting for forks under way (up to %s)", c.Duration("shutdown-grace"))
-	// The listener closes at once; idle connections go, and requests
-	// other than forks (event streams, attach) are cut once the forks end.
-	go srv.Shutdown(context.Background())
+	// No new connection from now on; requests other than forks (event
+	// streams, attach) are cut once the forks end.
+	ln.Close()
 	grace, cancel := context.WithTimeout(context.Background(), c.Duration("shutdown-grace"))
 	defer cancel()
 	svc.Shutdown(grace)
 	// Answers written are let go for a moment; then the streams still open
-	// (events, attach) are cut. Closing the listener also removes a socket
-	// file it made.
+	// (events, attach) are cut. Closing the listener removed a socket file
+	// it made.
 	idle, cancelIdle := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancelIdle()
 	srv.Shutdown(idle)
