@@ -199,12 +199,21 @@ func sourceRunsAlone(t *testing.T, src string) error {
 }
 
 func counterAdvances(t *testing.T, src string) error {
+	// The shell truncates the file before it writes the next number, so a
+	// read may find it empty; only a number read back counts.
 	read := func() (int, error) {
-		r := podmanTry(t, "exec", src, "cat", "/tmp/c")
-		if r.code != 0 {
-			return 0, fmt.Errorf("exec in %s: exit %d: %s", src, r.code, strings.TrimSpace(r.stderr))
+		for try := 0; ; try++ {
+			r := podmanTry(t, "exec", src, "cat", "/tmp/c")
+			if r.code != 0 {
+				return 0, fmt.Errorf("exec in %s: exit %d: %s", src, r.code, strings.TrimSpace(r.stderr))
+			}
+			out := strings.TrimSpace(r.stdout)
+			if out == "" && try < 10 {
+				time.Sleep(10 * time.Millisecond)
+				continue
+			}
+			return strconv.Atoi(out)
 		}
-		return strconv.Atoi(strings.TrimSpace(r.stdout))
 	}
 	a, err := read()
 	if err != nil {
