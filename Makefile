@@ -28,6 +28,7 @@ build:
 	@mkdir -p $(BIN)
 	$(GOBUILD) -o $(BIN)/tclone ./shim
 	$(GOBUILD) -o $(BIN)/podman-fork ./shim/podman-fork
+	ln -sfn podman-fork $(BIN)/podman-branch
 	# The fidelity workload runs inside test containers: static, no libc.
 	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN)/workload ./test/workload
 

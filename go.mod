@@ -4,9 +4,11 @@ go 1.26.0
 
 require (
 	github.com/checkpoint-restore/go-criu/v7 v7.2.0
+	github.com/containers/common v0.62.3
 	github.com/containers/podman/v5 v5.4.2
 	github.com/containers/storage v1.57.2
 	github.com/docker/docker v27.5.1+incompatible
+	github.com/klauspost/compress v1.17.11
 	github.com/moby/sys/mountinfo v0.7.2
 	github.com/opencontainers/runtime-spec v1.2.0
 	github.com/sirupsen/logrus v1.9.3
@@ -34,7 +36,6 @@ require (
 	github.com/containerd/stargz-snapshotter/estargz v0.16.3 // indirect
 	github.com/containerd/typeurl/v2 v2.2.3 // indirect
 	github.com/containers/buildah v1.39.4 // indirect
-	github.com/containers/common v0.62.3 // indirect
 	github.com/containers/image/v5 v5.34.3 // indirect
 	github.com/containers/libtrust v0.0.0-20230121012942-c1716e8a8d01 // indirect
 	github.com/containers/ocicrypt v1.2.1 // indirect
@@ -79,7 +80,6 @@ require (
 	github.com/josharian/intern v1.0.0 // indirect
 	github.com/json-iterator/go v1.1.12 // indirect
 	github.com/kevinburke/ssh_config v1.2.0 // indirect
-	github.com/klauspost/compress v1.17.11 // indirect
 	github.com/klauspost/pgzip v1.2.6 // indirect
 	github.com/kr/fs v0.1.0 // indirect
 	github.com/letsencrypt/boulder v0.0.0-20240620165639-de9c06129bec // indirect

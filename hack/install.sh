@@ -27,6 +27,11 @@ put() { # src dest
 install -d "$prefix/bin"
 put "$bindir/tclone" "$prefix/bin/tclone"
 put "$bindir/podman-fork" "$prefix/bin/podman-fork"
+# `podman container branch` is podman-fork called by this name.
+if [ "$(readlink "$prefix/bin/podman-branch" 2>/dev/null)" != podman-fork ]; then
+	ln -sfn podman-fork "$prefix/bin/podman-branch"
+	log "installed $prefix/bin/podman-branch"
+fi
 # `podman container fork` goes to podman-fork through this wrapper; it
 # shadows /usr/bin/podman only by coming first in PATH, so it is never
 # installed over Podman itself.

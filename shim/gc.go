@@ -5,6 +5,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/tclone/tclone/runtime/branch"
 	"github.com/tclone/tclone/runtime/calls"
 	"github.com/tclone/tclone/runtime/fork"
 )
@@ -14,6 +15,9 @@ import (
 type gcReport struct {
 	*fork.Recovered
 	Calls *calls.Report `json:"fork_calls,omitempty"`
+	// Branches is what branch writers that died left, and the data no
+	// branch uses any more.
+	Branches *branch.Removed `json:"branches,omitempty"`
 }
 
 var gcCommand = &cli.Command{
@@ -24,7 +28,8 @@ removing half-made siblings, plans and snapshots), removes plans that no
 live fork can use (past their expiry, or held for a fork client that died),
 snapshots no plan refers to, fork clients' temporary directories
 (/tmp/tclone-fork-*, /tmp/podman-fork-*) whose owners died, and lock files
-no one holds. Every fork runs the first part first; run it by hand after a
+no one holds, and branches whose writer died before they were complete,
+with the branch data no branch uses. Every fork runs the first part first; run it by hand after a
 crash to clean up at once. Prints what it removed as JSON.`,
 	Action: func(c *cli.Context) error {
 		rt, err := findCrun(c)
@@ -39,9 +44,10 @@ crash to clean up at once. Prints what it removed as JSON.`,
 		// The fork calls of dead clients: their siblings (through
 		// Podman), captures, services and temporary directories.
 		calls, cerr := calls.Collect(c.Context, engine.Store)
-		if perr := printJSON(gcReport{Recovered: r, Calls: calls}); perr != nil {
+		branches, berr := branch.DefaultStore().Collect()
+		if perr := printJSON(gcReport{Recovered: r, Calls: calls, Branches: &branches}); perr != nil {
 			return perr
 		}
-		return errors.Join(err, cerr)
+		return errors.Join(err, cerr, berr)
 	},
 }

@@ -237,6 +237,12 @@ type Reference struct {
 	BootID   string `json:"boot_id"`
 }
 
+// ReferenceTo is a reference, made on this boot, to plan id in dir.
+func ReferenceTo(id, dir, sourceID string) Reference {
+	boot, _ := procfs.BootID()
+	return Reference{Version: FormatVersion, PlanID: id, PlanDir: dir, SourceID: sourceID, BootID: boot}
+}
+
 // ReferenceFile is the reference's name inside a checkpoint directory.
 const ReferenceFile = "tclone-plan.json"
 

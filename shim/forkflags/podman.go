@@ -185,3 +185,19 @@ func flagNames(flags []cli.Flag) []string {
 	sort.Strings(names)
 	return names
 }
+
+// captureOnly names the fork flags that say how the source is captured: a
+// branch decides them when it is created, so its start refuses them.
+var captureOnly = []string{TCPEstablished, TCPClose, FileLocks, ExtUnixSk, ShellJob, FilesOnly, CaptureTimeout, VolumeMode}
+
+// PodmanBranchStart is the flags of `podman container branch start`: a
+// fork's, less those of the capture the branch already holds.
+func PodmanBranchStart() []cli.Flag {
+	var out []cli.Flag
+	for _, f := range PodmanFork() {
+		if !slices.Contains(captureOnly, f.Names()[0]) {
+			out = append(out, f)
+		}
+	}
+	return out
+}

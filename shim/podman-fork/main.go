@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"syscall"
 
 	"github.com/sirupsen/logrus"
@@ -25,7 +26,11 @@ func main() {
 	// ^C or a TERM cancels the fork: it rolls back whatever it made, and
 	// a Podman service started for it is stopped, before the command exits.
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
-	err := newApp().RunContext(ctx, os.Args)
+	app := newApp()
+	if filepath.Base(os.Args[0]) == BranchCommand {
+		app = newBranchApp()
+	}
+	err := app.RunContext(ctx, os.Args)
 	stop()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "Error:", err)
@@ -99,15 +104,20 @@ func run(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	// One write: the call is over, and a kill now must find the report
-	// either whole or not begun.
+	return report(c, stats)
+}
+
+// report prints what a call made in one write: the call is over, and a
+// kill now must find the report either whole or not begun.
+func report(c *cli.Context, stats *podmanfork.Stats) error {
 	var buf bytes.Buffer
 	out := json.NewEncoder(&buf)
 	out.SetIndent("", "  ")
+	var err error
 	switch {
 	case c.Bool("print-stats"):
 		err = out.Encode(stats)
-	case format == "json":
+	case c.String("format") == "json":
 		err = out.Encode(stats.Siblings)
 	default:
 		for _, r := range stats.Siblings {

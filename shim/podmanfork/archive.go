@@ -96,6 +96,9 @@ type siblingEdit struct {
 	// directories to the sibling's: Podman's restore mounts what the
 	// spec names.
 	VolumePaths map[string]string
+	// Reference, when set, replaces the archive's plan reference: siblings
+	// started from a branch use the plan made from it.
+	Reference *plan.Reference
 }
 
 // writeSiblingArchive copies the source's checkpoint archive with the
@@ -111,6 +114,19 @@ func writeSiblingArchive(src, dst string, edit siblingEdit) error {
 		name := path.Clean(h.Name)
 		if name == devShmTar || name == volumesDir || strings.HasPrefix(name, volumesDir+"/") {
 			return nil
+		}
+		if name == planRef && edit.Reference != nil {
+			data, err := json.Marshal(edit.Reference)
+			if err != nil {
+				return err
+			}
+			nh := *h
+			nh.Size = int64(len(data))
+			if err := tw.WriteHeader(&nh); err != nil {
+				return err
+			}
+			_, err = tw.Write(data)
+			return err
 		}
 		if name != configDump && name != specDump {
 			if err := tw.WriteHeader(h); err != nil {

@@ -15,6 +15,7 @@ import (
 	"github.com/containers/podman/v5/pkg/bindings/containers"
 	"github.com/sirupsen/logrus"
 
+	"github.com/tclone/tclone/runtime/branch"
 	"github.com/tclone/tclone/runtime/calls"
 	"github.com/tclone/tclone/runtime/crun"
 	"github.com/tclone/tclone/runtime/forkopts"
@@ -65,8 +66,11 @@ type Stats struct {
 	// SourcePauseMs is how long the source could not run.
 	SourcePauseMs float64   `json:"source_pause_ms"`
 	Capture       plan.Plan `json:"capture"`
-	TotalMs       float64   `json:"total_ms"`
-	Siblings      []*Result `json:"siblings"`
+	// Branch is the branch the siblings started from (podman container
+	// branch start); CheckpointMs is then the time its plan took.
+	Branch   string    `json:"branch,omitempty"`
+	TotalMs  float64   `json:"total_ms"`
+	Siblings []*Result `json:"siblings"`
 }
 
 // Fork forks the running container source into opts.Count siblings through
@@ -188,6 +192,9 @@ type forker struct {
 
 	// mu guards what concurrent restores share: the names, the siblings
 	// made and the call's record.
+	// branch is the branch the siblings start from, if they do.
+	branch *branch.Branch
+
 	mu       sync.Mutex
 	made     []string // sibling IDs, for rollback
 	inflight int      // restores under way
@@ -229,21 +236,11 @@ func (f *forker) restoreAll(ctx context.Context, archive string) ([]*Result, err
 }
 
 func (f *forker) run(ctx context.Context) (*Stats, error) {
-	var err error
-	f.call, err = calls.DirOf(f.store).Begin(calls.Record{SourceID: f.src.ID})
+	archive, err := f.begin()
 	if err != nil {
-		return nil, fmt.Errorf("this must run on the Podman host, as root: %w", err)
-	}
-	f.nonce = f.call.Record().Nonce
-	if f.tmpDir, err = calls.MkdirTemp("tclone-fork-"); err != nil {
 		return nil, err
 	}
-	if err := f.call.Update(func(r *calls.Record) { r.TempDirs = append(r.TempDirs, f.tmpDir) }); err != nil {
-		return nil, err
-	}
-	archive := filepath.Join(f.tmpDir, "checkpoint.tar")
 	stats := &Stats{Source: f.src.ID, Call: f.nonce}
-
 	t := time.Now()
 	capture, err := f.checkpoint(ctx, archive)
 	if err != nil {
@@ -252,16 +249,8 @@ func (f *forker) run(ctx context.Context) (*Stats, error) {
 	stats.CheckpointMs = ms(time.Since(t))
 	stats.Capture = *capture
 	stats.SourcePauseMs = capture.Timings.SourcePauseMs
-
-	if stats.Siblings, err = f.restoreAll(ctx, archive); err != nil {
+	if err := f.makeSiblings(ctx, archive, stats); err != nil {
 		return nil, err
-	}
-	// After every restore, so that waiting for one sibling's memory does
-	// not hold a restore slot another sibling could use.
-	if f.opts.WaitMemory {
-		if err := f.waitMemoryAll(ctx, stats.Siblings); err != nil {
-			return nil, err
-		}
 	}
 	// A source stopped or removed while the siblings were being made ends
 	// the fork: siblings of a source the user just took down are not what
@@ -269,6 +258,46 @@ func (f *forker) run(ctx context.Context) (*Stats, error) {
 	if _, err := inspectSource(ctx, f.src.ID); err != nil {
 		return nil, fmt.Errorf("the source changed while the fork was in progress: %w", err)
 	}
+	if err := f.finish(); err != nil {
+		return nil, err
+	}
+	return stats, nil
+}
+
+// begin records the call, so that a rollback finds whatever it makes even
+// after this process died, and makes its scratch directory. It returns
+// where the checkpoint archive goes.
+func (f *forker) begin() (archive string, err error) {
+	f.call, err = calls.DirOf(f.store).Begin(calls.Record{SourceID: f.src.ID})
+	if err != nil {
+		return "", fmt.Errorf("this must run on the Podman host, as root: %w", err)
+	}
+	f.nonce = f.call.Record().Nonce
+	if f.tmpDir, err = calls.MkdirTemp("tclone-fork-"); err != nil {
+		return "", err
+	}
+	if err := f.call.Update(func(r *calls.Record) { r.TempDirs = append(r.TempDirs, f.tmpDir) }); err != nil {
+		return "", err
+	}
+	return filepath.Join(f.tmpDir, "checkpoint.tar"), nil
+}
+
+// makeSiblings restores every sibling from the archive into stats.
+func (f *forker) makeSiblings(ctx context.Context, archive string, stats *Stats) error {
+	var err error
+	if stats.Siblings, err = f.restoreAll(ctx, archive); err != nil {
+		return err
+	}
+	// After every restore, so that waiting for one sibling's memory does
+	// not hold a restore slot another sibling could use.
+	if f.opts.WaitMemory {
+		return f.waitMemoryAll(ctx, stats.Siblings)
+	}
+	return nil
+}
+
+// finish ends a call that succeeded.
+func (f *forker) finish() error {
 	// Every use of the plan is taken; tclone removed it with the last one.
 	// Make sure, in case a sibling was restored outside this plan's count.
 	f.store.Remove(f.planDir)
@@ -278,10 +307,10 @@ func (f *forker) run(ctx context.Context) (*Stats, error) {
 	// so that a client killed in between leaves the least behind.
 	f.cleanupFiles()
 	if err := f.call.End(); err != nil {
-		return nil, fmt.Errorf("closing the record of this fork call: %w", err)
+		return fmt.Errorf("closing the record of this fork call: %w", err)
 	}
 	f.call = nil
-	return stats, nil
+	return nil
 }
 
 // checkpoint leaves a fork intent for tclone and has Podman checkpoint the
@@ -399,6 +428,9 @@ func (f *forker) restore(ctx context.Context, archive, name string, i int) (*Res
 		r.Hostname = hostnameFor(name)
 	}
 	labels := map[string]string{LabelForkedFrom: f.src.ID, calls.LabelCall: f.nonce}
+	if f.branch != nil {
+		labels[LabelBranch] = f.branch.ID
+	}
 	for k, v := range f.opts.Labels {
 		labels[k] = v
 	}

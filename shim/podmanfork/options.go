@@ -18,6 +18,7 @@ package podmanfork
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"regexp"
 	"runtime"
 	"strconv"
@@ -143,6 +144,14 @@ func ParseReady(s string) (Ready, error) {
 
 // ParseLabels reads KEY=VALUE strings.
 func ParseLabels(kvs []string) (map[string]string, error) {
+	labels, err := parseKV(kvs)
+	if err != nil {
+		return nil, err
+	}
+	return labels, checkLabels(labels)
+}
+
+func parseKV(kvs []string) (map[string]string, error) {
 	labels := map[string]string{}
 	for _, kv := range kvs {
 		k, v, ok := strings.Cut(kv, "=")
@@ -151,8 +160,23 @@ func ParseLabels(kvs []string) (map[string]string, error) {
 		}
 		labels[k] = v
 	}
-	return labels, checkLabels(labels)
+	return labels, nil
 }
+
+// ParseBranchLabels reads a branch's KEY=VALUE labels. Of the labels
+// tclone sets itself, a branch may carry io.tclone.keep only.
+func ParseBranchLabels(kvs []string) (map[string]string, error) {
+	labels, err := parseKV(kvs)
+	if err != nil {
+		return nil, err
+	}
+	rest := maps.Clone(labels)
+	delete(rest, LabelKeep)
+	return labels, checkLabels(rest)
+}
+
+// LabelKeep marks a branch that prune never removes.
+const LabelKeep = "io.tclone.keep"
 
 // Validate checks every option, as a fork would before doing anything.
 func (o Options) Validate() error {

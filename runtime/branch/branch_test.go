@@ -1,0 +1,258 @@
+package branch
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"math/rand"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// pages returns n pages of pseudo-random data from seed, each page's bytes
+// depending only on seed and its index.
+func pages(seed int64, from, n int) []byte {
+	out := make([]byte, 0, n*pageSize)
+	for i := from; i < from+n; i++ {
+		p := make([]byte, pageSize)
+		rand.New(rand.NewSource(seed*1_000_003 + int64(i))).Read(p)
+		out = append(out, p...)
+	}
+	return out
+}
+
+func chunkSet(data []byte) map[string]bool {
+	set := map[string]bool{}
+	off := 0
+	for _, l := range cuts(data) {
+		set[string(data[off:off+l])] = true
+		off += l
+	}
+	return set
+}
+
+// Pages inserted at the front move the cuts with the data: nearly every
+// chunk after them is the same.
+func TestCutsFollowContent(t *testing.T) {
+	a := pages(1, 0, 4096)
+	b := append(pages(2, 0, 3), a...)
+	ca, cb := chunkSet(a), chunkSet(b)
+	shared := 0
+	for c := range ca {
+		if cb[c] {
+			shared++
+		}
+	}
+	if shared < len(ca)-2 {
+		t.Fatalf("%d of %d chunks shared after inserting 3 pages", shared, len(ca))
+	}
+	total := 0
+	for _, l := range cuts(a) {
+		if l%pageSize != 0 && total+l != len(a) {
+			t.Fatalf("a cut inside a page: chunk of %d bytes", l)
+		}
+		if l > maxPages*pageSize {
+			t.Fatalf("chunk of %d bytes, over the maximum", l)
+		}
+		total += l
+	}
+	if total != len(a) {
+		t.Fatalf("chunks cover %d of %d bytes", total, len(a))
+	}
+	if n := len(ca); n < 4096/maxPages || n > 4096/minPages {
+		t.Fatalf("%d chunks for 4096 pages", n)
+	}
+	// A tail shorter than a page is a chunk of its own size.
+	odd := append(pages(3, 0, 5), 1, 2, 3)
+	if got := cuts(odd); len(got) != 1 || got[0] != len(odd) {
+		t.Fatalf("cuts of %d bytes: %v", len(odd), got)
+	}
+}
+
+func writePlan(t *testing.T, dir string, files map[string][]byte) {
+	t.Helper()
+	for name, data := range files {
+		p := filepath.Join(dir, name)
+		if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func create(t *testing.T, s Store, name string, files map[string][]byte) *Branch {
+	t.Helper()
+	plan := t.TempDir()
+	writePlan(t, plan, files)
+	w, err := s.Begin(name, Source{ID: "src", Name: "ws"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.AddPlan(context.Background(), plan); err != nil {
+		t.Fatal(err)
+	}
+	tree := filepath.Join(plan, "..", filepath.Base(plan)+"-tree")
+	os.Mkdir(tree, 0o755)
+	os.WriteFile(filepath.Join(tree, "f"), []byte("tree file"), 0o644)
+	if err := w.AddTree(context.Background(), tree, "rootfs", true); err != nil {
+		t.Fatal(err)
+	}
+	b, err := w.Commit(func(b *Branch) { b.Labels = map[string]string{"k": "v"} })
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func diskBytes(t *testing.T, dir string) int64 {
+	t.Helper()
+	return treeSize(dir)
+}
+
+func TestRoundTripDedupAndRemove(t *testing.T) {
+	s := Store{Dir: t.TempDir()}
+	mem := pages(7, 0, 2048) // 8 MiB
+	files := map[string][]byte{"images/pages-1.img": mem, "images/core-1.img": []byte("core"), "plan.json": []byte("{}"),
+		"uses": []byte("not kept"), "lock": nil}
+	a := create(t, s, "first", files)
+	if len(a.Files) != 3 {
+		t.Fatalf("files kept: %+v", a.Files)
+	}
+	oneBranch := diskBytes(t, s.Dir)
+
+	// A second branch that changed 64 pages in the middle adds about
+	// those pages' chunks, not the whole image.
+	changed := bytes.Clone(mem)
+	copy(changed[1000*pageSize:], pages(8, 0, 64))
+	files["images/pages-1.img"] = changed
+	b := create(t, s, "second", files)
+	if b.Size.ChunksAdded > int64(len(mem))/4 {
+		t.Fatalf("the second branch added %d bytes for a 256 KiB change of an 8 MiB image", b.Size.ChunksAdded)
+	}
+	if grew := diskBytes(t, s.Dir) - oneBranch; grew > int64(len(mem))/4 {
+		t.Fatalf("the store grew by %d bytes for the second branch", grew)
+	}
+
+	r, err := s.Open("first")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := t.TempDir()
+	if err := r.WritePlan(out); err != nil {
+		t.Fatal(err)
+	}
+	r.Close()
+	if got, _ := os.ReadFile(filepath.Join(out, "images/pages-1.img")); !bytes.Equal(got, mem) {
+		t.Fatal("the plan read back differs")
+	}
+	if _, err := os.Stat(filepath.Join(out, "uses")); err == nil {
+		t.Fatal("the live plan's use count was kept")
+	}
+	if got, _ := os.ReadFile(filepath.Join(s.Path(a, "rootfs"), "f")); string(got) != "tree file" {
+		t.Fatalf("tree: %q", got)
+	}
+
+	if _, err := s.Begin("first", Source{}); err == nil || !strings.Contains(err.Error(), "branch rm first") {
+		t.Fatalf("a second branch named first: %v", err)
+	}
+	rep, err := s.Remove("first")
+	if err != nil || rep.Chunks == 0 {
+		t.Fatalf("remove: %+v %v", rep, err)
+	}
+	// The second branch still reads back whole.
+	r, err = s.Open(b.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if err := r.WritePlan(t.TempDir()); err != nil {
+		t.Fatalf("the second branch after the first was removed: %v", err)
+	}
+	if _, err := s.Get("first"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("get of a removed branch: %v", err)
+	}
+}
+
+func TestCorruptChunkIsNamed(t *testing.T) {
+	s := Store{Dir: t.TempDir()}
+	b := create(t, s, "c", map[string][]byte{"images/pages-1.img": pages(1, 0, 64)})
+	victim := b.Files[0].Chunks[0].Hash
+	path := s.chunks().path(victim)
+	packed, _ := os.ReadFile(path)
+	// Same size, other contents: a bit flipped on disk.
+	data, _ := zstdDecoder().DecodeAll(packed, nil)
+	data[100] ^= 1
+	os.WriteFile(path, zstdEncoder().EncodeAll(data, nil), 0o600)
+	r, err := s.Open("c")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	err = r.WritePlan(t.TempDir())
+	if !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), victim) || !strings.Contains(err.Error(), "images/pages-1.img") {
+		t.Fatalf("corrupt chunk: %v", err)
+	}
+	os.Remove(path)
+	if err := r.WritePlan(t.TempDir()); !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), "missing") {
+		t.Fatalf("missing chunk: %v", err)
+	}
+}
+
+// A writer that dies leaves no visible branch; Collect removes its data
+// and its chunks, and leaves a live writer's alone.
+func TestDeadWriterIsCollected(t *testing.T) {
+	s := Store{Dir: t.TempDir()}
+	keep := create(t, s, "keep", map[string][]byte{"images/pages-1.img": pages(1, 0, 64)})
+	w, err := s.Begin("dying", Source{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	plan := t.TempDir()
+	writePlan(t, plan, map[string][]byte{"images/pages-1.img": pages(2, 0, 64)})
+	if err := w.AddPlan(context.Background(), plan); err != nil {
+		t.Fatal(err)
+	}
+	infos, _ := s.List()
+	if len(infos) != 2 || infos[1].State != StateWriting {
+		t.Fatalf("while writing: %+v", infos)
+	}
+	rep, _ := s.Collect()
+	if len(rep.Partial) != 0 || !rep.ChunksBusy {
+		t.Fatalf("collect while a writer lives: %+v", rep)
+	}
+	// Its death lets its lock go, as kill -9 would.
+	w.release()
+	infos, _ = s.List()
+	if len(infos) != 1 || infos[0].ID != keep.ID {
+		t.Fatalf("after the writer died: %+v", infos)
+	}
+	rep, err = s.Collect()
+	if err != nil || len(rep.Partial) != 1 || rep.Chunks == 0 {
+		t.Fatalf("collect after the writer died: %+v %v", rep, err)
+	}
+	r, err := s.Open("keep")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if err := r.WritePlan(t.TempDir()); err != nil {
+		t.Fatalf("the durable branch after collection: %v", err)
+	}
+}
+
+func TestNames(t *testing.T) {
+	for _, bad := range []string{"", "-x", "a b", "0123456789abcdef", strings.Repeat("a", 129)} {
+		if CheckName(bad) == nil {
+			t.Errorf("name %q accepted", bad)
+		}
+	}
+	for _, good := range []string{"before-migration", "nightly.2026-12-01", "a_b"} {
+		if err := CheckName(good); err != nil {
+			t.Errorf("name %q: %v", good, err)
+		}
+	}
+}

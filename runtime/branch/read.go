@@ -1,0 +1,160 @@
+package branch
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+
+	"golang.org/x/sys/unix"
+)
+
+// Get finds a durable branch by name or ID.
+func (s Store) Get(ref string) (*Branch, error) {
+	if idRE.MatchString(ref) {
+		b, err := readManifest(s.manifestOf(ref))
+		if err == nil {
+			return b, nil
+		}
+		if !errors.Is(err, os.ErrNotExist) {
+			return nil, err
+		}
+	}
+	infos, err := s.list(false)
+	if err != nil {
+		return nil, err
+	}
+	for _, in := range infos {
+		if in.Name == ref {
+			return in.Branch, nil
+		}
+	}
+	return nil, fmt.Errorf("%w %q: list them with podman container branch ls", ErrNotFound, ref)
+}
+
+// List returns every branch, durable or being written, oldest first.
+func (s Store) List() ([]Info, error) { return s.list(true) }
+
+func (s Store) list(writing bool) ([]Info, error) {
+	var out []Info
+	entries, err := os.ReadDir(s.committedDir())
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, err
+	}
+	for _, e := range entries {
+		b, err := readManifest(filepath.Join(s.committedDir(), e.Name(), "branch.json"))
+		if errors.Is(err, os.ErrNotExist) {
+			continue // removed meanwhile
+		}
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, Info{Branch: b, State: StateDurable})
+	}
+	if writing {
+		partial, err := s.livePartials()
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, partial...)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].CreatedAt.Before(out[j].CreatedAt) })
+	return out, nil
+}
+
+// livePartials are the branches whose writer still runs: it holds their
+// lock.
+func (s Store) livePartials() ([]Info, error) {
+	entries, err := os.ReadDir(s.partialDir())
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, err
+	}
+	var out []Info
+	for _, e := range entries {
+		dir := filepath.Join(s.partialDir(), e.Name())
+		if !writerAlive(dir) {
+			continue
+		}
+		b, err := readManifest(filepath.Join(dir, partialFile))
+		if err != nil {
+			continue // being set up, or gone meanwhile
+		}
+		out = append(out, Info{Branch: b, State: StateWriting})
+	}
+	return out, nil
+}
+
+// writerAlive reports whether the writer of the partial branch in dir
+// holds its lock.
+func writerAlive(dir string) bool {
+	path := filepath.Join(dir, "lock")
+	if _, err := os.Stat(path); err != nil {
+		// Its writer made the directory and died before the lock.
+		return false
+	}
+	unlock, ok, err := lockFile(path, unix.LOCK_EX|unix.LOCK_NB)
+	if err != nil {
+		return true // cannot tell: leave it
+	}
+	if ok {
+		unlock()
+		return false
+	}
+	return true
+}
+
+// Reader reads a branch back; the store's chunks are not collected while
+// it is open.
+type Reader struct {
+	store   Store
+	b       *Branch
+	release func()
+}
+
+// Open finds branch ref and holds the store for reading it.
+func (s Store) Open(ref string) (*Reader, error) {
+	release, err := s.use()
+	if err != nil {
+		return nil, err
+	}
+	b, err := s.Get(ref)
+	if err != nil {
+		release()
+		return nil, err
+	}
+	return &Reader{store: s, b: b, release: release}, nil
+}
+
+// Branch is the manifest of the branch being read.
+func (r *Reader) Branch() *Branch { return r.b }
+
+// Path is where the branch keeps rel.
+func (r *Reader) Path(rel string) string { return r.store.Path(r.b, rel) }
+
+// Close lets the store's chunks be collected again.
+func (r *Reader) Close() {
+	if r.release != nil {
+		r.release()
+		r.release = nil
+	}
+}
+
+// WritePlan writes the branch's plan files into dir, checking every chunk
+// against its hash. A corrupt or missing chunk fails with ErrCorrupt,
+// naming it and the file it belongs to.
+func (r *Reader) WritePlan(dir string) error {
+	for _, f := range r.b.Files {
+		path := filepath.Join(dir, f.Path)
+		if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+			return err
+		}
+		if _, err := os.Stat(r.store.dirOf(r.b.ID)); err != nil {
+			return fmt.Errorf("branch %s was removed while it was being read", r.b.Name)
+		}
+		if err := r.store.chunks().getFile(path, f.Mode, f.Chunks); err != nil {
+			return fmt.Errorf("branch %s, file %s: %w", r.b.Name, f.Path, err)
+		}
+	}
+	return nil
+}

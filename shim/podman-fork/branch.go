@@ -1,0 +1,260 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/sirupsen/logrus"
+	"github.com/urfave/cli/v2"
+
+	"github.com/tclone/tclone/runtime/branch"
+	"github.com/tclone/tclone/runtime/buildinfo"
+	"github.com/tclone/tclone/shim/forkflags"
+	"github.com/tclone/tclone/shim/podmanfork"
+)
+
+// BranchCommand is the name this binary answers `podman container branch`
+// by: the podman wrapper runs it through a link of that name.
+const BranchCommand = "podman-branch"
+
+func newBranchApp() *cli.App {
+	debug := &cli.BoolFlag{Name: "debug", Usage: "debug output"}
+	return &cli.App{
+		Name:  "podman container branch",
+		Usage: "keep named captures of running containers on disk, and start containers from them",
+		Description: `A branch is a container's whole state at one instant (process tree,
+memory, files, volumes), written to disk after the container runs on.
+Containers started from it begin from that instant, any number of times,
+also after the container is gone or the host rebooted. The container must
+run with --runtime tclone. Branches are kept in ` + branch.DefaultDir + `
+(TCLONE_BRANCH_DIR); their memory is stored once for all of them.`,
+		Version:                   buildinfo.Version,
+		HideHelpCommand:           true,
+		DisableSliceFlagSeparator: true,
+		Commands: []*cli.Command{
+			{
+				Name:      "create",
+				Usage:     "capture a running container as a branch",
+				ArgsUsage: "SOURCE NAME",
+				Flags: []cli.Flag{
+					&cli.StringSliceFlag{Name: "label", Aliases: []string{"l"}, Usage: "label the branch KEY=VALUE (" + podmanfork.LabelKeep + "=true: never pruned)"},
+					&cli.StringFlag{Name: "wait", Value: "durable", Usage: "return once the branch is durable (on disk)"},
+					&cli.StringSliceFlag{Name: forkflags.VolumeMode, Usage: "what containers started from the branch get of the source's named volumes: copy (default: the branch keeps a copy, " +
+						"and each container gets its own), share (the source's own), or NAME=copy|share for one volume"},
+					&cli.BoolFlag{Name: forkflags.FileLocks, Usage: "capture file locks"},
+					&cli.BoolFlag{Name: "print-stats", Usage: "print the branch and its timings as JSON instead of its ID"},
+					debug,
+				},
+				Action: branchCreate,
+			},
+			{
+				Name:      "ls",
+				Aliases:   []string{"list"},
+				Usage:     "list branches, of one source if given",
+				ArgsUsage: "[SOURCE]",
+				Flags:     []cli.Flag{&cli.StringFlag{Name: "format", Usage: "json prints the branches as a JSON array"}, debug},
+				Action:    branchList,
+			},
+			{
+				Name:      "inspect",
+				Usage:     "print branches as JSON",
+				ArgsUsage: "NAME...",
+				Flags:     []cli.Flag{debug},
+				Action:    branchInspect,
+			},
+			{
+				Name:      "start",
+				Usage:     "start new containers from a branch",
+				ArgsUsage: "NAME",
+				Description: `Starts containers from the branch as podman container fork does from a
+running container, with the same options and the same all-or-nothing rule.
+They carry the label ` + podmanfork.LabelBranch + `=<branch ID>. Prints their IDs.`,
+				Flags: append(forkflags.PodmanBranchStart(),
+					&cli.BoolFlag{Name: "print-stats", Usage: "print the start's timings as JSON instead of the IDs"},
+					&cli.StringFlag{Name: "format", Usage: "json prints the new containers as a JSON array"},
+					debug),
+				Action: branchStart,
+			},
+			{
+				Name:      "rm",
+				Aliases:   []string{"remove"},
+				Usage:     "remove branches; containers started from them are not touched",
+				ArgsUsage: "NAME...",
+				Flags:     []cli.Flag{debug},
+				Action:    branchRemove,
+			},
+		},
+	}
+}
+
+func setDebug(c *cli.Context) {
+	if c.Bool("debug") {
+		logrus.SetLevel(logrus.DebugLevel)
+	}
+}
+
+// printJSON writes v as indented JSON in one write.
+func printJSON(v any) error {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(v); err != nil {
+		return err
+	}
+	_, err := os.Stdout.Write(buf.Bytes())
+	return err
+}
+
+func branchCreate(c *cli.Context) error {
+	setDebug(c)
+	if c.NArg() != 2 {
+		return fmt.Errorf("podman container branch create takes SOURCE and NAME; see --help")
+	}
+	if w := c.String("wait"); w != "durable" {
+		return fmt.Errorf("--wait %s: only durable is supported: the command returns once the branch is on disk (the source runs on as soon as it is captured)", w)
+	}
+	labels, err := podmanfork.ParseBranchLabels(c.StringSlice("label"))
+	if err != nil {
+		return err
+	}
+	modes, err := podmanfork.ParseVolumeModes(c.StringSlice(forkflags.VolumeMode))
+	if err != nil {
+		return fmt.Errorf("--%s: %w", forkflags.VolumeMode, err)
+	}
+	if err := branch.CheckName(c.Args().Get(1)); err != nil {
+		return err
+	}
+	ctx, stop, err := connectTo(c.Context, target{}, false)
+	if err != nil {
+		return err
+	}
+	defer stop()
+	st, err := podmanfork.CreateBranch(ctx, c.Args().Get(0), c.Args().Get(1),
+		podmanfork.BranchOptions{Labels: labels, VolumeModes: modes, FileLocks: c.Bool(forkflags.FileLocks)})
+	if err != nil {
+		return err
+	}
+	if c.Bool("print-stats") {
+		return printJSON(st)
+	}
+	_, err = fmt.Println(st.Branch.ID)
+	return err
+}
+
+func branchList(c *cli.Context) error {
+	setDebug(c)
+	if c.NArg() > 1 {
+		return fmt.Errorf("podman container branch ls takes at most one SOURCE; see --help")
+	}
+	format := c.String("format")
+	if format != "" && format != "json" {
+		return fmt.Errorf("unknown --format %q (use json)", format)
+	}
+	infos, err := branch.DefaultStore().List()
+	if err != nil {
+		return err
+	}
+	if src := c.Args().First(); src != "" {
+		var mine []branch.Info
+		for _, in := range infos {
+			if in.Source.Name == src || in.Source.ID == src || (len(src) >= 12 && strings.HasPrefix(in.Source.ID, src)) {
+				mine = append(mine, in)
+			}
+		}
+		infos = mine
+	}
+	if format == "json" {
+		if infos == nil {
+			infos = []branch.Info{}
+		}
+		return printJSON(infos)
+	}
+	var buf bytes.Buffer
+	tw := tabwriter.NewWriter(&buf, 0, 8, 2, ' ', 0)
+	fmt.Fprintln(tw, "NAME\tID\tSOURCE\tSTATE\tCREATED\tPROCESSES\tMEMORY\tPARENT")
+	for _, in := range infos {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", in.Name, in.ID, in.Source.Name, in.State,
+			in.CreatedAt.Local().Format(time.DateTime), in.Plan.Tree.Processes, humanBytes(in.Size.Files), in.Parent)
+	}
+	tw.Flush()
+	_, err = os.Stdout.Write(buf.Bytes())
+	return err
+}
+
+func humanBytes(n int64) string {
+	switch {
+	case n >= 1<<30:
+		return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
+	case n >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+	case n >= 1<<10:
+		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
+	}
+	return fmt.Sprintf("%d B", n)
+}
+
+func branchInspect(c *cli.Context) error {
+	setDebug(c)
+	if c.NArg() == 0 {
+		return fmt.Errorf("podman container branch inspect takes one or more branch names or IDs; see --help")
+	}
+	store := branch.DefaultStore()
+	var out []*branch.Branch
+	for _, ref := range c.Args().Slice() {
+		b, err := store.Get(ref)
+		if err != nil {
+			return err
+		}
+		b.Engine = nil // the engine's own copy of the source's inspection
+		out = append(out, b)
+	}
+	return printJSON(out)
+}
+
+func branchStart(c *cli.Context) error {
+	setDebug(c)
+	if c.NArg() != 1 {
+		return fmt.Errorf("podman container branch start takes exactly one branch NAME; see --help")
+	}
+	format := c.String("format")
+	if format != "" && format != "json" {
+		return fmt.Errorf("unknown --format %q (use json)", format)
+	}
+	opts, err := options(c)
+	if err != nil {
+		return err
+	}
+	if err := opts.Validate(); err != nil {
+		return err
+	}
+	ctx, stop, err := connectTo(c.Context, target{}, false)
+	if err != nil {
+		return err
+	}
+	defer stop()
+	stats, err := podmanfork.StartBranch(ctx, c.Args().First(), opts)
+	if err != nil {
+		return err
+	}
+	return report(c, stats)
+}
+
+func branchRemove(c *cli.Context) error {
+	setDebug(c)
+	if c.NArg() == 0 {
+		return fmt.Errorf("podman container branch rm takes one or more branch names or IDs; see --help")
+	}
+	rep, err := branch.DefaultStore().Remove(c.Args().Slice()...)
+	for _, name := range rep.Branches {
+		fmt.Println(name)
+	}
+	if rep.ChunksBusy {
+		logrus.Infof("another branch is being written or read: its unused data is freed by the next rm or tclone gc")
+	}
+	return err
+}

@@ -1,0 +1,327 @@
+package podmanfork
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/containers/podman/v5/libpod/define"
+	"github.com/containers/podman/v5/pkg/bindings/images"
+
+	"github.com/tclone/tclone/runtime/branch"
+	"github.com/tclone/tclone/runtime/calls"
+	"github.com/tclone/tclone/runtime/journal"
+	"github.com/tclone/tclone/runtime/plan"
+	"github.com/tclone/tclone/runtime/rootfs"
+)
+
+// LabelBranch names the label siblings started from a branch carry: the
+// branch's ID. A branch taken of such a sibling records it as its parent.
+const LabelBranch = "io.tclone.branch"
+
+// BranchOptions configure a branch's creation.
+type BranchOptions struct {
+	// Labels of the branch, KEY=VALUE.
+	Labels map[string]string
+	// VolumeModes is what siblings started from the branch get of the
+	// source's named volumes; by default the branch keeps a copy of each,
+	// as it was at the capture.
+	VolumeModes VolumeModes
+	// FileLocks captures the source's file locks.
+	FileLocks bool
+}
+
+// BranchStats describes a branch's creation.
+type BranchStats struct {
+	Branch *branch.Branch `json:"branch"`
+	Call   string         `json:"call"`
+	// CheckpointMs is the capture, of which the source could not run for
+	// SourcePauseMs; DurableMs runs from the request until the branch was
+	// on disk.
+	CheckpointMs  float64 `json:"checkpoint_ms"`
+	SourcePauseMs float64 `json:"source_pause_ms"`
+	WriteMs       float64 `json:"write_ms"`
+	DurableMs     float64 `json:"durable_ms"`
+}
+
+// branchEngine is what this package keeps in a branch (branch.Branch's
+// Engine) to start siblings from it once its source is gone.
+type branchEngine struct {
+	// Source is Podman's inspection of the source at the capture.
+	Source  *define.InspectContainerData `json:"source"`
+	Volumes []VolumeUse                  `json:"volumes,omitempty"`
+	// The source's identity, which siblings must not share.
+	Hostname  string `json:"hostname,omitempty"`
+	MachineID string `json:"machine_id,omitempty"`
+}
+
+// A branch keeps these besides its plan's files.
+const (
+	branchArchive = "checkpoint.tar"
+	branchRootfs  = "rootfs"
+)
+
+func branchVolume(i int) string { return fmt.Sprintf("volumes/%d", i) }
+
+// CreateBranch captures the running container source, as a fork would, and
+// keeps the capture on disk as branch name. The source is paused only for
+// the capture; the branch is written after it runs on. A failure, or this
+// process's death, leaves no branch (`tclone gc` removes what a dead one
+// wrote).
+func CreateBranch(ctx context.Context, source, name string, opts BranchOptions) (*BranchStats, error) {
+	start := time.Now()
+	if err := branch.CheckName(name); err != nil {
+		return nil, ofKind(ErrInvalidOption, err)
+	}
+	fo := Options{VolumeModes: opts.VolumeModes, Labels: opts.Labels}
+	fo.FileLocks = opts.FileLocks
+	if err := fo.normalize(); err != nil {
+		return nil, ofKind(ErrInvalidOption, err)
+	}
+	store := plan.DefaultStore()
+	collectDeadCalls(ctx, store)
+	src, err := inspectSource(ctx, source)
+	if err != nil {
+		return nil, err
+	}
+	copies, uses, err := planVolumes(src, fo.VolumeModes)
+	if err != nil {
+		return nil, ofKind(ErrInvalidOption, err)
+	}
+	fo.Fork.Volumes = copies
+	bstore := branch.DefaultStore()
+	w, err := bstore.Begin(name, branch.Source{ID: src.ID, Name: src.Name, Image: src.ImageName, ImageID: src.Image})
+	if err != nil {
+		return nil, ofKind(ErrConflict, err)
+	}
+	f := &forker{opts: fo, src: src, store: store, start: start, volumes: uses}
+	defer f.cleanupFiles()
+	stats, err := f.writeBranch(ctx, w)
+	if err != nil {
+		w.Abort()
+		if ctx.Err() != nil {
+			err = fmt.Errorf("branch %s of %s cancelled (%v); everything it made was removed", name, src.Name, context.Cause(ctx))
+		}
+		return nil, errors.Join(err, f.rollback(ctx))
+	}
+	stats.DurableMs = ms(time.Since(start))
+	return stats, nil
+}
+
+func (f *forker) writeBranch(ctx context.Context, w *branch.Writer) (*BranchStats, error) {
+	archive, err := f.begin()
+	if err != nil {
+		return nil, err
+	}
+	stats := &BranchStats{Call: f.nonce}
+	t := time.Now()
+	capture, err := f.checkpoint(ctx, archive)
+	if err != nil {
+		return nil, err
+	}
+	stats.CheckpointMs = ms(time.Since(t))
+	stats.SourcePauseMs = capture.Timings.SourcePauseMs
+
+	// The source runs on from here.
+	t = time.Now()
+	if err := w.AddPlan(ctx, f.planDir); err != nil {
+		return nil, err
+	}
+	if capture.Rootfs != nil {
+		// The plan's capture is moved, not copied, unless it is a btrfs
+		// subvolume, which only btrfs may remove.
+		if err := w.AddTree(ctx, capture.Rootfs.Path, branchRootfs, capture.Rootfs.Kind != rootfs.KindBtrfs); err != nil {
+			return nil, err
+		}
+	}
+	for i, v := range capture.Volumes {
+		if err := w.AddTree(ctx, v.Snapshot, branchVolume(i), true); err != nil {
+			return nil, err
+		}
+	}
+	// Podman's archive without its copies of /dev/shm and the volumes,
+	// made after the capture: the branch has its own.
+	small := filepath.Join(f.tmpDir, "branch.tar")
+	if err := writeSiblingArchive(archive, small, siblingEdit{}); err != nil {
+		return nil, fmt.Errorf("keeping the source's configuration: %w", err)
+	}
+	if err := w.AddFile(small, branchArchive); err != nil {
+		return nil, err
+	}
+	id := readSourceIdentity(f.src)
+	engine, err := json.Marshal(branchEngine{Source: f.src, Volumes: f.volumes, Hostname: id.hostname, MachineID: id.machineID})
+	if err != nil {
+		return nil, err
+	}
+	b, err := w.Commit(func(b *branch.Branch) {
+		b.Labels = f.opts.Labels
+		b.Plan = *capture
+		b.Engine = engine
+		if f.src.Config != nil {
+			b.Parent = f.src.Config.Labels[LabelBranch]
+		}
+	})
+	if err != nil {
+		return nil, ofKind(ErrConflict, err)
+	}
+	stats.Branch = b
+	stats.WriteMs = ms(time.Since(t))
+	if err := f.finish(); err != nil {
+		return nil, err
+	}
+	return stats, nil
+}
+
+// StartBranch starts opts.Count siblings from the branch ref (a name or
+// ID), with the same options and all-or-nothing rule as a fork. The
+// branch's source need not exist any more; its image must.
+func StartBranch(ctx context.Context, ref string, opts Options) (*Stats, error) {
+	start := time.Now()
+	if err := opts.normalize(); err != nil {
+		return nil, ofKind(ErrInvalidOption, err)
+	}
+	r, err := branch.DefaultStore().Open(ref)
+	if errors.Is(err, branch.ErrNotFound) {
+		return nil, ofKind(ErrNoSuchSource, err)
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer r.Close()
+	b := r.Branch()
+	var eng branchEngine
+	if err := json.Unmarshal(b.Engine, &eng); err != nil || eng.Source == nil {
+		return nil, fmt.Errorf("branch %s was not made by podman container branch create; it cannot start containers", b.Name)
+	}
+	if err := requireImage(ctx, b); err != nil {
+		return nil, err
+	}
+	store := plan.DefaultStore()
+	collectDeadCalls(ctx, store)
+	limits, err := checkIdentity(opts.Identity, eng.Source)
+	if err != nil {
+		return nil, ofKind(ErrConflict, err)
+	}
+	names, err := newNamer(ctx, b.Name, opts)
+	if err != nil {
+		return nil, err
+	}
+	f := &forker{opts: opts, src: eng.Source, store: store, start: start, names: names, branch: b,
+		identityLimits: limits, srcID: sourceIdentity{hostname: eng.Hostname, machineID: eng.MachineID}, volumes: eng.Volumes}
+	defer f.cleanupFiles()
+	stats, err := f.startBranch(ctx, r)
+	if err != nil {
+		if ctx.Err() != nil {
+			err = fmt.Errorf("start of branch %s cancelled (%v); everything it made was removed", b.Name, context.Cause(ctx))
+		}
+		return nil, errors.Join(err, f.rollback(ctx))
+	}
+	stats.TotalMs = ms(time.Since(start))
+	return stats, nil
+}
+
+// requireImage fails, naming it, when the branch's image is not on this
+// host: Podman makes each sibling's root filesystem from it.
+func requireImage(ctx context.Context, b *branch.Branch) error {
+	for _, ref := range []string{b.Source.ImageID, b.Source.Image} {
+		if ref == "" {
+			continue
+		}
+		if ok, err := images.Exists(ctx, ref, nil); err == nil && ok {
+			return nil
+		}
+	}
+	return ofKind(ErrConflict, fmt.Errorf("branch %s needs image %s (ID %.12s), which this host does not have: pull or load it first",
+		b.Name, b.Source.Image, b.Source.ImageID))
+}
+
+func (f *forker) startBranch(ctx context.Context, r *branch.Reader) (*Stats, error) {
+	archive, err := f.begin()
+	if err != nil {
+		return nil, err
+	}
+	stats := &Stats{Source: f.src.ID, Call: f.nonce, Branch: f.branch.ID}
+	t := time.Now()
+	p, err := f.planFromBranch(ctx, r)
+	if err != nil {
+		return nil, err
+	}
+	ref := plan.ReferenceTo(p.ID, f.planDir, f.src.ID)
+	if err := writeSiblingArchive(r.Path(branchArchive), archive, siblingEdit{Reference: &ref}); err != nil {
+		return nil, fmt.Errorf("branch %s: %w", f.branch.Name, err)
+	}
+	stats.CheckpointMs = ms(time.Since(t))
+	stats.Capture = *p
+	if err := f.makeSiblings(ctx, archive, stats); err != nil {
+		return nil, err
+	}
+	if err := f.finish(); err != nil {
+		return nil, err
+	}
+	return stats, nil
+}
+
+// planFromBranch makes a plan in the host's store from the branch, for
+// this call's siblings only.
+func (f *forker) planFromBranch(ctx context.Context, r *branch.Reader) (*plan.Plan, error) {
+	id := plan.NewID()
+	dir := f.store.Dir(id)
+	// Recorded first: a rollback then finds whatever exists of it.
+	f.planDir = dir
+	if err := f.call.Update(func(rec *calls.Record) { rec.PlanDir = dir }); err != nil {
+		return nil, err
+	}
+	if _, err := f.store.CreateDir(id); err != nil {
+		return nil, err
+	}
+	if err := r.WritePlan(dir); err != nil {
+		return nil, err
+	}
+	p, err := plan.Read(dir)
+	if err != nil {
+		return nil, fmt.Errorf("branch %s: %w", f.branch.Name, err)
+	}
+	now := time.Now().UTC()
+	p.ID, p.CreatedAt, p.ExpiresAt = id, now, now.Add(f.opts.TTL)
+	if f.opts.Memory != "" {
+		p.Memory = f.opts.Memory
+	}
+	if p.Rootfs != nil {
+		snap := *p.Rootfs
+		snap.Path = filepath.Join(f.store.SnapshotRoot, id)
+		if snap.Kind == rootfs.KindBtrfs {
+			// A copy is an ordinary directory: overlay-less captures
+			// apply the same way from one.
+			snap.Kind = rootfs.KindDir
+		}
+		if err := os.MkdirAll(f.store.SnapshotRoot, 0o700); err != nil {
+			return nil, err
+		}
+		if _, err := rootfs.CopyDir(ctx, r.Path(branchRootfs), snap.Path); err != nil {
+			return nil, fmt.Errorf("branch %s: copying its root filesystem: %w", f.branch.Name, err)
+		}
+		p.Rootfs = &snap
+	}
+	for i := range p.Volumes {
+		dst := filepath.Join(f.store.VolumesDir(id), fmt.Sprint(i))
+		if err := os.MkdirAll(filepath.Dir(dst), 0o700); err != nil {
+			return nil, err
+		}
+		if _, err := rootfs.CopyDir(ctx, r.Path(branchVolume(i)), dst); err != nil {
+			return nil, fmt.Errorf("branch %s: copying volume %s: %w", f.branch.Name, p.Volumes[i].Name, err)
+		}
+		p.Volumes[i].Snapshot = dst
+	}
+	if err := p.Write(dir); err != nil {
+		return nil, err
+	}
+	client := journal.Self()
+	if err := plan.SetUses(dir, f.opts.Count, &client); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
