@@ -358,7 +358,10 @@ func TestCollectRemovesDeadOwnersUpdateTemps(t *testing.T) {
 	self := journal.Self()
 	live := filepath.Join(f.dir.Path, fmt.Sprintf("%d-%d-n1.json.tmp1", self.Pid, self.StartTime))
 	dead := filepath.Join(f.dir.Path, fmt.Sprintf("%d-%d-n2.json.tmp2", self.Pid, self.StartTime+1))
-	for _, p := range []string{live, dead} {
+	// A claimed record is written by its claimer, named after the claim.
+	liveClaim := filepath.Join(f.dir.Path, fmt.Sprintf("1-2-n3.json%s%d-%d.tmp3", journal.ClaimSep, self.Pid, self.StartTime))
+	deadClaim := filepath.Join(f.dir.Path, fmt.Sprintf("%d-%d-n4.json%s%d-%d.tmp4", self.Pid, self.StartTime, journal.ClaimSep, self.Pid, self.StartTime+1))
+	for _, p := range []string{live, dead, liveClaim, deadClaim} {
 		if err := os.WriteFile(p, []byte("{"), 0o600); err != nil {
 			t.Fatal(err)
 		}
@@ -366,10 +369,14 @@ func TestCollectRemovesDeadOwnersUpdateTemps(t *testing.T) {
 	if _, err := f.collector().Collect(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := os.Stat(dead); err == nil {
-		t.Error("a dead owner's update temp was kept")
+	for _, p := range []string{dead, deadClaim} {
+		if _, err := os.Stat(p); err == nil {
+			t.Errorf("a dead writer's update temp was kept: %s", filepath.Base(p))
+		}
 	}
-	if _, err := os.Stat(live); err != nil {
-		t.Errorf("a live owner's update temp was removed: %v", err)
+	for _, p := range []string{live, liveClaim} {
+		if _, err := os.Stat(p); err != nil {
+			t.Errorf("a live writer's update temp was removed: %v", err)
+		}
 	}
 }

@@ -221,14 +221,19 @@ func (p PodmanCLI) Remove(ctx context.Context, id string) error {
 }
 
 // removeDeadTemps removes the temporary files of record updates whose
-// writer, the record's owner (its PID and start time begin the name), was
-// killed between writing and renaming them. Under its own name a record is
-// written by its owner alone; a claimed one has another name.
+// writer was killed between writing and renaming them. Under its own name
+// a record is written by its owner alone (its PID and start time begin the
+// name); a claimed one (NAME.json.claimed-by-PID-START) by its claimer.
 func (d Dir) removeDeadTemps() {
-	temps, _ := filepath.Glob(filepath.Join(d.Path, "*.json.tmp*"))
+	temps, _ := filepath.Glob(filepath.Join(d.Path, "*.json*.tmp*"))
 	for _, path := range temps {
+		name := filepath.Base(path)
 		var o journal.Owner
-		if _, err := fmt.Sscanf(filepath.Base(path), "%d-%d-", &o.Pid, &o.StartTime); err == nil && !o.Alive() {
+		format := "%d-%d-"
+		if _, claimer, ok := strings.Cut(name, journal.ClaimSep); ok {
+			name, format = claimer, "%d-%d.tmp"
+		}
+		if _, err := fmt.Sscanf(name, format, &o.Pid, &o.StartTime); err == nil && !o.Alive() {
 			os.Remove(path)
 		}
 	}
