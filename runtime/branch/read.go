@@ -153,6 +153,9 @@ func (r *Reader) WritePlan(dir string) error {
 			return fmt.Errorf("branch %s was removed while it was being read", r.b.Name)
 		}
 		if err := r.store.chunks().getFile(path, f.Mode, f.Chunks); err != nil {
+			if errors.Is(err, ErrCorrupt) {
+				return fmt.Errorf("branch %s, file %s: %w; the branch cannot be started: remove it (podman container branch rm %s)", r.b.Name, f.Path, err, r.b.Name)
+			}
 			return fmt.Errorf("branch %s, file %s: %w", r.b.Name, f.Path, err)
 		}
 	}

@@ -191,13 +191,33 @@ func flagNames(flags []cli.Flag) []string {
 var captureOnly = []string{TCPEstablished, TCPClose, FileLocks, ExtUnixSk, ShellJob, FilesOnly, CaptureTimeout, VolumeMode}
 
 // PodmanBranchStart is the flags of `podman container branch start`: a
-// fork's, less those of the capture the branch already holds.
+// fork's. Those of the capture are hidden, and refused by
+// RefuseCaptureFlags with a word on why.
 func PodmanBranchStart() []cli.Flag {
 	var out []cli.Flag
 	for _, f := range PodmanFork() {
-		if !slices.Contains(captureOnly, f.Names()[0]) {
-			out = append(out, f)
+		if slices.Contains(captureOnly, f.Names()[0]) {
+			switch f := f.(type) {
+			case *cli.BoolFlag:
+				f.Hidden = true
+			case *cli.DurationFlag:
+				f.Hidden = true
+			case *cli.StringSliceFlag:
+				f.Hidden = true
+			}
 		}
+		out = append(out, f)
 	}
 	return out
+}
+
+// RefuseCaptureFlags fails when a flag of the capture was given to a
+// branch start.
+func RefuseCaptureFlags(c *cli.Context) error {
+	for _, name := range captureOnly {
+		if c.IsSet(name) {
+			return fmt.Errorf("--%s says how the source is captured, which the branch already is: give it to podman container branch create", name)
+		}
+	}
+	return nil
 }

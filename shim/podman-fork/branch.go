@@ -36,11 +36,13 @@ run with --runtime tclone. Branches are kept in ` + branch.DefaultDir + `
 		Version:                   buildinfo.Version,
 		HideHelpCommand:           true,
 		DisableSliceFlagSeparator: true,
+		OnUsageError:              usageError,
 		Commands: []*cli.Command{
 			{
-				Name:      "create",
-				Usage:     "capture a running container as a branch",
-				ArgsUsage: "SOURCE NAME",
+				Name:         "create",
+				OnUsageError: usageError,
+				Usage:        "capture a running container as a branch",
+				ArgsUsage:    "SOURCE NAME",
 				Flags: []cli.Flag{
 					&cli.StringSliceFlag{Name: "label", Aliases: []string{"l"}, Usage: "label the branch KEY=VALUE (" + podmanfork.LabelKeep + "=true: never pruned)"},
 					&cli.StringFlag{Name: "wait", Value: "durable", Usage: "return once the branch is durable (on disk)"},
@@ -53,24 +55,27 @@ run with --runtime tclone. Branches are kept in ` + branch.DefaultDir + `
 				Action: branchCreate,
 			},
 			{
-				Name:      "ls",
-				Aliases:   []string{"list"},
-				Usage:     "list branches, of one source if given",
-				ArgsUsage: "[SOURCE]",
-				Flags:     []cli.Flag{&cli.StringFlag{Name: "format", Usage: "json prints the branches as a JSON array"}, debug},
-				Action:    branchList,
+				Name:         "ls",
+				OnUsageError: usageError,
+				Aliases:      []string{"list"},
+				Usage:        "list branches, of one source if given",
+				ArgsUsage:    "[SOURCE]",
+				Flags:        []cli.Flag{&cli.StringFlag{Name: "format", Usage: "json prints the branches as a JSON array"}, debug},
+				Action:       branchList,
 			},
 			{
-				Name:      "inspect",
-				Usage:     "print branches as JSON",
-				ArgsUsage: "NAME...",
-				Flags:     []cli.Flag{debug},
-				Action:    branchInspect,
+				Name:         "inspect",
+				OnUsageError: usageError,
+				Usage:        "print branches as JSON",
+				ArgsUsage:    "NAME...",
+				Flags:        []cli.Flag{debug},
+				Action:       branchInspect,
 			},
 			{
-				Name:      "start",
-				Usage:     "start new containers from a branch",
-				ArgsUsage: "NAME",
+				Name:         "start",
+				OnUsageError: usageError,
+				Usage:        "start new containers from a branch",
+				ArgsUsage:    "NAME",
 				Description: `Starts containers from the branch as podman container fork does from a
 running container, with the same options and the same all-or-nothing rule.
 They carry the label ` + podmanfork.LabelBranch + `=<branch ID>. Prints their IDs.`,
@@ -81,15 +86,21 @@ They carry the label ` + podmanfork.LabelBranch + `=<branch ID>. Prints their ID
 				Action: branchStart,
 			},
 			{
-				Name:      "rm",
-				Aliases:   []string{"remove"},
-				Usage:     "remove branches; containers started from them are not touched",
-				ArgsUsage: "NAME...",
-				Flags:     []cli.Flag{debug},
-				Action:    branchRemove,
+				Name:         "rm",
+				OnUsageError: usageError,
+				Aliases:      []string{"remove"},
+				Usage:        "remove branches; containers started from them are not touched",
+				ArgsUsage:    "NAME...",
+				Flags:        []cli.Flag{debug},
+				Action:       branchRemove,
 			},
 		},
 	}
+}
+
+// usageError makes a wrong flag an error that says so, not a page of help.
+func usageError(_ *cli.Context, err error, _ bool) error {
+	return fmt.Errorf("%w; see --help", err)
 }
 
 func setDebug(c *cli.Context) {
@@ -224,6 +235,9 @@ func branchStart(c *cli.Context) error {
 	format := c.String("format")
 	if format != "" && format != "json" {
 		return fmt.Errorf("unknown --format %q (use json)", format)
+	}
+	if err := forkflags.RefuseCaptureFlags(c); err != nil {
+		return err
 	}
 	opts, err := options(c)
 	if err != nil {
