@@ -107,6 +107,17 @@ const (
 	StateDurable State = "durable"
 )
 
+// What a branch made by a fork engine keeps besides its plan's files.
+const (
+	// RootfsTree is the root filesystem capture.
+	RootfsTree = "rootfs"
+	// ArchiveFile is the engine's checkpoint archive.
+	ArchiveFile = "checkpoint.tar"
+)
+
+// VolumeTree is the copy of the plan's volume i.
+func VolumeTree(i int) string { return fmt.Sprintf("volumes/%d", i) }
+
 var nameRE = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.-]*$`)
 
 // CheckName refuses a name a branch cannot have.

@@ -86,6 +86,15 @@ func writePlan(t *testing.T, dir string, files map[string][]byte) {
 
 func create(t *testing.T, s Store, name string, files map[string][]byte) *Branch {
 	t.Helper()
+	return createWith(t, s, name, files, func(tree string) {
+		os.WriteFile(filepath.Join(tree, "f"), []byte("tree file"), 0o644)
+	}, func(b *Branch) { b.Labels = map[string]string{"k": "v"} })
+}
+
+// createWith makes a branch of the plan files and a root filesystem tree
+// that fillTree writes; fill sets the manifest's other fields.
+func createWith(t *testing.T, s Store, name string, files map[string][]byte, fillTree func(dir string), fill func(*Branch)) *Branch {
+	t.Helper()
 	plan := t.TempDir()
 	writePlan(t, plan, files)
 	w, err := s.Begin(name, Source{ID: "src", Name: "ws"})
@@ -95,13 +104,13 @@ func create(t *testing.T, s Store, name string, files map[string][]byte) *Branch
 	if err := w.AddPlan(context.Background(), plan); err != nil {
 		t.Fatal(err)
 	}
-	tree := filepath.Join(plan, "..", filepath.Base(plan)+"-tree")
+	tree := filepath.Join(t.TempDir(), "tree")
 	os.Mkdir(tree, 0o755)
-	os.WriteFile(filepath.Join(tree, "f"), []byte("tree file"), 0o644)
-	if err := w.AddTree(context.Background(), tree, "rootfs", true); err != nil {
+	fillTree(tree)
+	if err := w.AddTree(context.Background(), tree, RootfsTree, true); err != nil {
 		t.Fatal(err)
 	}
-	b, err := w.Commit(func(b *Branch) { b.Labels = map[string]string{"k": "v"} })
+	b, err := w.Commit(fill)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -152,7 +161,7 @@ func TestRoundTripDedupAndRemove(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(out, "uses")); err == nil {
 		t.Fatal("the live plan's use count was kept")
 	}
-	if got, _ := os.ReadFile(filepath.Join(s.Path(a, "rootfs"), "f")); string(got) != "tree file" {
+	if got, _ := os.ReadFile(filepath.Join(s.Path(a, RootfsTree), "f")); string(got) != "tree file" {
 		t.Fatalf("tree: %q", got)
 	}
 

@@ -108,10 +108,15 @@ func (c chunkStore) put(hash string, data []byte) (int64, error) {
 	if _, err := os.Stat(final); err == nil {
 		return 0, nil
 	}
+	return c.write(hash, zstdEncoder().EncodeAll(data, nil))
+}
+
+// write stores chunk hash, compressed as packed, under its final name.
+func (c chunkStore) write(hash string, packed []byte) (int64, error) {
+	final := c.path(hash)
 	if err := os.MkdirAll(filepath.Dir(final), 0o700); err != nil {
 		return 0, err
 	}
-	packed := zstdEncoder().EncodeAll(data, nil)
 	f, err := os.CreateTemp(filepath.Dir(final), ".tmp-"+hash[:8]+"-*")
 	if err != nil {
 		return 0, err

@@ -370,6 +370,10 @@ func isWhiteout(path string, st *unix.Stat_t) bool {
 	return false
 }
 
+// IsOpaqueDir reports whether dir, in an overlay upper layer, hides the
+// lower layers' contents.
+func IsOpaqueDir(dir string) bool { return isOpaque(dir) }
+
 func isOpaque(dir string) bool {
 	v, err := getXattr(dir, xattrOpaque)
 	return err == nil && string(v) == "y"

@@ -59,14 +59,6 @@ type branchEngine struct {
 	MachineID string `json:"machine_id,omitempty"`
 }
 
-// A branch keeps these besides its plan's files.
-const (
-	branchArchive = "checkpoint.tar"
-	branchRootfs  = "rootfs"
-)
-
-func branchVolume(i int) string { return fmt.Sprintf("volumes/%d", i) }
-
 // CreateBranch captures the running container source, as a fork would, and
 // keeps the capture on disk as branch name. The source is paused only for
 // the capture; the branch is written after it runs on. A failure, or this
@@ -134,12 +126,12 @@ func (f *forker) writeBranch(ctx context.Context, w *branch.Writer) (*BranchStat
 	if capture.Rootfs != nil {
 		// The plan's capture is moved, not copied, unless it is a btrfs
 		// subvolume, which only btrfs may remove.
-		if err := w.AddTree(ctx, capture.Rootfs.Path, branchRootfs, capture.Rootfs.Kind != rootfs.KindBtrfs); err != nil {
+		if err := w.AddTree(ctx, capture.Rootfs.Path, branch.RootfsTree, capture.Rootfs.Kind != rootfs.KindBtrfs); err != nil {
 			return nil, err
 		}
 	}
 	for i, v := range capture.Volumes {
-		if err := w.AddTree(ctx, v.Snapshot, branchVolume(i), true); err != nil {
+		if err := w.AddTree(ctx, v.Snapshot, branch.VolumeTree(i), true); err != nil {
 			return nil, err
 		}
 	}
@@ -149,7 +141,7 @@ func (f *forker) writeBranch(ctx context.Context, w *branch.Writer) (*BranchStat
 	if err := writeSiblingArchive(archive, small, siblingEdit{}); err != nil {
 		return nil, fmt.Errorf("keeping the source's configuration: %w", err)
 	}
-	if err := w.AddFile(small, branchArchive); err != nil {
+	if err := w.AddFile(small, branch.ArchiveFile); err != nil {
 		return nil, err
 	}
 	id := readSourceIdentity(f.src)
@@ -251,7 +243,7 @@ func (f *forker) startBranch(ctx context.Context, r *branch.Reader) (*Stats, err
 		return nil, err
 	}
 	ref := plan.ReferenceTo(p.ID, f.planDir, f.src.ID)
-	if err := writeSiblingArchive(r.Path(branchArchive), archive, siblingEdit{Reference: &ref}); err != nil {
+	if err := writeSiblingArchive(r.Path(branch.ArchiveFile), archive, siblingEdit{Reference: &ref}); err != nil {
 		return nil, fmt.Errorf("branch %s: %w", f.branch.Name, err)
 	}
 	stats.CheckpointMs = ms(time.Since(t))
@@ -301,7 +293,7 @@ func (f *forker) planFromBranch(ctx context.Context, r *branch.Reader) (*plan.Pl
 		if err := os.MkdirAll(f.store.SnapshotRoot, 0o700); err != nil {
 			return nil, err
 		}
-		if _, err := rootfs.CopyDir(ctx, r.Path(branchRootfs), snap.Path); err != nil {
+		if _, err := rootfs.CopyDir(ctx, r.Path(branch.RootfsTree), snap.Path); err != nil {
 			return nil, fmt.Errorf("branch %s: copying its root filesystem: %w", f.branch.Name, err)
 		}
 		p.Rootfs = &snap
@@ -311,7 +303,7 @@ func (f *forker) planFromBranch(ctx context.Context, r *branch.Reader) (*plan.Pl
 		if err := os.MkdirAll(filepath.Dir(dst), 0o700); err != nil {
 			return nil, err
 		}
-		if _, err := rootfs.CopyDir(ctx, r.Path(branchVolume(i)), dst); err != nil {
+		if _, err := rootfs.CopyDir(ctx, r.Path(branch.VolumeTree(i)), dst); err != nil {
 			return nil, fmt.Errorf("branch %s: copying volume %s: %w", f.branch.Name, p.Volumes[i].Name, err)
 		}
 		p.Volumes[i].Snapshot = dst

@@ -28,6 +28,7 @@ import (
 	"github.com/containers/podman/v5/libpod/define"
 	"github.com/containers/podman/v5/pkg/specgenutil"
 
+	"github.com/tclone/tclone/runtime/branch"
 	"github.com/tclone/tclone/runtime/forkopts"
 )
 
@@ -176,7 +177,7 @@ func ParseBranchLabels(kvs []string) (map[string]string, error) {
 }
 
 // LabelKeep marks a branch that prune never removes.
-const LabelKeep = "io.tclone.keep"
+const LabelKeep = branch.KeepLabel
 
 // Validate checks every option, as a fork would before doing anything.
 func (o Options) Validate() error {
