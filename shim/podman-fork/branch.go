@@ -94,6 +94,52 @@ They carry the label ` + podmanfork.LabelBranch + `=<branch ID>. Prints their ID
 				Flags:        []cli.Flag{debug},
 				Action:       branchRemove,
 			},
+			{
+				Name:         "prune",
+				OnUsageError: usageError,
+				Usage:        "remove old branches: lists what would go unless --yes",
+				Description: `Of the branches selected (all, or of --source, or named --name-prefix*),
+removes those not among the --keep-last newest of their source and older
+than --older-than. Without --yes it only lists them, why, and the disk space
+they would free. A branch labelled ` + podmanfork.LabelKeep + `=true is never removed.`,
+				Flags: []cli.Flag{
+					&cli.IntFlag{Name: "keep-last", Usage: "keep the N newest branches of each source"},
+					&cli.DurationFlag{Name: "older-than", Usage: "remove only branches older than this (such as 72h)"},
+					&cli.StringFlag{Name: "source", Usage: "only branches of this container (name or ID)"},
+					&cli.StringFlag{Name: "name-prefix", Usage: "only branches whose name begins so"},
+					&cli.BoolFlag{Name: "yes", Usage: "remove them"},
+					&cli.StringFlag{Name: "format", Usage: "json prints the plan as JSON"},
+					debug,
+				},
+				Action: branchPrune,
+			},
+			{
+				Name:         "diff",
+				OnUsageError: usageError,
+				Usage:        "show what differs from branch A to branch B",
+				ArgsUsage:    "A B",
+				Description: `Shows how the branches are related, their labels, sizes (and what B
+shares with A), their processes, and the root filesystem paths B added (A),
+deleted (D) or changed (C) relative to A, as podman diff does.`,
+				Flags:  []cli.Flag{&cli.StringFlag{Name: "format", Usage: "json prints the difference as JSON"}, debug},
+				Action: branchDiff,
+			},
+			{
+				Name:         "export",
+				OnUsageError: usageError,
+				Usage:        "write a branch to one file (tar + zstd)",
+				ArgsUsage:    "NAME FILE",
+				Flags:        []cli.Flag{debug},
+				Action:       branchExport,
+			},
+			{
+				Name:         "import",
+				OnUsageError: usageError,
+				Usage:        "read a branch from a file written by export; its image must be on this host",
+				ArgsUsage:    "FILE",
+				Flags:        []cli.Flag{&cli.StringFlag{Name: "name", Usage: "name the branch (default: its name when exported)"}, debug},
+				Action:       branchImport,
+			},
 		},
 	}
 }
@@ -270,5 +316,123 @@ func branchRemove(c *cli.Context) error {
 	if rep.ChunksBusy {
 		logrus.Infof("another branch is being written or read: its unused data is freed by the next rm or tclone gc")
 	}
+	return err
+}
+
+func branchPrune(c *cli.Context) error {
+	setDebug(c)
+	if c.NArg() != 0 {
+		return fmt.Errorf("podman container branch prune takes no arguments (select with --source and --name-prefix); see --help")
+	}
+	format := c.String("format")
+	if format != "" && format != "json" {
+		return fmt.Errorf("unknown --format %q (use json)", format)
+	}
+	store := branch.DefaultStore()
+	rule := branch.PruneRule{KeepLast: c.Int("keep-last"), KeepLastSet: c.IsSet("keep-last"), OlderThan: c.Duration("older-than"),
+		Source: c.String("source"), NamePrefix: c.String("name-prefix")}
+	if c.IsSet("older-than") && rule.OlderThan <= 0 {
+		return fmt.Errorf("--older-than %s: give a duration above zero, such as 72h", rule.OlderThan)
+	}
+	plan, err := store.Prune(rule, time.Now())
+	if err != nil {
+		return err
+	}
+	if c.Bool("yes") && len(plan.Remove) > 0 {
+		var refs []string
+		for _, r := range plan.Remove {
+			refs = append(refs, r.ID)
+		}
+		if _, err := store.Remove(refs...); err != nil {
+			return err
+		}
+	}
+	if format == "json" {
+		return printJSON(plan)
+	}
+	var buf bytes.Buffer
+	verb := "would remove"
+	if c.Bool("yes") {
+		verb = "removed"
+	}
+	tw := tabwriter.NewWriter(&buf, 0, 8, 2, ' ', 0)
+	fmt.Fprintln(tw, "NAME\tID\tSOURCE\tCREATED\tWHY")
+	for _, r := range plan.Remove {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", r.Name, r.ID, r.Source, r.Since.Local().Format(time.DateTime), r.Why)
+	}
+	tw.Flush()
+	fmt.Fprintf(&buf, "%s %d branch(es), freeing %s\n", verb, len(plan.Remove), humanBytes(plan.Bytes))
+	if len(plan.Kept) > 0 {
+		fmt.Fprintf(&buf, "kept by their %s label: %s\n", podmanfork.LabelKeep, strings.Join(plan.Kept, ", "))
+	}
+	if !c.Bool("yes") && len(plan.Remove) > 0 {
+		fmt.Fprintln(&buf, "nothing was removed: run again with --yes to remove them")
+	}
+	_, err = os.Stdout.Write(buf.Bytes())
+	return err
+}
+
+func branchDiff(c *cli.Context) error {
+	setDebug(c)
+	if c.NArg() != 2 {
+		return fmt.Errorf("podman container branch diff takes two branches, A and B; see --help")
+	}
+	format := c.String("format")
+	if format != "" && format != "json" {
+		return fmt.Errorf("unknown --format %q (use json)", format)
+	}
+	d, err := branch.DefaultStore().Compare(c.Args().Get(0), c.Args().Get(1))
+	if err != nil {
+		return err
+	}
+	if format == "json" {
+		return printJSON(d)
+	}
+	var buf bytes.Buffer
+	fmt.Fprintf(&buf, "lineage: %s (sources %s, %s)\n", d.Lineage.Relation, d.Lineage.SourceA, d.Lineage.SourceB)
+	for _, l := range d.Labels {
+		fmt.Fprintf(&buf, "label %s: %q -> %q\n", l.Key, l.A, l.B)
+	}
+	fmt.Fprintf(&buf, "memory and images: %s -> %s, %s of B shared with A\n", humanBytes(d.Size.A.Files), humanBytes(d.Size.B.Files), humanBytes(d.Size.SharedBytes))
+	for _, p := range d.Process.OnlyA {
+		fmt.Fprintf(&buf, "process - %d %s\n", p.Pid, p.Comm)
+	}
+	for _, p := range d.Process.OnlyB {
+		fmt.Fprintf(&buf, "process + %d %s\n", p.Pid, p.Comm)
+	}
+	for _, w := range d.Warnings {
+		fmt.Fprintf(&buf, "note: %s\n", w)
+	}
+	for _, f := range d.Files {
+		fmt.Fprintf(&buf, "%s %s\n", f.Kind, f.Path)
+	}
+	_, err = os.Stdout.Write(buf.Bytes())
+	return err
+}
+
+func branchExport(c *cli.Context) error {
+	setDebug(c)
+	if c.NArg() != 2 {
+		return fmt.Errorf("podman container branch export takes a branch NAME and a FILE; see --help")
+	}
+	_, err := branch.DefaultStore().Export(c.Args().Get(0), c.Args().Get(1))
+	return err
+}
+
+func branchImport(c *cli.Context) error {
+	setDebug(c)
+	if c.NArg() != 1 {
+		return fmt.Errorf("podman container branch import takes one FILE; see --help")
+	}
+	ctx, stop, err := connectTo(c.Context, target{}, false)
+	if err != nil {
+		return err
+	}
+	defer stop()
+	b, err := podmanfork.ImportBranch(ctx, c.Args().First(), c.String("name"))
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Println(b.ID)
 	return err
 }

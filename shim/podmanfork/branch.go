@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/containers/podman/v5/libpod/define"
@@ -216,6 +217,22 @@ func StartBranch(ctx context.Context, ref string, opts Options) (*Stats, error) 
 	return stats, nil
 }
 
+// ImportBranch imports a branch exported by ExportBranch (podman container
+// branch export), as name (its own when empty). The branch's image must be
+// on this host.
+func ImportBranch(ctx context.Context, file, name string) (*branch.Branch, error) {
+	if name != "" {
+		if err := branch.CheckName(name); err != nil {
+			return nil, ofKind(ErrInvalidOption, err)
+		}
+	}
+	b, err := branch.DefaultStore().Import(file, name, func(b *branch.Branch) error { return requireImage(ctx, b) })
+	if err != nil && strings.Contains(err.Error(), "a branch named") {
+		return nil, ofKind(ErrConflict, err)
+	}
+	return b, err
+}
+
 // requireImage fails, naming it, when the branch's image is not on this
 // host: Podman makes each sibling's root filesystem from it.
 func requireImage(ctx context.Context, b *branch.Branch) error {
@@ -282,6 +299,13 @@ func (f *forker) planFromBranch(ctx context.Context, r *branch.Reader) (*plan.Pl
 	if f.opts.Memory != "" {
 		p.Memory = f.opts.Memory
 	}
+	if p.Rootfs != nil && p.Rootfs.Kind == rootfs.KindOverlay && !allExist(p.Rootfs.LowerDirs) {
+		// Imported from another host: the same image has its layers
+		// elsewhere here.
+		if p.Rootfs.LowerDirs, err = imageLayers(ctx, f.branch.Source.ImageID); err != nil {
+			return nil, fmt.Errorf("branch %s: %w", f.branch.Name, err)
+		}
+	}
 	if p.Rootfs != nil {
 		snap := *p.Rootfs
 		snap.Path = filepath.Join(f.store.SnapshotRoot, id)
@@ -316,4 +340,30 @@ func (f *forker) planFromBranch(ctx context.Context, r *branch.Reader) (*plan.Pl
 		return nil, err
 	}
 	return p, nil
+}
+
+func allExist(paths []string) bool {
+	for _, p := range paths {
+		if _, err := os.Stat(p); err != nil {
+			return false
+		}
+	}
+	return true
+}
+
+// imageLayers are the directories of image's layers on this host, top
+// first: the lower layers of its containers' root filesystems.
+func imageLayers(ctx context.Context, image string) ([]string, error) {
+	data, err := images.GetImage(ctx, image, nil)
+	if err != nil {
+		return nil, fmt.Errorf("finding the layers of image %.12s: %w", image, err)
+	}
+	if data.GraphDriver == nil || data.GraphDriver.Name != "overlay" || data.GraphDriver.Data["UpperDir"] == "" {
+		return nil, fmt.Errorf("image %.12s is not stored by the overlay driver here; its branch's root filesystem capture is an overlay layer", image)
+	}
+	layers := []string{data.GraphDriver.Data["UpperDir"]}
+	if lower := data.GraphDriver.Data["LowerDir"]; lower != "" {
+		layers = append(layers, strings.Split(lower, ":")...)
+	}
+	return layers, nil
 }

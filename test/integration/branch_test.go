@@ -1,0 +1,389 @@
+package integration
+
+import (
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/tclone/tclone/runtime/branch"
+	"github.com/tclone/tclone/shim/podmanfork"
+)
+
+// branchStore points the branch commands of this test at a store of its
+// own, removed when it ends.
+func branchStore(t *testing.T) branch.Store {
+	t.Helper()
+	dir := t.TempDir()
+	t.Setenv("TCLONE_BRANCH_DIR", dir)
+	return branch.Store{Dir: dir}
+}
+
+func branchCLI(t *testing.T, args ...string) result {
+	t.Helper()
+	return run(t, 5*time.Minute, podmanCLI, append([]string{"container", "branch"}, args...)...)
+}
+
+// branchOK runs a branch command that must succeed and returns its output.
+func branchOK(t *testing.T, args ...string) string {
+	t.Helper()
+	r := branchCLI(t, args...)
+	if r.code != 0 {
+		t.Fatalf("podman container branch %s: exit %d\n%s", strings.Join(args, " "), r.code, r.stderr)
+	}
+	return r.stdout
+}
+
+// branchFails runs a branch command that must fail saying want.
+func branchFails(t *testing.T, want string, args ...string) {
+	t.Helper()
+	r := branchCLI(t, args...)
+	if r.code == 0 || !strings.Contains(r.stderr, want) {
+		t.Errorf("podman container branch %s: exit %d, stderr %q; want a failure saying %q", strings.Join(args, " "), r.code, r.stderr, want)
+	}
+}
+
+func branchList(t *testing.T) []branch.Info {
+	t.Helper()
+	var out []branch.Info
+	if err := json.Unmarshal([]byte(branchOK(t, "ls", "--format", "json")), &out); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// workloadSource runs the fidelity workload holding memMiB of memory in
+// image, with a named volume at /data, and waits until it answers.
+func workloadSource(t *testing.T, prefix, image string, memMiB int) (src, vol string, exec execer) {
+	t.Helper()
+	src = name(t, prefix)
+	vol = volume(t, prefix+"v")
+	podman(t, "run", "-d", "--name", src, "-v", workloadBin()+":/workload:ro", "-v", vol+":/data", image,
+		"sh", "-c", "echo volume-before > /data/f; /workload serve --mem-mib "+strconv.Itoa(memMiB)+"; sleep 1000000")
+	exec = func(t *testing.T, a ...string) result { return podmanTry(t, append([]string{"exec", src}, a...)...) }
+	workloadCmd(t, exec, "probe")
+	return src, vol, exec
+}
+
+func execIn(ctr string) execer {
+	return func(t *testing.T, a ...string) result { return podmanTry(t, append([]string{"exec", ctr}, a...)...) }
+}
+
+// requireBranchState checks that a container started from a branch holds
+// what the source held when the branch was taken.
+func requireBranchState(t *testing.T, ctr string, at report) {
+	t.Helper()
+	got := workloadCmd(t, execIn(ctr), "probe", "--hash")
+	if got.MemSHA256 != at.MemSHA256 || got.Tag != at.Tag || !got.MemVerified {
+		t.Errorf("%s: memory hash %s tag %q (verified %v), want the branch's %s tag %q", ctr, got.MemSHA256, got.Tag, got.MemVerified, at.MemSHA256, at.Tag)
+	}
+	if r := podmanTry(t, "exec", ctr, "cat", "/var/tmp/workload/before", "/data/f"); r.stdout != "before\nvolume-before\n" {
+		t.Errorf("%s: files from before the branch: %q (exit %d)", ctr, r.stdout, r.code)
+	}
+	if r := podmanTry(t, "exec", ctr, "cat", "/var/tmp/workload/after"); r.code == 0 {
+		t.Errorf("%s: a file written after the branch: %q", ctr, r.stdout)
+	}
+}
+
+// A branch keeps a workspace's state on disk: it starts any number of
+// containers, after its source is gone and after the plan store and the
+// Podman service are gone (a reboot), and its removal leaves them alone.
+func TestBranchLifecycle(t *testing.T) {
+	requireStack(t)
+	store := branchStore(t)
+	src, _, srcExec := workloadSource(t, "brsrc", workspace, 64)
+	if r := srcExec(t, "sh", "-c", "mkdir -p /var/tmp/workload; echo before > /var/tmp/workload/before"); r.code != 0 {
+		t.Fatal(r.stderr)
+	}
+	at := workloadCmd(t, srcExec, "probe", "--hash")
+
+	var st podmanfork.BranchStats
+	if err := json.Unmarshal([]byte(branchOK(t, "create", "--print-stats", "-l", "stage=one", src, "b1")), &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Branch == nil || st.SourcePauseMs <= 0 || st.DurableMs < st.CheckpointMs || st.Branch.Size.Files < 64<<20 {
+		t.Fatalf("create stats: %+v", st)
+	}
+	t.Logf("branch create: pause %.1f ms, capture %.1f ms, durable after %.1f ms, %d MiB of images, %d MiB on disk",
+		st.SourcePauseMs, st.CheckpointMs, st.DurableMs, st.Branch.Size.Files>>20, st.Branch.Size.ChunksAdded>>20)
+	// The source runs on, and changes.
+	if err := counterAdvancesWorkload(t, srcExec); err != nil {
+		t.Fatal(err)
+	}
+	srcExec(t, "sh", "-c", "echo after > /var/tmp/workload/after")
+	workloadCmd(t, srcExec, "mutate", "--tag", "after-branch", "--mem")
+	branchFails(t, "a branch named b1 exists", "create", src, "b1")
+
+	list := branchList(t)
+	if len(list) != 1 || list[0].Name != "b1" || list[0].State != branch.StateDurable || list[0].Source.Name != src || list[0].Labels["stage"] != "one" {
+		t.Fatalf("ls: %+v", list)
+	}
+	var inspected []branch.Branch
+	json.Unmarshal([]byte(branchOK(t, "inspect", "b1")), &inspected)
+	if len(inspected) != 1 || inspected[0].ID != st.Branch.ID || inspected[0].Plan.Tree.Processes < 2 {
+		t.Fatalf("inspect: %+v", inspected)
+	}
+
+	var sibs []struct{ ID, Name string }
+	out := branchOK(t, "start", "--count", "3", "--format", "json", "b1")
+	if err := json.Unmarshal([]byte(out), &sibs); err != nil || len(sibs) != 3 {
+		t.Fatalf("start -n 3: %v %q", err, out)
+	}
+	for _, s := range sibs {
+		t.Cleanup(func() { removeContainers(t, s.Name) })
+		if l := podman(t, "inspect", "--format", `{{index .Config.Labels "io.tclone.branch"}}`, s.Name); l != st.Branch.ID {
+			t.Errorf("%s: label io.tclone.branch %q, want %s", s.Name, l, st.Branch.ID)
+		}
+		requireBranchState(t, s.Name, at)
+	}
+
+	// The source goes; the branch stays.
+	podman(t, "rm", "-f", "-t", "0", src)
+	after := name(t, "brafter")
+	branchOK(t, "start", "--name", after, "b1")
+	requireBranchState(t, after, at)
+
+	// A reboot: no plan, no Podman service. The command starts a service
+	// of its own.
+	running := exec.Command("../../hack/podman-service.sh", "status").Run() == nil
+	if running {
+		if out, err := exec.Command("../../hack/podman-service.sh", "stop").CombinedOutput(); err != nil {
+			t.Fatalf("stopping the Podman service: %v: %s", err, out)
+		}
+		t.Cleanup(func() { exec.Command("../../hack/podman-service.sh", "start").Run() })
+	}
+	plans, _ := filepath.Glob(hostStore.Dir("*"))
+	for _, p := range plans {
+		os.RemoveAll(p)
+	}
+	reboot := name(t, "brreboot")
+	branchOK(t, "start", "--name", reboot, "b1")
+	requireBranchState(t, reboot, at)
+	if running {
+		if out, err := exec.Command("../../hack/podman-service.sh", "start").CombinedOutput(); err != nil {
+			t.Fatalf("starting the Podman service again: %v: %s", err, out)
+		}
+	}
+
+	// Removing the branch leaves what it started, and its data.
+	if got := strings.TrimSpace(branchOK(t, "rm", "b1")); got != "b1" {
+		t.Errorf("rm printed %q", got)
+	}
+	if l := branchList(t); len(l) != 0 {
+		t.Errorf("ls after rm: %+v", l)
+	}
+	for _, s := range append([]string{after, reboot}, sibs[0].Name) {
+		if state(t, s) != "running" {
+			t.Errorf("%s is %s after its branch was removed", s, state(t, s))
+		}
+	}
+	if chunks, _ := filepath.Glob(filepath.Join(store.Dir, "chunks", "*", "*")); len(chunks) != 0 {
+		t.Errorf("%d chunks left after the only branch was removed", len(chunks))
+	}
+	branchFails(t, "no such branch", "start", "b1")
+	requireNoLeftovers(t)
+	requireNoLiveCalls(t)
+}
+
+// counterAdvancesWorkload checks that the workload's counter moves.
+func counterAdvancesWorkload(t *testing.T, in execer) error {
+	a := workloadCmd(t, in, "probe").Counter
+	time.Sleep(300 * time.Millisecond)
+	if b := workloadCmd(t, in, "probe").Counter; b <= a {
+		return errorf("the source's counter is stuck at %d", a)
+	}
+	return nil
+}
+
+// Diff, prune and the export/import round trip, on a busybox source made
+// from an image of its own, which is then removed: the import names it.
+func TestBranchDiffPruneExportImport(t *testing.T) {
+	requireStack(t)
+	store := branchStore(t)
+	image := "localhost/" + uniqueName("brimg")
+	base := name(t, "brbase")
+	podman(t, "run", "--name", base, busybox, "sh", "-c", "echo image-file > /etc/from-image; echo gone > /etc/to-delete")
+	podman(t, "commit", "-q", base, image)
+	t.Cleanup(func() { exec.Command("/usr/bin/podman", "rmi", "-f", image).Run() })
+	src, _, srcExec := workloadSource(t, "brdiff", image, 16)
+
+	srcExec(t, "sh", "-c", "mkdir -p /var/tmp/workload; echo before > /var/tmp/workload/before; echo one > /tmp/edited")
+	branchOK(t, "create", src, "b-1")
+	srcExec(t, "sh", "-c", "echo two > /tmp/edited; echo new > /tmp/added; rm /etc/to-delete; echo changed > /etc/from-image")
+	at := workloadCmd(t, srcExec, "probe", "--hash")
+	branchOK(t, "create", "-l", podmanfork.LabelKeep+"=true", src, "b-2")
+	branchOK(t, "create", src, "b-3")
+
+	var d branch.Diff
+	if err := json.Unmarshal([]byte(branchOK(t, "diff", "--format", "json", "b-1", "b-2")), &d); err != nil {
+		t.Fatal(err)
+	}
+	var files []string
+	for _, f := range d.Files {
+		if !strings.HasPrefix(f.Path, "/var/tmp/workload/") {
+			files = append(files, f.Kind+" "+f.Path)
+		}
+	}
+	for _, want := range []string{"A /tmp/added", "C /tmp/edited", "D /etc/to-delete", "C /etc/from-image"} {
+		if !slices.Contains(files, want) {
+			t.Errorf("diff b-1 b-2 lacks %q: %v", want, files)
+		}
+	}
+	if d.Lineage.Relation != "same-source" || len(d.Labels) != 1 || d.Size.SharedBytes == 0 {
+		t.Errorf("diff: lineage %+v, labels %+v, shared %d", d.Lineage, d.Labels, d.Size.SharedBytes)
+	}
+	if txt := branchOK(t, "diff", "b-1", "b-2"); !strings.Contains(txt, "A /tmp/added\n") {
+		t.Errorf("diff text: %s", txt)
+	}
+
+	// prune: a dry run first, which removes nothing.
+	dry := branchOK(t, "prune", "--keep-last", "1")
+	if !strings.Contains(dry, "b-1") || strings.Contains(dry, "b-3") || !strings.Contains(dry, "kept by their io.tclone.keep label: b-2") ||
+		!strings.Contains(dry, "--yes") || len(branchList(t)) != 3 {
+		t.Errorf("prune dry run:\n%s", dry)
+	}
+	branchFails(t, "say what to prune", "prune")
+	branchOK(t, "prune", "--keep-last", "1", "--yes")
+	var names []string
+	for _, b := range branchList(t) {
+		names = append(names, b.Name)
+	}
+	if !slices.Equal(names, []string{"b-2", "b-3"}) {
+		t.Errorf("after prune --yes: %v", names)
+	}
+
+	// Export, remove, import, start.
+	file := filepath.Join(t.TempDir(), "b-2.tar.zst")
+	branchOK(t, "export", "b-2", file)
+	branchOK(t, "rm", "b-2", "b-3")
+	branchOK(t, "import", "--name", "b-2i", file)
+	started := name(t, "brimp")
+	branchOK(t, "start", "--name", started, "b-2i")
+	requireBranchState(t, started, at)
+	if r := podmanTry(t, "exec", started, "cat", "/tmp/edited", "/tmp/added", "/etc/from-image"); r.stdout != "two\nnew\nchanged\n" {
+		t.Errorf("files of the imported branch: %q", r.stdout)
+	}
+	if r := podmanTry(t, "exec", started, "ls", "/etc/to-delete"); r.code == 0 {
+		t.Error("a file the source deleted is back")
+	}
+
+	// Without its image, an import says which image is missing.
+	for _, c := range []string{src, started, base} {
+		podman(t, "rm", "-f", "-v", "-t", "0", c)
+	}
+	podman(t, "rmi", image)
+	branchOK(t, "rm", "b-2i")
+	branchFails(t, "needs image "+image, "import", file)
+	if l := branchList(t); len(l) != 0 {
+		t.Errorf("a refused import left %+v", l)
+	}
+	if chunks, _ := filepath.Glob(filepath.Join(store.Dir, "chunks", "*", "*")); len(chunks) != 0 {
+		t.Errorf("%d chunks left", len(chunks))
+	}
+	requireNoLeftovers(t)
+}
+
+// Bad input is refused before anything is made; a corrupt chunk is found
+// when a branch starts, and the start leaves nothing.
+func TestBranchRefusals(t *testing.T) {
+	requireStack(t)
+	store := branchStore(t)
+	src := name(t, "brbad")
+	podman(t, "run", "-d", "--name", src, busybox, "sh", "-c", counterScript)
+	branchFails(t, "invalid branch name", "create", src, "-bad")
+	branchFails(t, "no container", "create", name(t, "brnone"), "x")
+	branchFails(t, "only durable", "create", "--wait", "runnable", src, "x")
+	branchOK(t, "create", src, "ok")
+	branchFails(t, "give it to podman container branch create", "start", "--files-only", "ok")
+	branchFails(t, "no such branch", "start", "nope")
+	branchFails(t, "no such branch", "rm", "ok", "nope")
+	if len(branchList(t)) != 1 {
+		t.Fatal("a failed rm of two branches removed one")
+	}
+
+	// A chunk changed on disk.
+	var b []branch.Branch
+	json.Unmarshal([]byte(branchOK(t, "inspect", "ok")), &b)
+	victim := b[0].Files[0].Chunks[0].Hash
+	path := filepath.Join(store.Dir, "chunks", victim[:2], victim)
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data[len(data)/2] ^= 0xff
+	os.WriteFile(path, data, 0o600)
+	branchFails(t, victim[:16], "start", "ok")
+	branchFails(t, "podman container branch rm ok", "start", "ok")
+	if out := podman(t, "ps", "-a", "--filter", "label=io.tclone.branch="+b[0].ID, "--format", "{{.Names}}"); out != "" {
+		t.Errorf("a failed start left %s", out)
+	}
+	requireNoLeftovers(t)
+	requireNoLiveCalls(t)
+}
+
+// kill -9 of the command while it writes the branch: the source ran on
+// all along, no branch is visible, and tclone gc removes what it wrote.
+func TestBranchKilledWhileWriting(t *testing.T) {
+	requireStack(t)
+	store := branchStore(t)
+	src, _, srcExec := workloadSource(t, "brkill", workspace, 768)
+	cmd := exec.Command(podmanCLI, "container", "branch", "create", src, "killed")
+	cmd.Env = append(os.Environ(), "PODMAN_IGNORE_CGROUPSV1_WARNING=1")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	// Chunks are written only after the capture, with the source running.
+	writing := false
+	deadline := time.Now().Add(2 * time.Minute)
+	for !writing && time.Now().Before(deadline) {
+		chunks, _ := filepath.Glob(filepath.Join(store.Dir, "chunks", "*", "*"))
+		writing = len(chunks) > 20
+		select {
+		case err := <-exited:
+			t.Fatalf("the create ended before it was killed (%v): make the workload bigger", err)
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	if !writing {
+		t.Fatal("the create never began writing")
+	}
+	if l := branchList(t); len(l) != 1 || l[0].State != branch.StateWriting {
+		t.Errorf("ls while writing: %+v", l)
+	}
+	cmd.Process.Signal(syscall.SIGKILL)
+	<-exited
+	if err := counterAdvancesWorkload(t, srcExec); err != nil {
+		t.Fatal(err)
+	}
+	if l := branchList(t); len(l) != 0 {
+		t.Errorf("a killed create left a visible branch: %+v", l)
+	}
+	r := run(t, 2*time.Minute, tcloneBin(), "gc")
+	if r.code != 0 {
+		t.Fatalf("tclone gc: %s", r.stderr)
+	}
+	var rep struct {
+		Branches branch.Removed `json:"branches"`
+	}
+	json.Unmarshal([]byte(r.stdout), &rep)
+	if len(rep.Branches.Partial) != 1 || rep.Branches.Chunks == 0 {
+		t.Errorf("gc removed %+v", rep.Branches)
+	}
+	for _, pattern := range []string{".partial/*", "chunks/*/*"} {
+		if left, _ := filepath.Glob(filepath.Join(store.Dir, pattern)); len(left) != 0 {
+			t.Errorf("left after gc: %v", left)
+		}
+	}
+	requireNoLeftovers(t)
+	requireNoLiveCalls(t)
+	// The name is free again.
+	branchOK(t, "create", src, "killed")
+}
