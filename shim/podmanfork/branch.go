@@ -70,7 +70,8 @@ func CreateBranch(ctx context.Context, source, name string, opts BranchOptions) 
 	if err := branch.CheckName(name); err != nil {
 		return nil, ofKind(ErrInvalidOption, err)
 	}
-	fo := Options{VolumeModes: opts.VolumeModes, Labels: opts.Labels}
+	// The branch's labels are its own, not its siblings'.
+	fo := Options{VolumeModes: opts.VolumeModes}
 	fo.FileLocks = opts.FileLocks
 	if err := fo.normalize(); err != nil {
 		return nil, ofKind(ErrInvalidOption, err)
@@ -93,7 +94,7 @@ func CreateBranch(ctx context.Context, source, name string, opts BranchOptions) 
 	}
 	f := &forker{opts: fo, src: src, store: store, start: start, volumes: uses}
 	defer f.cleanupFiles()
-	stats, err := f.writeBranch(ctx, w)
+	stats, err := f.writeBranch(ctx, w, opts.Labels)
 	if err != nil {
 		w.Abort()
 		if ctx.Err() != nil {
@@ -105,7 +106,7 @@ func CreateBranch(ctx context.Context, source, name string, opts BranchOptions) 
 	return stats, nil
 }
 
-func (f *forker) writeBranch(ctx context.Context, w *branch.Writer) (*BranchStats, error) {
+func (f *forker) writeBranch(ctx context.Context, w *branch.Writer, labels map[string]string) (*BranchStats, error) {
 	archive, err := f.begin()
 	if err != nil {
 		return nil, err
@@ -151,7 +152,7 @@ func (f *forker) writeBranch(ctx context.Context, w *branch.Writer) (*BranchStat
 		return nil, err
 	}
 	b, err := w.Commit(func(b *branch.Branch) {
-		b.Labels = f.opts.Labels
+		b.Labels = labels
 		b.Plan = *capture
 		b.Engine = engine
 		if f.src.Config != nil {

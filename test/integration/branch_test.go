@@ -62,8 +62,9 @@ func branchList(t *testing.T) []branch.Info {
 // image, with a named volume at /data, and waits until it answers.
 func workloadSource(t *testing.T, prefix, image string, memMiB int) (src, vol string, exec execer) {
 	t.Helper()
-	src = name(t, prefix)
+	// Cleanups run last first: the container goes before its volume.
 	vol = volume(t, prefix+"v")
+	src = name(t, prefix)
 	podman(t, "run", "-d", "--name", src, "-v", workloadBin()+":/workload:ro", "-v", vol+":/data", image,
 		"sh", "-c", "echo volume-before > /data/f; /workload serve --mem-mib "+strconv.Itoa(memMiB)+"; sleep 1000000")
 	exec = func(t *testing.T, a ...string) result { return podmanTry(t, append([]string{"exec", src}, a...)...) }
@@ -104,7 +105,7 @@ func TestBranchLifecycle(t *testing.T) {
 	at := workloadCmd(t, srcExec, "probe", "--hash")
 
 	var st podmanfork.BranchStats
-	if err := json.Unmarshal([]byte(branchOK(t, "create", "--print-stats", "-l", "stage=one", src, "b1")), &st); err != nil {
+	if err := json.Unmarshal([]byte(branchOK(t, "create", "--file-locks", "--print-stats", "-l", "stage=one", src, "b1")), &st); err != nil {
 		t.Fatal(err)
 	}
 	if st.Branch == nil || st.SourcePauseMs <= 0 || st.DurableMs < st.CheckpointMs || st.Branch.Size.Files < 64<<20 {
@@ -214,11 +215,11 @@ func TestBranchDiffPruneExportImport(t *testing.T) {
 	src, _, srcExec := workloadSource(t, "brdiff", image, 16)
 
 	srcExec(t, "sh", "-c", "mkdir -p /var/tmp/workload; echo before > /var/tmp/workload/before; echo one > /tmp/edited")
-	branchOK(t, "create", src, "b-1")
+	branchOK(t, "create", "--file-locks", src, "b-1")
 	srcExec(t, "sh", "-c", "echo two > /tmp/edited; echo new > /tmp/added; rm /etc/to-delete; echo changed > /etc/from-image")
 	at := workloadCmd(t, srcExec, "probe", "--hash")
-	branchOK(t, "create", "-l", podmanfork.LabelKeep+"=true", src, "b-2")
-	branchOK(t, "create", src, "b-3")
+	branchOK(t, "create", "--file-locks", "-l", podmanfork.LabelKeep+"=true", src, "b-2")
+	branchOK(t, "create", "--file-locks", src, "b-3")
 
 	var d branch.Diff
 	if err := json.Unmarshal([]byte(branchOK(t, "diff", "--format", "json", "b-1", "b-2")), &d); err != nil {
@@ -333,7 +334,7 @@ func TestBranchKilledWhileWriting(t *testing.T) {
 	requireStack(t)
 	store := branchStore(t)
 	src, _, srcExec := workloadSource(t, "brkill", workspace, 768)
-	cmd := exec.Command(podmanCLI, "container", "branch", "create", src, "killed")
+	cmd := exec.Command(podmanCLI, "container", "branch", "create", "--file-locks", src, "killed")
 	cmd.Env = append(os.Environ(), "PODMAN_IGNORE_CGROUPSV1_WARNING=1")
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -385,5 +386,5 @@ func TestBranchKilledWhileWriting(t *testing.T) {
 	requireNoLeftovers(t)
 	requireNoLiveCalls(t)
 	// The name is free again.
-	branchOK(t, "create", src, "killed")
+	branchOK(t, "create", "--file-locks", src, "killed")
 }
