@@ -32,6 +32,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strings"
 	"time"
 
 	"github.com/tclone/tclone/runtime/plan"
@@ -71,6 +72,12 @@ type Source struct {
 	Name    string `json:"name"`
 	Image   string `json:"image"`
 	ImageID string `json:"image_id"`
+}
+
+// Is reports whether ref names this source: its name, its ID, or a prefix
+// of its ID of 12 digits or more; "" names every source.
+func (s Source) Is(ref string) bool {
+	return ref == "" || s.Name == ref || s.ID == ref || (len(ref) >= 12 && strings.HasPrefix(s.ID, ref))
 }
 
 // File is one file of a branch's plan.

@@ -49,25 +49,25 @@ func TestPrune(t *testing.T) {
 		}
 		return n
 	}
-	if _, err := s.Prune(PruneRule{}, now); err == nil {
+	if _, err := s.Prune(PruneRule{}, now, false); err == nil {
 		t.Fatal("a prune with no rule was accepted")
 	}
-	p, err := s.Prune(PruneRule{KeepLast: 1, KeepLastSet: true}, now)
+	p, err := s.Prune(PruneRule{KeepLast: 1, KeepLastSet: true}, now, false)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if got := names(p); !slices.Equal(got, []string{"ws-1", "ws-3"}) || !slices.Equal(p.Kept, []string{"ws-2"}) || p.Bytes == 0 {
 		t.Fatalf("keep-last 1: remove %v, kept %v, %d bytes", got, p.Kept, p.Bytes)
 	}
-	p, _ = s.Prune(PruneRule{OlderThan: 4*time.Hour + 30*time.Minute}, now)
+	p, _ = s.Prune(PruneRule{OlderThan: 4*time.Hour + 30*time.Minute}, now, false)
 	if got := names(p); !slices.Equal(got, []string{"db-1", "ws-1"}) {
 		t.Fatalf("older-than: %v", got)
 	}
-	p, _ = s.Prune(PruneRule{KeepLast: 0, KeepLastSet: true, Source: "db"}, now)
+	p, _ = s.Prune(PruneRule{KeepLast: 0, KeepLastSet: true, Source: "db"}, now, false)
 	if got := names(p); !slices.Equal(got, []string{"db-1"}) {
 		t.Fatalf("source db: %v", got)
 	}
-	p, _ = s.Prune(PruneRule{KeepLast: 0, KeepLastSet: true, NamePrefix: "ws-", OlderThan: 2 * time.Hour}, now)
+	p, _ = s.Prune(PruneRule{KeepLast: 0, KeepLastSet: true, NamePrefix: "ws-", OlderThan: 2 * time.Hour}, now, false)
 	if got := names(p); !slices.Equal(got, []string{"ws-1", "ws-3"}) {
 		t.Fatalf("prefix and age: %v", got)
 	}

@@ -43,8 +43,9 @@ type PrunePlan struct {
 	Bytes int64    `json:"bytes"`
 }
 
-// Prune works out what rule removes, now. It removes nothing.
-func (s Store) Prune(rule PruneRule, now time.Time) (*PrunePlan, error) {
+// Prune works out what rule removes, now, and removes it when remove is
+// set; else it only says.
+func (s Store) Prune(rule PruneRule, now time.Time, remove bool) (*PrunePlan, error) {
 	if !rule.KeepLastSet && rule.OlderThan <= 0 {
 		return nil, errors.New("say what to prune: give --keep-last N, --older-than DURATION, or both")
 	}
@@ -58,8 +59,7 @@ func (s Store) Prune(rule PruneRule, now time.Time) (*PrunePlan, error) {
 	bySource := map[string][]*Branch{}
 	for _, in := range infos {
 		b := in.Branch
-		if rule.Source != "" && b.Source.Name != rule.Source && b.Source.ID != rule.Source &&
-			!(len(rule.Source) >= 12 && strings.HasPrefix(b.Source.ID, rule.Source)) {
+		if !b.Source.Is(rule.Source) {
 			continue
 		}
 		if !strings.HasPrefix(b.Name, rule.NamePrefix) {
@@ -101,6 +101,11 @@ func (s Store) Prune(rule PruneRule, now time.Time) (*PrunePlan, error) {
 	})
 	sort.Strings(out.Kept)
 	out.Bytes = s.freedBy(infos, ids)
+	if remove && len(ids) > 0 {
+		if _, err := s.Remove(ids...); err != nil {
+			return out, err
+		}
+	}
 	return out, nil
 }
 

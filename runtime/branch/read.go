@@ -36,6 +36,21 @@ func (s Store) Get(ref string) (*Branch, error) {
 // List returns every branch, durable or being written, oldest first.
 func (s Store) List() ([]Info, error) { return s.list(true) }
 
+// ListOf returns the branches of source (see Source.Is).
+func (s Store) ListOf(source string) ([]Info, error) {
+	infos, err := s.list(true)
+	if err != nil {
+		return nil, err
+	}
+	out := []Info{}
+	for _, in := range infos {
+		if in.Source.Is(source) {
+			out = append(out, in)
+		}
+	}
+	return out, nil
+}
+
 func (s Store) list(writing bool) ([]Info, error) {
 	var out []Info
 	entries, err := os.ReadDir(s.committedDir())

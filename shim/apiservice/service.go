@@ -91,6 +91,9 @@ func (s *Service) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		s.serveFork(w, r, m[1])
 		return
 	}
+	if s.routeBranches(w, r) {
+		return
+	}
 	if hijacks(r) {
 		s.splice(w, r)
 		return

@@ -127,8 +127,18 @@ func siblingNames(given []string, count int) ([]string, error) {
 // case (readyTimeout), repeated for a list. Every value is checked as the
 // command checks its flags, with the same words; an unknown parameter is
 // refused.
-func FromQuery(q url.Values) (podmanfork.Options, error) {
-	flags := PodmanFork()
+func FromQuery(q url.Values) (opts podmanfork.Options, err error) {
+	err = fromQuery(q, "a fork", PodmanFork(), func(c *cli.Context) (err error) {
+		opts, err = ReadPodmanFork(c)
+		return err
+	})
+	return opts, err
+}
+
+// fromQuery checks the query parameters q against flags, as the command
+// that has them would, and hands them to read; what names the call for
+// the error about an unknown parameter.
+func fromQuery(q url.Values, what string, flags []cli.Flag, read func(*cli.Context) error) error {
 	byKey := map[string]string{}
 	for _, f := range flags {
 		for _, n := range f.Names() {
@@ -140,35 +150,30 @@ func FromQuery(q url.Values) (podmanfork.Options, error) {
 		keys = append(keys, k)
 	}
 	sort.Strings(keys)
-	args := []string{"fork"}
+	args := []string{"api"}
 	for _, k := range keys {
 		name, ok := byKey[queryKey(k)]
 		if !ok {
-			return podmanfork.Options{}, fmt.Errorf("unknown query parameter %q: a fork takes %s", k, strings.Join(flagNames(flags), ", "))
+			return fmt.Errorf("unknown query parameter %q: %s takes %s", k, what, strings.Join(flagNames(flags), ", "))
 		}
 		for _, v := range q[k] {
 			args = append(args, "--"+name+"="+v)
 		}
 	}
-	var opts podmanfork.Options
 	app := &cli.App{
-		Name: "fork", Flags: flags, HideHelp: true, HideVersion: true,
+		Name: "api", Flags: flags, HideHelp: true, HideVersion: true,
 		// A hook or label may hold commas: each parameter is one value.
 		DisableSliceFlagSeparator: true,
 		Writer:                    io.Discard, ErrWriter: io.Discard,
 		OnUsageError: func(_ *cli.Context, err error, _ bool) error { return err },
-		Action: func(c *cli.Context) (err error) {
+		Action: func(c *cli.Context) error {
 			if c.NArg() > 0 {
 				return fmt.Errorf("unexpected value %q", c.Args().First())
 			}
-			opts, err = ReadPodmanFork(c)
-			return err
+			return read(c)
 		},
 	}
-	if err := app.Run(args); err != nil {
-		return podmanfork.Options{}, err
-	}
-	return opts, nil
+	return app.Run(args)
 }
 
 // queryKey folds a flag or parameter name: readyTimeout, ready-timeout and
@@ -180,44 +185,11 @@ func queryKey(s string) string {
 func flagNames(flags []cli.Flag) []string {
 	var names []string
 	for _, f := range flags {
+		if v, ok := f.(cli.VisibleFlag); ok && !v.IsVisible() {
+			continue
+		}
 		names = append(names, f.Names()[0])
 	}
 	sort.Strings(names)
 	return names
-}
-
-// captureOnly names the fork flags that say how the source is captured: a
-// branch decides them when it is created, so its start refuses them.
-var captureOnly = []string{TCPEstablished, TCPClose, FileLocks, ExtUnixSk, ShellJob, FilesOnly, CaptureTimeout, VolumeMode}
-
-// PodmanBranchStart is the flags of `podman container branch start`: a
-// fork's. Those of the capture are hidden, and refused by
-// RefuseCaptureFlags with a word on why.
-func PodmanBranchStart() []cli.Flag {
-	var out []cli.Flag
-	for _, f := range PodmanFork() {
-		if slices.Contains(captureOnly, f.Names()[0]) {
-			switch f := f.(type) {
-			case *cli.BoolFlag:
-				f.Hidden = true
-			case *cli.DurationFlag:
-				f.Hidden = true
-			case *cli.StringSliceFlag:
-				f.Hidden = true
-			}
-		}
-		out = append(out, f)
-	}
-	return out
-}
-
-// RefuseCaptureFlags fails when a flag of the capture was given to a
-// branch start.
-func RefuseCaptureFlags(c *cli.Context) error {
-	for _, name := range captureOnly {
-		if c.IsSet(name) {
-			return fmt.Errorf("--%s says how the source is captured, which the branch already is: give it to podman container branch create", name)
-		}
-	}
-	return nil
 }

@@ -43,15 +43,11 @@ run with --runtime tclone. Branches are kept in ` + branch.DefaultDir + `
 				OnUsageError: usageError,
 				Usage:        "capture a running container as a branch",
 				ArgsUsage:    "SOURCE NAME",
-				Flags: []cli.Flag{
-					&cli.StringSliceFlag{Name: "label", Aliases: []string{"l"}, Usage: "label the branch KEY=VALUE (" + podmanfork.LabelKeep + "=true: never pruned)"},
+				Flags: append(forkflags.BranchCreate(),
 					&cli.StringFlag{Name: "wait", Value: "durable", Usage: "return once the branch is durable (on disk)"},
-					&cli.StringSliceFlag{Name: forkflags.VolumeMode, Usage: "what containers started from the branch get of the source's named volumes: copy (default: the branch keeps a copy, " +
-						"and each container gets its own), share (the source's own), or NAME=copy|share for one volume"},
-					&cli.BoolFlag{Name: forkflags.FileLocks, Usage: "capture file locks"},
 					&cli.BoolFlag{Name: "print-stats", Usage: "print the branch and its timings as JSON instead of its ID"},
 					debug,
-				},
+				),
 				Action: branchCreate,
 			},
 			{
@@ -102,15 +98,10 @@ They carry the label ` + podmanfork.LabelBranch + `=<branch ID>. Prints their ID
 removes those not among the --keep-last newest of their source and older
 than --older-than. Without --yes it only lists them, why, and the disk space
 they would free. A branch labelled ` + podmanfork.LabelKeep + `=true is never removed.`,
-				Flags: []cli.Flag{
-					&cli.IntFlag{Name: "keep-last", Usage: "keep the N newest branches of each source"},
-					&cli.DurationFlag{Name: "older-than", Usage: "remove only branches older than this (such as 72h)"},
-					&cli.StringFlag{Name: "source", Usage: "only branches of this container (name or ID)"},
-					&cli.StringFlag{Name: "name-prefix", Usage: "only branches whose name begins so"},
-					&cli.BoolFlag{Name: "yes", Usage: "remove them"},
+				Flags: append(forkflags.BranchPrune(),
 					&cli.StringFlag{Name: "format", Usage: "json prints the plan as JSON"},
 					debug,
-				},
+				),
 				Action: branchPrune,
 			},
 			{
@@ -175,13 +166,9 @@ func branchCreate(c *cli.Context) error {
 	if w := c.String("wait"); w != "durable" {
 		return fmt.Errorf("--wait %s: only durable is supported: the command returns once the branch is on disk (the source runs on as soon as it is captured)", w)
 	}
-	labels, err := podmanfork.ParseBranchLabels(c.StringSlice("label"))
+	opts, err := forkflags.ReadBranchCreate(c)
 	if err != nil {
 		return err
-	}
-	modes, err := podmanfork.ParseVolumeModes(c.StringSlice(forkflags.VolumeMode))
-	if err != nil {
-		return fmt.Errorf("--%s: %w", forkflags.VolumeMode, err)
 	}
 	if err := branch.CheckName(c.Args().Get(1)); err != nil {
 		return err
@@ -191,8 +178,7 @@ func branchCreate(c *cli.Context) error {
 		return err
 	}
 	defer stop()
-	st, err := podmanfork.CreateBranch(ctx, c.Args().Get(0), c.Args().Get(1),
-		podmanfork.BranchOptions{Labels: labels, VolumeModes: modes, FileLocks: c.Bool(forkflags.FileLocks)})
+	st, err := podmanfork.CreateBranch(ctx, c.Args().Get(0), c.Args().Get(1), opts)
 	if err != nil {
 		return err
 	}
@@ -212,23 +198,11 @@ func branchList(c *cli.Context) error {
 	if format != "" && format != "json" {
 		return fmt.Errorf("unknown --format %q (use json)", format)
 	}
-	infos, err := branch.DefaultStore().List()
+	infos, err := branch.DefaultStore().ListOf(c.Args().First())
 	if err != nil {
 		return err
 	}
-	if src := c.Args().First(); src != "" {
-		var mine []branch.Info
-		for _, in := range infos {
-			if in.Source.Name == src || in.Source.ID == src || (len(src) >= 12 && strings.HasPrefix(in.Source.ID, src)) {
-				mine = append(mine, in)
-			}
-		}
-		infos = mine
-	}
 	if format == "json" {
-		if infos == nil {
-			infos = []branch.Info{}
-		}
 		return printJSON(infos)
 	}
 	var buf bytes.Buffer
@@ -282,13 +256,12 @@ func branchStart(c *cli.Context) error {
 	if format != "" && format != "json" {
 		return fmt.Errorf("unknown --format %q (use json)", format)
 	}
-	if err := forkflags.RefuseCaptureFlags(c); err != nil {
-		return err
-	}
-	opts, err := options(c)
+	opts, err := forkflags.ReadBranchStart(c)
 	if err != nil {
 		return err
 	}
+	// --print-stats reports when each container's memory was complete.
+	opts.WaitMemory = opts.WaitMemory || c.Bool("print-stats")
 	if err := opts.Validate(); err != nil {
 		return err
 	}
@@ -328,31 +301,21 @@ func branchPrune(c *cli.Context) error {
 	if format != "" && format != "json" {
 		return fmt.Errorf("unknown --format %q (use json)", format)
 	}
-	store := branch.DefaultStore()
-	rule := branch.PruneRule{KeepLast: c.Int("keep-last"), KeepLastSet: c.IsSet("keep-last"), OlderThan: c.Duration("older-than"),
-		Source: c.String("source"), NamePrefix: c.String("name-prefix")}
-	if c.IsSet("older-than") && rule.OlderThan <= 0 {
-		return fmt.Errorf("--older-than %s: give a duration above zero, such as 72h", rule.OlderThan)
-	}
-	plan, err := store.Prune(rule, time.Now())
+	rule, yes, err := forkflags.ReadBranchPrune(c)
 	if err != nil {
 		return err
 	}
-	if c.Bool("yes") && len(plan.Remove) > 0 {
-		var refs []string
-		for _, r := range plan.Remove {
-			refs = append(refs, r.ID)
-		}
-		if _, err := store.Remove(refs...); err != nil {
-			return err
-		}
+	store := branch.DefaultStore()
+	plan, err := store.Prune(rule, time.Now(), yes)
+	if err != nil {
+		return err
 	}
 	if format == "json" {
 		return printJSON(plan)
 	}
 	var buf bytes.Buffer
 	verb := "would remove"
-	if c.Bool("yes") {
+	if yes {
 		verb = "removed"
 	}
 	tw := tabwriter.NewWriter(&buf, 0, 8, 2, ' ', 0)
@@ -365,7 +328,7 @@ func branchPrune(c *cli.Context) error {
 	if len(plan.Kept) > 0 {
 		fmt.Fprintf(&buf, "kept by their %s label: %s\n", podmanfork.LabelKeep, strings.Join(plan.Kept, ", "))
 	}
-	if !c.Bool("yes") && len(plan.Remove) > 0 {
+	if !yes && len(plan.Remove) > 0 {
 		fmt.Fprintln(&buf, "nothing was removed: run again with --yes to remove them")
 	}
 	_, err = os.Stdout.Write(buf.Bytes())

@@ -5,6 +5,8 @@ import (
 	"net/http"
 
 	"github.com/containers/podman/v5/pkg/errorhandling"
+
+	"github.com/tclone/tclone/runtime/branch"
 )
 
 // The kinds of fork failure a caller can act on. A fork's error wraps one
@@ -39,14 +41,14 @@ func ofKind(kind, err error) error {
 }
 
 // HTTPStatus is the status Podman's API would answer a fork's error with:
-// 400 for a bad option, 404 for an unknown source, 409 for a conflict, the
+// 400 for a bad option, 404 for an unknown source or branch, 409 for a conflict, the
 // Podman service's own status for what it refused, else 500.
 func HTTPStatus(err error) int {
 	var model *errorhandling.ErrorModel
 	switch {
 	case errors.Is(err, ErrInvalidOption):
 		return http.StatusBadRequest
-	case errors.Is(err, ErrNoSuchSource):
+	case errors.Is(err, ErrNoSuchSource), errors.Is(err, branch.ErrNotFound):
 		return http.StatusNotFound
 	case errors.Is(err, ErrConflict):
 		return http.StatusConflict

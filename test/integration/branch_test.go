@@ -388,3 +388,82 @@ func TestBranchKilledWhileWriting(t *testing.T) {
 	// The name is free again.
 	branchOK(t, "create", "--file-locks", src, "killed")
 }
+
+// The branch verbs through tclone's API service, with Podman's statuses
+// and error bodies.
+func TestRESTBranches(t *testing.T) {
+	requireStack(t)
+	branchStore(t) // the service inherits the store
+	svc := startAPIService(t)
+	src := name(t, "brrest")
+	podman(t, "run", "-d", "--name", src, busybox, "sh", "-c", counterScript)
+	base := apiVersion + "/libpod/branches"
+	expect := func(method, path string, want int) string {
+		t.Helper()
+		status, body := svc.curl(t, method, path)
+		if status != want {
+			t.Fatalf("%s %s: %d %s, want %d", method, path, status, body, want)
+		}
+		if want >= 400 {
+			if _, code := errorBody(t, body); code != want {
+				t.Errorf("%s %s: error body says %d", method, path, code)
+			}
+		}
+		return body
+	}
+	create := apiVersion + "/libpod/containers/" + src + "/branches"
+	var st podmanfork.BranchStats
+	json.Unmarshal([]byte(expect("POST", create+"?name=rb&label=k=v", 200)), &st)
+	if st.Branch == nil || st.Branch.Name != "rb" || st.Branch.Labels["k"] != "v" || st.SourcePauseMs <= 0 {
+		t.Fatalf("create: %+v", st)
+	}
+	expect("POST", create+"?name=rb", 409)
+	expect("POST", create, 400)
+	expect("POST", create+"?name=x&bogus=1", 400)
+	expect("POST", apiVersion+"/libpod/containers/"+name(t, "brnone")+"/branches?name=x", 404)
+	expect("GET", create+"?name=x", 405)
+
+	var list []branch.Info
+	json.Unmarshal([]byte(expect("GET", base, 200)), &list)
+	if len(list) != 1 || list[0].Name != "rb" || list[0].State != branch.StateDurable {
+		t.Fatalf("ls: %+v", list)
+	}
+	if body := expect("GET", base+"?source="+src, 200); !strings.Contains(body, `"rb"`) {
+		t.Errorf("ls of the source: %s", body)
+	}
+	expect("GET", base+"/rb/json", 200)
+	expect("GET", base+"/nope/json", 404)
+	expect("GET", base+"/rb/diff?with=rb", 200)
+	expect("GET", base+"/rb/diff", 400)
+
+	var started podmanfork.Stats
+	json.Unmarshal([]byte(expect("POST", base+"/rb/start?count=2", 200)), &started)
+	if len(started.Siblings) != 2 || started.Branch != st.Branch.ID {
+		t.Fatalf("start: %+v", started)
+	}
+	for _, s := range started.Siblings {
+		t.Cleanup(func() { removeContainers(t, s.Name) })
+		if readCounter(t, s.Name) == 0 {
+			t.Errorf("%s does not count", s.Name)
+		}
+	}
+	expect("POST", base+"/rb/start?files-only=true", 400)
+	expect("POST", base+"/nope/start", 404)
+
+	expect("POST", base+"/prune", 400)
+	if body := expect("POST", base+"/prune?keep-last=0", 200); !strings.Contains(body, `"rb"`) || len(branchList(t)) != 1 {
+		t.Errorf("prune dry run: %s", body)
+	}
+	expect("POST", base+"/prune?keep-last=0&yes=true", 200)
+	expect("DELETE", base+"/rb", 404)
+	if l := branchList(t); len(l) != 0 {
+		t.Errorf("after prune: %+v", l)
+	}
+	for _, s := range started.Siblings {
+		if state(t, s.Name) != "running" {
+			t.Errorf("%s stopped when its branch was pruned", s.Name)
+		}
+	}
+	requireNoLeftovers(t)
+	requireNoLiveCalls(t)
+}

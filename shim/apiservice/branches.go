@@ -1,0 +1,172 @@
+package apiservice
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"regexp"
+	"time"
+
+	"github.com/containers/podman/v5/pkg/bindings"
+	"github.com/sirupsen/logrus"
+
+	"github.com/tclone/tclone/runtime/branch"
+	"github.com/tclone/tclone/shim/forkflags"
+	"github.com/tclone/tclone/shim/podmanfork"
+)
+
+// The branch endpoints, beside Podman's API (with or without its version
+// prefix), as `podman container branch` has them:
+//
+//	POST   /libpod/containers/{name}/branches?name=B&label=k=v   create
+//	GET    /libpod/branches[?source=S]                             ls
+//	GET    /libpod/branches/{branch}/json                          inspect
+//	GET    /libpod/branches/{branch}/diff?with=B                   diff
+//	POST   /libpod/branches/{branch}/start?count=3&...             start
+//	DELETE /libpod/branches/{branch}                               rm
+//	POST   /libpod/branches/prune?keep-last=N&older-than=D&yes=true prune
+var (
+	branchCreatePath = regexp.MustCompile(`^(?:/v\d[\d.]*)?/libpod/containers/([^/]+)/branches$`)
+	branchesPath     = regexp.MustCompile(`^(?:/v\d[\d.]*)?/libpod/branches(?:/([^/]+)(?:/(json|diff|start))?)?$`)
+)
+
+// routeBranches serves r when it is a branch request.
+func (s *Service) routeBranches(w http.ResponseWriter, r *http.Request) bool {
+	if m := branchCreatePath.FindStringSubmatch(r.URL.Path); m != nil {
+		if allow(w, r, http.MethodPost) {
+			s.long(w, r, "branch of "+m[1], func(conn context.Context) (any, error) {
+				name, opts, err := forkflags.BranchCreateFromQuery(r.URL.Query())
+				if err != nil {
+					return nil, badRequest(err)
+				}
+				return podmanfork.CreateBranch(conn, m[1], name, opts)
+			})
+		}
+		return true
+	}
+	m := branchesPath.FindStringSubmatch(r.URL.Path)
+	if m == nil {
+		return false
+	}
+	w.Header().Set(podmanfork.ServiceHeader, s.version)
+	ref, verb := m[1], m[2]
+	store := branch.DefaultStore()
+	switch {
+	case ref == "" && verb == "":
+		if allow(w, r, http.MethodGet) {
+			answer(w, r, func() (any, error) { return store.ListOf(r.URL.Query().Get("source")) })
+		}
+	case ref == "prune" && verb == "":
+		if allow(w, r, http.MethodPost) {
+			answer(w, r, func() (any, error) {
+				rule, yes, err := forkflags.BranchPruneFromQuery(r.URL.Query())
+				if err != nil {
+					return nil, badRequest(err)
+				}
+				return store.Prune(rule, time.Now(), yes)
+			})
+		}
+	case verb == "json":
+		if allow(w, r, http.MethodGet) {
+			answer(w, r, func() (any, error) { return store.Get(ref) })
+		}
+	case verb == "diff":
+		if allow(w, r, http.MethodGet) {
+			answer(w, r, func() (any, error) {
+				with := r.URL.Query().Get("with")
+				if with == "" {
+					return nil, badRequest(errors.New("give the branch to compare with: ?with=NAME"))
+				}
+				return store.Compare(ref, with)
+			})
+		}
+	case verb == "start":
+		if allow(w, r, http.MethodPost) {
+			s.long(w, r, "start of branch "+ref, func(conn context.Context) (any, error) {
+				opts, err := forkflags.BranchStartFromQuery(r.URL.Query())
+				if err == nil {
+					err = opts.Validate()
+				}
+				if err != nil {
+					return nil, badRequest(err)
+				}
+				return podmanfork.StartBranch(conn, ref, opts)
+			})
+		}
+	default: // a branch itself
+		if allow(w, r, http.MethodDelete) {
+			answer(w, r, func() (any, error) { return store.Remove(ref) })
+		}
+	}
+	return true
+}
+
+// allow answers 405 unless r is a method.
+func allow(w http.ResponseWriter, r *http.Request, method string) bool {
+	if r.Method == method {
+		return true
+	}
+	w.Header().Set("Allow", method)
+	writeError(w, http.StatusMethodNotAllowed, fmt.Errorf("%s %s: use %s", r.Method, r.URL.Path, method))
+	return false
+}
+
+// badRequest marks an error of the request's own.
+func badRequest(err error) error { return requestError{err} }
+
+type requestError struct{ error }
+
+func (e requestError) Unwrap() error { return e.error }
+
+func statusOf(err error) int {
+	switch {
+	case errors.As(err, new(requestError)):
+		return http.StatusBadRequest
+	case errors.As(err, new(unavailable)):
+		return http.StatusServiceUnavailable
+	}
+	return podmanfork.HTTPStatus(err)
+}
+
+// answer runs a quick request against the branch store.
+func answer(w http.ResponseWriter, r *http.Request, fn func() (any, error)) {
+	v, err := fn()
+	if err != nil {
+		logrus.Debugf("%s %s: %v", r.Method, r.URL.Path, err)
+		writeError(w, statusOf(err), err)
+		return
+	}
+	writeJSON(w, http.StatusOK, v)
+}
+
+// long runs a request that captures or starts containers through Podman: as
+// a fork, the service waits for it at shutdown, and a client that goes away
+// cancels it, which rolls it back.
+func (s *Service) long(w http.ResponseWriter, r *http.Request, what string, fn func(conn context.Context) (any, error)) {
+	w.Header().Set(podmanfork.ServiceHeader, s.version)
+	ctx, done, err := s.startFork(r.Context())
+	if err != nil {
+		writeError(w, http.StatusServiceUnavailable, err)
+		return
+	}
+	defer done()
+	start := time.Now()
+	conn, err := bindings.NewConnection(ctx, "unix://"+s.podman)
+	if err != nil {
+		writeError(w, http.StatusServiceUnavailable, s.podmanDown(err))
+		return
+	}
+	v, err := fn(conn)
+	if err != nil {
+		status := statusOf(err)
+		logrus.Warnf("%s for %s failed (%d) after %s: %v", what, clientOf(r), status, time.Since(start).Round(time.Millisecond), err)
+		writeError(w, status, err)
+		return
+	}
+	logrus.Infof("%s for %s done in %s", what, clientOf(r), time.Since(start).Round(time.Millisecond))
+	writeJSON(w, http.StatusOK, v)
+	if err := http.NewResponseController(w).Flush(); err != nil {
+		logrus.Debugf("sending the answer: %v", err)
+	}
+}

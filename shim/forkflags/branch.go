@@ -1,0 +1,155 @@
+package forkflags
+
+import (
+	"errors"
+	"fmt"
+	"net/url"
+	"slices"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/tclone/tclone/runtime/branch"
+	"github.com/tclone/tclone/shim/podmanfork"
+)
+
+// Names of the branch flags that are not a fork's.
+const (
+	BranchName = "name"
+	KeepLast   = "keep-last"
+	OlderThan  = "older-than"
+	Source     = "source"
+	NamePrefix = "name-prefix"
+	Yes        = "yes"
+)
+
+// BranchCreate is every flag that says what `podman container branch
+// create` keeps: the command's, and the query parameters of the branch
+// endpoint of tclone's API service (there, with the branch's name).
+func BranchCreate() []cli.Flag {
+	return []cli.Flag{
+		&cli.StringSliceFlag{Name: Label, Aliases: []string{"l"}, Usage: "label the branch KEY=VALUE (" + branch.KeepLabel + "=true: never pruned)"},
+		&cli.StringSliceFlag{Name: VolumeMode, Usage: "what containers started from the branch get of the source's named volumes: copy (default: the branch keeps a copy, " +
+			"and each container gets its own), share (the source's own), or NAME=copy|share for one volume"},
+		&cli.BoolFlag{Name: FileLocks, Usage: "capture file locks"},
+	}
+}
+
+// ReadBranchCreate reads the flags of BranchCreate.
+func ReadBranchCreate(c *cli.Context) (podmanfork.BranchOptions, error) {
+	labels, err := podmanfork.ParseBranchLabels(c.StringSlice(Label))
+	if err != nil {
+		return podmanfork.BranchOptions{}, err
+	}
+	modes, err := podmanfork.ParseVolumeModes(c.StringSlice(VolumeMode))
+	if err != nil {
+		return podmanfork.BranchOptions{}, fmt.Errorf("--%s: %w", VolumeMode, err)
+	}
+	return podmanfork.BranchOptions{Labels: labels, VolumeModes: modes, FileLocks: c.Bool(FileLocks)}, nil
+}
+
+// BranchCreateFromQuery reads the branch endpoint's query parameters: the
+// branch's name, and the flags of BranchCreate.
+func BranchCreateFromQuery(q url.Values) (name string, opts podmanfork.BranchOptions, err error) {
+	flags := append(BranchCreate(), &cli.StringFlag{Name: BranchName, Usage: "the branch's name"})
+	err = fromQuery(q, "a branch", flags, func(c *cli.Context) (err error) {
+		if name = c.String(BranchName); name == "" {
+			return errors.New("no branch name: give the query parameter name=NAME")
+		}
+		if err := branch.CheckName(name); err != nil {
+			return err
+		}
+		opts, err = ReadBranchCreate(c)
+		return err
+	})
+	return name, opts, err
+}
+
+// captureOnly names the fork flags that say how the source is captured: a
+// branch decides them when it is created, so its start refuses them.
+var captureOnly = []string{TCPEstablished, TCPClose, FileLocks, ExtUnixSk, ShellJob, FilesOnly, CaptureTimeout, VolumeMode}
+
+// PodmanBranchStart is the flags of `podman container branch start`: a
+// fork's. Those of the capture are hidden, and refused by
+// RefuseCaptureFlags with a word on why.
+func PodmanBranchStart() []cli.Flag {
+	var out []cli.Flag
+	for _, f := range PodmanFork() {
+		if slices.Contains(captureOnly, f.Names()[0]) {
+			switch f := f.(type) {
+			case *cli.BoolFlag:
+				f.Hidden = true
+			case *cli.DurationFlag:
+				f.Hidden = true
+			case *cli.StringSliceFlag:
+				f.Hidden = true
+			}
+		}
+		out = append(out, f)
+	}
+	return out
+}
+
+// RefuseCaptureFlags fails when a flag of the capture was given to a
+// branch start.
+func RefuseCaptureFlags(c *cli.Context) error {
+	for _, name := range captureOnly {
+		if c.IsSet(name) {
+			return fmt.Errorf("--%s says how the source is captured, which the branch already is: give it to podman container branch create", name)
+		}
+	}
+	return nil
+}
+
+// ReadBranchStart reads the flags of PodmanBranchStart.
+func ReadBranchStart(c *cli.Context) (podmanfork.Options, error) {
+	if err := RefuseCaptureFlags(c); err != nil {
+		return podmanfork.Options{}, err
+	}
+	return ReadPodmanFork(c)
+}
+
+// BranchStartFromQuery reads the query parameters of a branch's start: those
+// of a fork, less the capture's.
+func BranchStartFromQuery(q url.Values) (opts podmanfork.Options, err error) {
+	err = fromQuery(q, "a branch start", PodmanBranchStart(), func(c *cli.Context) (err error) {
+		opts, err = ReadBranchStart(c)
+		return err
+	})
+	return opts, err
+}
+
+// BranchPrune is the flags that select what prune removes.
+func BranchPrune() []cli.Flag {
+	return []cli.Flag{
+		&cli.IntFlag{Name: KeepLast, Usage: "keep the N newest branches of each source"},
+		&cli.DurationFlag{Name: OlderThan, Usage: "remove only branches older than this (such as 72h)"},
+		&cli.StringFlag{Name: Source, Usage: "only branches of this container (name or ID)"},
+		&cli.StringFlag{Name: NamePrefix, Usage: "only branches whose name begins so"},
+		&cli.BoolFlag{Name: Yes, Usage: "remove them"},
+	}
+}
+
+// ReadBranchPrune reads the flags of BranchPrune.
+func ReadBranchPrune(c *cli.Context) (rule branch.PruneRule, yes bool, err error) {
+	rule = branch.PruneRule{KeepLast: c.Int(KeepLast), KeepLastSet: c.IsSet(KeepLast), OlderThan: c.Duration(OlderThan),
+		Source: c.String(Source), NamePrefix: c.String(NamePrefix)}
+	if !rule.KeepLastSet && !c.IsSet(OlderThan) {
+		return rule, false, errors.New("say what to prune: give --keep-last N, --older-than DURATION, or both")
+	}
+	if c.IsSet(OlderThan) && rule.OlderThan <= 0 {
+		return rule, false, &flagError{OlderThan, rule.OlderThan.String(), "give a duration above zero, such as 72h"}
+	}
+	if rule.KeepLastSet && rule.KeepLast < 0 {
+		return rule, false, &flagError{KeepLast, fmt.Sprint(rule.KeepLast), "give how many of the newest branches of each source to keep, 0 or more"}
+	}
+	return rule, c.Bool(Yes), nil
+}
+
+// BranchPruneFromQuery reads the prune endpoint's query parameters.
+func BranchPruneFromQuery(q url.Values) (rule branch.PruneRule, yes bool, err error) {
+	err = fromQuery(q, "a prune", BranchPrune(), func(c *cli.Context) (err error) {
+		rule, yes, err = ReadBranchPrune(c)
+		return err
+	})
+	return rule, yes, err
+}
