@@ -44,11 +44,8 @@ if [ "$verb" = container ] && [ "$next" = fork ]; then
 	exec "$fork" $pass "$@"
 fi
 if [ "$verb" = container ] && [ "$next" = branch ]; then
-	if [ -n "$pass" ] && [ "$pass" != " --debug" ]; then
-		echo "Error: podman container branch runs on the Podman host, with its local service: leave out --url, --connection and --identity" >&2
-		exit 125
-	fi
 	shift $((i + 1))
-	exec "${fork%/*}/podman-branch" "$@"
+	# shellcheck disable=SC2086
+	exec "${fork%/*}/podman-branch" $pass "$@"
 fi
 exec /usr/bin/podman "$@"

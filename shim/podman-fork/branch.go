@@ -33,7 +33,21 @@ Containers started from it begin from that instant, any number of times,
 also after the container is gone or the host rebooted. The container must
 run with --runtime tclone. Branches are kept in ` + branch.DefaultDir + `
 (TCLONE_BRANCH_DIR); their memory is stored once for all of them.`,
-		Version:                   buildinfo.Version,
+		Version: buildinfo.Version,
+		// Branches live on the Podman host, so the command runs there; it
+		// may name the local Podman service's socket.
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "url", EnvVars: []string{"CONTAINER_HOST"}, Usage: "the local Podman service's socket, unix:///PATH (default: the system service, or one started for this call)"},
+			&cli.StringFlag{Name: "connection", Aliases: []string{"c"}, Hidden: true},
+			&cli.StringFlag{Name: "ssh-identity", Hidden: true},
+			&cli.BoolFlag{Name: "debug", Usage: "debug output"},
+		},
+		Before: func(c *cli.Context) error {
+			if u := c.String("url"); c.String("connection") != "" || c.String("ssh-identity") != "" || (u != "" && !strings.HasPrefix(u, "unix://")) {
+				return fmt.Errorf("podman container branch runs on the Podman host, where its branches are kept: run it there (--url may only name a local unix:// socket)")
+			}
+			return nil
+		},
 		HideHelpCommand:           true,
 		DisableSliceFlagSeparator: true,
 		OnUsageError:              usageError,
@@ -173,7 +187,7 @@ func branchCreate(c *cli.Context) error {
 	if err := branch.CheckName(c.Args().Get(1)); err != nil {
 		return err
 	}
-	ctx, stop, err := connectTo(c.Context, target{}, false)
+	ctx, stop, err := connectTo(c.Context, target{url: c.String("url")}, false)
 	if err != nil {
 		return err
 	}
@@ -265,7 +279,7 @@ func branchStart(c *cli.Context) error {
 	if err := opts.Validate(); err != nil {
 		return err
 	}
-	ctx, stop, err := connectTo(c.Context, target{}, false)
+	ctx, stop, err := connectTo(c.Context, target{url: c.String("url")}, false)
 	if err != nil {
 		return err
 	}
@@ -387,7 +401,7 @@ func branchImport(c *cli.Context) error {
 	if c.NArg() != 1 {
 		return fmt.Errorf("podman container branch import takes one FILE; see --help")
 	}
-	ctx, stop, err := connectTo(c.Context, target{}, false)
+	ctx, stop, err := connectTo(c.Context, target{url: c.String("url")}, false)
 	if err != nil {
 		return err
 	}

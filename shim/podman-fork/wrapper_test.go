@@ -39,3 +39,28 @@ func TestPodmanWrapperPassesRemoteOptions(t *testing.T) {
 		}
 	}
 }
+
+// `podman container branch` goes to podman-branch beside podman-fork, with
+// the same options passed on; podman-branch refuses those it cannot use.
+func TestPodmanWrapperRunsBranch(t *testing.T) {
+	script, err := os.ReadFile("../../hack/podman-wrapper.sh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	wrapper := filepath.Join(dir, "podman")
+	os.WriteFile(wrapper, []byte(strings.ReplaceAll(string(script), "@PODMAN_FORK@", filepath.Join(dir, "podman-fork"))), 0o755)
+	os.WriteFile(filepath.Join(dir, "podman-branch"), []byte("#!/bin/sh\necho branch \"$@\"\n"), 0o755)
+	for _, c := range []struct{ args, want string }{
+		{"container branch ls", "branch ls"},
+		{"--url unix:///x --log-level=debug container branch create src b", "branch --url=unix:///x --debug create src b"},
+	} {
+		out, err := exec.Command("sh", append([]string{wrapper}, strings.Fields(c.args)...)...).Output()
+		if err != nil {
+			t.Fatalf("%s: %v", c.args, err)
+		}
+		if got := strings.TrimSpace(string(out)); got != c.want {
+			t.Errorf("podman %s: got %q, want %q", c.args, got, c.want)
+		}
+	}
+}
