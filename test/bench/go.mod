@@ -17,6 +17,7 @@ require (
 	github.com/ajstarks/svgo v0.0.0-20211024235047-1546f124cd8b // indirect
 	github.com/golang/freetype v0.0.0-20170609003504-e2365dfdc4a0 // indirect
 	github.com/google/go-cmp v0.6.0 // indirect
+	github.com/klauspost/compress v1.17.11 // indirect
 	github.com/moby/sys/mountinfo v0.7.2 // indirect
 	github.com/opencontainers/runtime-spec v1.2.0 // indirect
 	golang.org/x/image v0.30.0 // indirect

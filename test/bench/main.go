@@ -67,6 +67,8 @@ type Config struct {
 	KSMMemMiB       int
 	KSMWindow       time.Duration
 	ProxyReps       int
+	BranchMemMiB    int
+	BranchReps      int
 	LaterDelay      time.Duration
 	ArchiveDir      string
 	CriuDir         string
@@ -137,6 +139,8 @@ func run() int {
 	flag.IntVar(&cfg.FilesOnlyMemMiB, "files-only-mem", 1024, "memory of the larger files-only source, MiB")
 	flag.IntVar(&cfg.KSMMemMiB, "ksm-mem", 1024, "memory of the --memory ksm source, MiB (0: skip it)")
 	flag.DurationVar(&cfg.KSMWindow, "ksm-window", 60*time.Second, "how long the --memory ksm sibling is watched")
+	flag.IntVar(&cfg.BranchMemMiB, "branch-mem", 1024, "memory of the durable branches' source, MiB (0: skip them)")
+	flag.IntVar(&cfg.BranchReps, "branch-reps", 3, "warm rounds of fork and branch create (plus one cold)")
 	flag.IntVar(&cfg.ProxyReps, "proxy-reps", 200, "requests per socket to measure what tclone's API service adds (a quarter of them for exec; 0: skip it)")
 	flag.DurationVar(&cfg.LaterDelay, "later", 30*time.Second, "when to read memory again after the cold fork")
 	flag.StringVar(&cfg.ArchiveDir, "archive-dir", "/dev/shm", "where stock Podman's export archives go (tmpfs, like tclone's plans)")
@@ -171,6 +175,8 @@ func run() int {
 		setDefault("ksm-mem", "16")
 		setDefault("ksm-window", "4s")
 		setDefault("proxy-reps", "12")
+		setDefault("branch-mem", "16")
+		setDefault("branch-reps", "1")
 	}
 	var err error
 	if cfg.ProcCounts, err = intList(procs); err == nil {
@@ -436,6 +442,7 @@ func (b *Bench) run(ctx context.Context, holder string) (*Results, error) {
 		FanOutVariants: variantNames(b.cfg.FanOutVariants), FanOutExtraReps: b.cfg.FanOutExtraReps,
 		VolumeMiB: b.cfg.VolumeMiB, VolumeReps: b.cfg.VolumeReps, FilesOnlyMemMiB: b.cfg.FilesOnlyMemMiB,
 		KSMMemMiB: b.cfg.KSMMemMiB, KSMWindowS: b.cfg.KSMWindow.Seconds(), ProxyReps: b.cfg.ProxyReps,
+		BranchMemMiB: b.cfg.BranchMemMiB, BranchReps: b.cfg.BranchReps,
 		LaterDelayS: b.cfg.LaterDelay.Seconds(), ArchiveDir: b.cfg.ArchiveDir, CriuImageDir: b.cfg.CriuDir,
 	}
 	if b.svc, err = startService(t.Podman); err != nil {
@@ -498,6 +505,10 @@ func (b *Bench) run(ctx context.Context, holder string) (*Results, error) {
 	if b.cfg.ProxyReps > 0 && b.selected("rest-proxy") && ctx.Err() == nil {
 		b.logf("tclone's API service in front of Podman's: %d requests each way", b.cfg.ProxyReps)
 		b.res.Proxy = b.runProxy(ctx)
+	}
+	if b.cfg.BranchMemMiB > 0 && b.selected("branches") && ctx.Err() == nil {
+		b.logf("durable branches of a %d MiB source", b.cfg.BranchMemMiB)
+		b.res.Branches = b.runBranches(ctx)
 	}
 	if ctx.Err() != nil {
 		b.res.Failures = append(b.res.Failures, Failure{Workload: "*", Method: "*", Rep: -1, Error: "interrupted: " + ctx.Err().Error()})

@@ -109,11 +109,21 @@ func (h holderRef) read() (holderreport.Report, error) {
 // poke asks the holder for a fresh report (which resets its largest gap)
 // and returns it.
 func (h holderRef) poke(ctx context.Context) (holderreport.Report, error) {
+	return h.signal(ctx, syscall.SIGUSR1)
+}
+
+// dirty has the holder write its --dirty-kib of memory anew, and returns
+// the report it writes after.
+func (h holderRef) dirty(ctx context.Context) (holderreport.Report, error) {
+	return h.signal(ctx, syscall.SIGUSR2)
+}
+
+func (h holderRef) signal(ctx context.Context, sig syscall.Signal) (holderreport.Report, error) {
 	old, err := h.read()
 	if err != nil {
 		return old, fmt.Errorf("reading the observer's report: %w", err)
 	}
-	if err := syscall.Kill(h.pid, syscall.SIGUSR1); err != nil {
+	if err := syscall.Kill(h.pid, sig); err != nil {
 		return old, fmt.Errorf("signalling the observer (pid %d): %w", h.pid, err)
 	}
 	deadline := time.Now().Add(10 * time.Second)

@@ -421,6 +421,7 @@ func writeMarkdown(r *Results, path, outDir string) error {
 	}
 
 	writeForkModes(r, p)
+	writeBranches(r, p)
 
 	// fork() floor.
 	p("## fork() floor\n\n| workload | anonymous memory forked (MiB) | fork() of it (ms) | fork() of a tiny process (ms) | processes | floor (ms) |\n| --- | ---: | ---: | ---: | ---: | ---: |\n")

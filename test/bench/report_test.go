@@ -266,3 +266,41 @@ func TestProxyTargets(t *testing.T) {
 		t.Errorf("a missing proxy section not flagged: %s", p)
 	}
 }
+
+// The branch targets: the pause ratio of medians, and the disk after five
+// successive branches over one; a run missing rounds, starts or branches
+// fails validation.
+func TestBranchTargets(t *testing.T) {
+	round := func(rep int, fork, branch float64) *Sample {
+		return &Sample{Rep: rep, Cold: rep == 0, Metrics: map[string]float64{"fork_pause_ms": fork, "branch_pause_ms": branch, "durable_ms": 3000, "images_mib": 1030}}
+	}
+	samples := []*Sample{round(0, 500, 900), round(1, 100, 110), round(2, 120, 118)}
+	br := &BranchResult{MemMiB: 1024, DirtyMiB: 20, Samples: samples, Summary: summarizeWarm(samples),
+		Starts: []*BranchStart{{Count: 1, TotalMs: 900}, {Count: 4, TotalMs: 2000}}}
+	for i, mib := range []float64{1030, 1052, 1075, 1097, 1120} {
+		br.Successive = append(br.Successive, &BranchDisk{Index: i + 1, StoreMiB: mib})
+	}
+	r := &Results{Config: RunConfig{BranchMemMiB: 1024, BranchReps: 2}, Branches: br}
+	ts := branchTargets(r)
+	if p := findTarget(t, ts, "branch_pause_over_fork_pause"); p.Status != TargetMet || math.Abs(p.Value-114.0/110) > 1e-9 {
+		t.Errorf("pause target %+v, want met at 114/110", p)
+	}
+	if d := findTarget(t, ts, "branch_five_disk_over_one"); d.Status != TargetMet || math.Abs(d.Value-1120.0/1030) > 1e-9 {
+		t.Errorf("disk target %+v, want met at 1120/1030", d)
+	}
+	if p := validateBranches(r); len(p) != 0 {
+		t.Errorf("a good run flagged: %v", p)
+	}
+	br.Successive[4].StoreMiB = 2100
+	if d := findTarget(t, branchTargets(r), "branch_five_disk_over_one"); d.Status != TargetNotMet {
+		t.Errorf("a store that doubled: %+v", d)
+	}
+	br.Starts = br.Starts[:1]
+	if p := strings.Join(validateBranches(r), "\n"); !strings.Contains(p, "1 starts measured") {
+		t.Errorf("a missing start not flagged: %s", p)
+	}
+	r.Branches = nil
+	if p := strings.Join(validateBranches(r), "\n"); !strings.Contains(p, "branches: not run") {
+		t.Errorf("a missing branches section not flagged: %s", p)
+	}
+}

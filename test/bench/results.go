@@ -13,7 +13,7 @@ import (
 // in variants (memory, --parallel) and adds the issue's targets; version 4
 // adds named volumes, files-only forks and --memory ksm; version 5 what
 // tclone's API service adds to requests.
-const SchemaVersion = 5
+const SchemaVersion = 6
 
 // Methods, in the order they are reported.
 const (
@@ -48,6 +48,7 @@ type Results struct {
 	FilesOnly *FilesOnlyResult  `json:"files_only"`
 	KSM       *KSMResult        `json:"ksm"`
 	Proxy     *ProxyResult      `json:"rest_proxy"`
+	Branches  *BranchResult     `json:"branches"`
 	Headline  Headline          `json:"headline"`
 	// Failures lists every measurement that could not be made, with the
 	// exact error.
@@ -81,6 +82,8 @@ type RunConfig struct {
 	KSMMemMiB       int      `json:"ksm_mem_mib"`
 	KSMWindowS      float64  `json:"ksm_window_s"`
 	ProxyReps       int      `json:"proxy_reps"`
+	BranchMemMiB    int      `json:"branch_mem_mib"`
+	BranchReps      int      `json:"branch_reps"`
 	LaterDelayS     float64  `json:"later_delay_s"`
 	ArchiveDir      string   `json:"archive_dir"`
 	CriuImageDir    string   `json:"criu_image_dir"`

@@ -158,7 +158,8 @@ func targets(r *Results) []Target {
 		judge(&t, exact)
 		out = append(out, t)
 	}
-	return append(out, forkModeTargets(r)...)
+	out = append(out, forkModeTargets(r)...)
+	return append(out, branchTargets(r)...)
 }
 
 func sizeKey(mib int) string {

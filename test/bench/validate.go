@@ -186,6 +186,7 @@ func validate(dir, markdown string, want *Results) []string {
 	}
 	problems = append(problems, validateTargets(&r)...)
 	problems = append(problems, validateForkModes(&r)...)
+	problems = append(problems, validateBranches(&r)...)
 	// A slope may be negative on a noisy machine; it must exist.
 	if len(r.Config.ProcCounts) >= 2 && (h.TcloneMsPerProcess == 0 || h.TclonePauseMsPerProcess == 0 || h.PodmanMsPerProcess == 0) {
 		bad("headline: a ms/process slope is missing")
@@ -220,6 +221,9 @@ func validate(dir, markdown string, want *Results) []string {
 		}
 		if r.Config.ProxyReps > 0 {
 			sections = append(sections, "## REST proxy")
+		}
+		if r.Config.BranchMemMiB > 0 {
+			sections = append(sections, "## Branches")
 		}
 		for _, s := range sections {
 			if !strings.Contains(text, "\n"+s+"\n") && !strings.HasPrefix(text, s+"\n") {
@@ -404,6 +408,9 @@ func validateTargets(r *Results) []string {
 	if r.Config.ProxyReps > 0 {
 		want = append(want, proxyTargetKeys...)
 	}
+	if r.Config.BranchMemMiB > 0 {
+		want = append(want, branchTargetKeys...)
+	}
 	if len(r.Config.FanOutCounts) > 0 {
 		for _, v := range r.Config.FanOutVariants {
 			want = append(want, "fanout_marginal_over_first_"+v)
@@ -460,6 +467,8 @@ func validateTargets(r *Results) []string {
 			need = r.Config.KSMMemMiB == 1024 && r.Config.KSMWindowS >= 60
 		case proxyTargetKeys[0], proxyTargetKeys[1]:
 			need = !r.Quick
+		case branchTargetKeys[0], branchTargetKeys[1]:
+			need = r.Config.BranchMemMiB == 1024 && !r.Quick
 		default:
 			need = slices.Contains(r.Config.FanOutCounts, 1) && slices.Contains(r.Config.FanOutCounts, 16)
 		}

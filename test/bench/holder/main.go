@@ -1,7 +1,7 @@
 // Command holder is the benchmark's in-container workload, and its host-side
 // helper for the CRIU and fork() baselines.
 //
-//	holder serve [--procs N] [--mem-mib M] [--children holder|sleep] [--report PATH] [--setsid]
+//	holder serve [--procs N] [--mem-mib M] [--children holder|sleep] [--report PATH] [--setsid] [--dirty-kib K]
 //	holder child --mem-kib K                 (started by serve, not by hand)
 //	holder forkfloor --mem-mib M [--reps R]  (prints JSON)
 //
@@ -12,7 +12,8 @@
 // busybox `sleep`. The root runs a 1 ms ticker and records the largest gap
 // between two ticks, which is how long the process could not run (a frozen
 // source shows up as one long gap). On SIGUSR1 it writes its report (JSON)
-// to --report, atomically, then resets the largest gap. The first report is
+// to --report, atomically, then resets the largest gap; on SIGUSR2 it first
+// writes --dirty-kib of its memory anew. The first report is
 // written once every child has touched its memory: it is the ready marker.
 //
 // No sockets, no locks, no open files beyond stdio: the tree is all memory,
@@ -73,15 +74,21 @@ func main() {
 // touch maps kib KiB of private anonymous memory and writes every byte of
 // it with a pseudo-random stream, so every page is present, dirty and
 // different. The mapping is never unmapped.
-func touch(kib int64, seed uint64) error {
+func touch(kib int64, seed uint64) ([]byte, error) {
 	if kib <= 0 {
-		return nil
+		return nil, nil
 	}
 	size := int(kib * 1024)
 	mem, err := unix.Mmap(-1, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
 	if err != nil {
-		return fmt.Errorf("mmap %d KiB: %w", kib, err)
+		return nil, fmt.Errorf("mmap %d KiB: %w", kib, err)
 	}
+	fill(mem, seed)
+	return mem, nil
+}
+
+// fill writes mem with the pseudo-random stream of seed.
+func fill(mem []byte, seed uint64) {
 	x := seed*0x9e3779b97f4a7c15 + 1
 	for i := 0; i+8 <= len(mem); i += 8 {
 		x ^= x << 13
@@ -89,7 +96,6 @@ func touch(kib int64, seed uint64) error {
 		x ^= x << 17
 		binary.LittleEndian.PutUint64(mem[i:], x)
 	}
-	return nil
 }
 
 func serve(args []string) error {
@@ -100,6 +106,7 @@ func serve(args []string) error {
 	sleepBin := fs.String("sleep-bin", "/bin/sleep", "sleep binary for --children sleep")
 	report := fs.String("report", holderreport.Path, "report file, written at ready and on SIGUSR1")
 	setsid := fs.Bool("setsid", false, "start a new session first (for a tree started from a shell)")
+	dirty := fs.Int64("dirty-kib", 0, "on SIGUSR2, write this many KiB of its own memory anew (from its middle), then the report")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -115,7 +122,7 @@ func serve(args []string) error {
 	}
 	// Registered before any child exists, so that no exit goes unreaped.
 	sigs := make(chan os.Signal, 16)
-	signal.Notify(sigs, syscall.SIGUSR1, syscall.SIGCHLD, syscall.SIGTERM, syscall.SIGINT)
+	signal.Notify(sigs, syscall.SIGUSR1, syscall.SIGUSR2, syscall.SIGCHLD, syscall.SIGTERM, syscall.SIGINT)
 
 	var maxGap, ticks atomic.Int64
 	go func() {
@@ -166,7 +173,8 @@ func serve(args []string) error {
 		}
 	}
 	w.Close()
-	if err := touch(share, 1); err != nil {
+	mem, err := touch(share, 1)
+	if err != nil {
 		return err
 	}
 	if *kind == "holder" {
@@ -206,6 +214,15 @@ func serve(args []string) error {
 			if err := write(); err != nil {
 				fmt.Fprintf(os.Stderr, "holder: report: %v\n", err)
 			}
+		case syscall.SIGUSR2:
+			// A workspace that changed a little: the same pages, new
+			// contents each time.
+			n := min(int(*dirty*1024), len(mem))
+			from := (len(mem) - n) / 2 &^ 4095
+			fill(mem[from:from+n], uint64(100+seq))
+			if err := write(); err != nil {
+				fmt.Fprintf(os.Stderr, "holder: report: %v\n", err)
+			}
 		case syscall.SIGCHLD:
 			for {
 				var ws syscall.WaitStatus
@@ -228,7 +245,7 @@ func child(args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	if err := touch(*kib, *seed); err != nil {
+	if _, err := touch(*kib, *seed); err != nil {
 		return err
 	}
 	ready := os.NewFile(3, "ready")
@@ -273,7 +290,7 @@ func forkFloor(args []string) error {
 		return err
 	}
 	t := time.Now()
-	if err := touch(int64(*memMiB)*1024, 7); err != nil {
+	if _, err := touch(int64(*memMiB)*1024, 7); err != nil {
 		return err
 	}
 	res := FloorResult{MemMiB: *memMiB, TouchMs: float64(time.Since(t).Microseconds()) / 1000}
