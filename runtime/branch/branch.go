@@ -104,6 +104,8 @@ type Size struct {
 type Info struct {
 	*Branch
 	State State `json:"state"`
+	// Error says why a failed branch failed.
+	Error string `json:"error,omitempty"`
 }
 
 // State of a branch.
@@ -112,6 +114,10 @@ type State string
 const (
 	StateWriting State = "writing"
 	StateDurable State = "durable"
+	// StateFailed is a branch whose writing failed after its command
+	// returned (create --wait runnable): it stays listed, with why, until
+	// it is removed (rm, or tclone gc).
+	StateFailed State = "failed"
 )
 
 // What a branch made by a fork engine keeps besides its plan's files.

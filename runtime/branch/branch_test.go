@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 // pages returns n pages of pseudo-random data from seed, each page's bytes
@@ -263,5 +264,47 @@ func TestNames(t *testing.T) {
 		if err := CheckName(good); err != nil {
 			t.Errorf("name %q: %v", good, err)
 		}
+	}
+}
+
+// A writer that fails after its caller went leaves the branch listed as
+// failed, with why; a start waiting for it is told; rm and gc remove it.
+func TestFailedBranch(t *testing.T) {
+	s := Store{Dir: t.TempDir()}
+	w, err := s.Begin("late", Source{Name: "ws"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waited := make(chan error, 1)
+	go func() { waited <- s.WaitDurable(context.Background(), "late") }()
+	w.Fail(errors.New("disk full"))
+	if err := <-waited; err == nil || !strings.Contains(err.Error(), "disk full") {
+		t.Fatalf("waiting for a failed branch: %v", err)
+	}
+	infos, _ := s.List()
+	if len(infos) != 1 || infos[0].State != StateFailed || infos[0].Error != "disk full" {
+		t.Fatalf("ls: %+v", infos)
+	}
+	if _, err := s.Begin("late", Source{}); err == nil || !strings.Contains(err.Error(), "failed") {
+		t.Fatalf("the name of a failed branch: %v", err)
+	}
+	if rep, err := s.Remove("late"); err != nil || len(rep.Branches) != 1 {
+		t.Fatalf("rm of a failed branch: %+v %v", rep, err)
+	}
+	if infos, _ := s.List(); len(infos) != 0 {
+		t.Fatalf("after rm: %+v", infos)
+	}
+	// A durable one is waited for until it is.
+	w, _ = s.Begin("soon", Source{})
+	go func() { waited <- s.WaitDurable(context.Background(), "soon") }()
+	time.Sleep(150 * time.Millisecond)
+	if _, err := w.Commit(func(*Branch) {}); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-waited; err != nil {
+		t.Fatalf("waiting for a branch made durable: %v", err)
+	}
+	if err := s.WaitDurable(context.Background(), "never"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("waiting for no branch: %v", err)
 	}
 }

@@ -33,20 +33,28 @@ func (s Store) Remove(refs ...string) (Removed, error) {
 	if err != nil {
 		return rep, err
 	}
-	var ids []string
+	var dirs []string
 	for _, ref := range refs {
 		b, err := s.Get(ref)
+		if errors.Is(err, ErrNotFound) {
+			if failed := s.failed(ref); failed != nil {
+				dirs = append(dirs, filepath.Join(s.partialDir(), failed.ID))
+				rep.Branches = append(rep.Branches, failed.Name)
+				continue
+			}
+		}
 		if err != nil {
 			release()
 			return rep, err
 		}
-		ids = append(ids, b.ID)
+		dirs = append(dirs, s.dirOf(b.ID))
 		rep.Branches = append(rep.Branches, b.Name)
 	}
-	for _, id := range ids {
+	for _, dir := range dirs {
 		// Out of sight at once; deleted after.
+		id := filepath.Base(dir)
 		trash := filepath.Join(s.trashDir(), id)
-		if err := os.Rename(s.dirOf(id), trash); err != nil {
+		if err := os.Rename(dir, trash); err != nil {
 			release()
 			return rep, fmt.Errorf("removing branch %s: %w", id, err)
 		}
@@ -55,6 +63,17 @@ func (s Store) Remove(refs ...string) (Removed, error) {
 	more, err := s.Collect()
 	rep.Partial, rep.Chunks, rep.Bytes, rep.ChunksBusy = more.Partial, more.Chunks, more.Bytes, more.ChunksBusy
 	return rep, err
+}
+
+// failed finds a branch that failed being written, by name or ID.
+func (s Store) failed(ref string) *Info {
+	infos, _ := s.partials()
+	for _, in := range infos {
+		if in.State == StateFailed && (in.Name == ref || in.ID == ref) {
+			return &in
+		}
+	}
+	return nil
 }
 
 // Collect removes what no branch needs: branches whose writer died before

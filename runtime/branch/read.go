@@ -1,11 +1,14 @@
 package branch
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -68,7 +71,7 @@ func (s Store) list(writing bool) ([]Info, error) {
 		out = append(out, Info{Branch: b, State: StateDurable})
 	}
 	if writing {
-		partial, err := s.livePartials()
+		partial, err := s.partials()
 		if err != nil {
 			return nil, err
 		}
@@ -78,9 +81,9 @@ func (s Store) list(writing bool) ([]Info, error) {
 	return out, nil
 }
 
-// livePartials are the branches whose writer still runs: it holds their
-// lock.
-func (s Store) livePartials() ([]Info, error) {
+// partials are the branches whose writer still runs (it holds their lock),
+// and those whose writer recorded its failure.
+func (s Store) partials() ([]Info, error) {
 	entries, err := os.ReadDir(s.partialDir())
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, err
@@ -88,16 +91,50 @@ func (s Store) livePartials() ([]Info, error) {
 	var out []Info
 	for _, e := range entries {
 		dir := filepath.Join(s.partialDir(), e.Name())
+		in := Info{State: StateWriting}
 		if !writerAlive(dir) {
-			continue
+			why, err := os.ReadFile(filepath.Join(dir, failedFile))
+			if err != nil {
+				continue // a writer that died: nothing to show
+			}
+			in.State, in.Error = StateFailed, string(why)
 		}
 		b, err := readManifest(filepath.Join(dir, partialFile))
 		if err != nil {
 			continue // being set up, or gone meanwhile
 		}
-		out = append(out, Info{Branch: b, State: StateWriting})
+		in.Branch = b
+		out = append(out, in)
 	}
 	return out, nil
+}
+
+// WaitDurable waits until branch ref (a name or ID), being written, is
+// durable. It fails at once for a branch that failed or does not exist.
+func (s Store) WaitDurable(ctx context.Context, ref string) error {
+	for {
+		if _, err := s.Get(ref); err == nil {
+			return nil
+		}
+		infos, err := s.partials()
+		if err != nil {
+			return err
+		}
+		i := slices.IndexFunc(infos, func(in Info) bool { return in.Name == ref || in.ID == ref })
+		switch {
+		case i < 0:
+			// Committed since the Get, or never there.
+			_, err := s.Get(ref)
+			return err
+		case infos[i].State == StateFailed:
+			return fmt.Errorf("branch %s failed while it was written: %s; remove it (podman container branch rm %s) and create it again", ref, infos[i].Error, ref)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for branch %s to be written: %w", ref, ctx.Err())
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
 }
 
 // writerAlive reports whether the writer of the partial branch in dir

@@ -25,8 +25,12 @@ type Writer struct {
 	unlock []func()
 }
 
-// partialFile describes a branch being written, for List.
-const partialFile = "partial.json"
+// partialFile describes a branch being written, for List; failedFile says
+// why its writing failed, when its writer could say.
+const (
+	partialFile = "partial.json"
+	failedFile  = "failed"
+)
 
 // Begin starts writing a branch called name. It fails at once when a
 // branch of that name exists or is being written.
@@ -79,6 +83,9 @@ func (s Store) nameFree(name string) error {
 
 // ID is the branch's ID.
 func (w *Writer) ID() string { return w.b.ID }
+
+// Branch is what the writer knows of the branch so far.
+func (w *Writer) Branch() Branch { return w.b }
 
 // AddPlan stores every file of the plan in dir as chunks, except its use
 // count and lock, which belong to the live plan.
@@ -190,6 +197,27 @@ func (s Store) committedNameFree(name string) error {
 		return fmt.Errorf("a branch named %s was made meanwhile (%s): choose another name", name, b.ID)
 	}
 	return nil
+}
+
+// Fail ends the writing, keeping the branch listed as failed, with why,
+// until it is removed: for a writer whose caller has gone (create --wait
+// runnable). What it wrote goes with it.
+func (w *Writer) Fail(why error) {
+	if w.dir == "" {
+		return
+	}
+	entries, _ := os.ReadDir(w.dir)
+	for _, e := range entries {
+		if e.Name() != partialFile && e.Name() != "lock" {
+			os.RemoveAll(filepath.Join(w.dir, e.Name()))
+		}
+	}
+	if err := atomicfile.WriteFile(filepath.Join(w.dir, failedFile), []byte(why.Error()), 0o600); err != nil {
+		w.Abort()
+		return
+	}
+	w.dir = ""
+	w.release()
 }
 
 // Abort removes what the writer wrote; the chunks it added that no branch

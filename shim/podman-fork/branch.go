@@ -58,7 +58,8 @@ run with --runtime tclone. Branches are kept in ` + branch.DefaultDir + `
 				Usage:        "capture a running container as a branch",
 				ArgsUsage:    "SOURCE NAME",
 				Flags: append(forkflags.BranchCreate(),
-					&cli.StringFlag{Name: "wait", Value: "durable", Usage: "return once the branch is durable (on disk)"},
+					&cli.StringFlag{Name: "wait", Value: "durable", Usage: "durable: return once the branch is on disk; runnable: once the source is captured and runs on, the branch being written in the background (ls shows it writing; a start waits for it)"},
+					&cli.IntFlag{Name: notifyFlag, Hidden: true},
 					&cli.BoolFlag{Name: "print-stats", Usage: "print the branch and its timings as JSON instead of its ID"},
 					debug,
 				),
@@ -177,9 +178,6 @@ func branchCreate(c *cli.Context) error {
 	if c.NArg() != 2 {
 		return fmt.Errorf("podman container branch create takes SOURCE and NAME; see --help")
 	}
-	if w := c.String("wait"); w != "durable" {
-		return fmt.Errorf("--wait %s: only durable is supported: the command returns once the branch is on disk (the source runs on as soon as it is captured)", w)
-	}
 	opts, err := forkflags.ReadBranchCreate(c)
 	if err != nil {
 		return err
@@ -187,13 +185,30 @@ func branchCreate(c *cli.Context) error {
 	if err := branch.CheckName(c.Args().Get(1)); err != nil {
 		return err
 	}
+	switch w := c.String("wait"); {
+	case w == "runnable" && c.Bool("print-stats"):
+		return fmt.Errorf("--print-stats needs --wait durable: the timings are known once the branch is on disk")
+	case w == "runnable":
+		return createInBackground(c)
+	case w != "durable":
+		return fmt.Errorf("--wait %s: give runnable (return once the source is captured and runs on; the branch is written after) or durable (once it is on disk)", w)
+	}
+	notify, err := notifier(c)
+	if err != nil {
+		return err
+	}
+	if notify.f != nil {
+		opts.Runnable = notify.runnable
+	}
 	ctx, stop, err := connectTo(c.Context, target{url: c.String("url")}, false)
 	if err != nil {
+		notify.failed(err)
 		return err
 	}
 	defer stop()
 	st, err := podmanfork.CreateBranch(ctx, c.Args().Get(0), c.Args().Get(1), opts)
 	if err != nil {
+		notify.failed(err)
 		return err
 	}
 	if c.Bool("print-stats") {

@@ -34,6 +34,11 @@ type BranchOptions struct {
 	VolumeModes VolumeModes
 	// FileLocks captures the source's file locks.
 	FileLocks bool
+	// Runnable, when set, is told once the source is captured and runs
+	// on, while the branch is written. An error from it (its caller is
+	// gone) ends the creation, which is rolled back. A failure after it
+	// returned leaves the branch listed as failed, with why.
+	Runnable func(*branch.Branch) error
 }
 
 // BranchStats describes a branch's creation.
@@ -94,9 +99,13 @@ func CreateBranch(ctx context.Context, source, name string, opts BranchOptions) 
 	}
 	f := &forker{opts: fo, src: src, store: store, start: start, volumes: uses}
 	defer f.cleanupFiles()
-	stats, err := f.writeBranch(ctx, w, opts.Labels)
+	stats, err := f.writeBranch(ctx, w, opts)
 	if err != nil {
-		w.Abort()
+		if f.runnable {
+			w.Fail(err)
+		} else {
+			w.Abort()
+		}
 		if ctx.Err() != nil {
 			err = fmt.Errorf("branch %s of %s cancelled (%v); everything it made was removed", name, src.Name, context.Cause(ctx))
 		}
@@ -106,7 +115,7 @@ func CreateBranch(ctx context.Context, source, name string, opts BranchOptions) 
 	return stats, nil
 }
 
-func (f *forker) writeBranch(ctx context.Context, w *branch.Writer, labels map[string]string) (*BranchStats, error) {
+func (f *forker) writeBranch(ctx context.Context, w *branch.Writer, opts BranchOptions) (*BranchStats, error) {
 	archive, err := f.begin()
 	if err != nil {
 		return nil, err
@@ -121,6 +130,13 @@ func (f *forker) writeBranch(ctx context.Context, w *branch.Writer, labels map[s
 	stats.SourcePauseMs = capture.Timings.SourcePauseMs
 
 	// The source runs on from here.
+	if opts.Runnable != nil {
+		b := w.Branch()
+		if err := opts.Runnable(&b); err != nil {
+			return nil, err
+		}
+		f.runnable = true
+	}
 	t = time.Now()
 	if err := w.AddPlan(ctx, f.planDir); err != nil {
 		return nil, err
@@ -152,7 +168,7 @@ func (f *forker) writeBranch(ctx context.Context, w *branch.Writer, labels map[s
 		return nil, err
 	}
 	b, err := w.Commit(func(b *branch.Branch) {
-		b.Labels = labels
+		b.Labels = opts.Labels
 		b.Plan = *capture
 		b.Engine = engine
 		if f.src.Config != nil {
@@ -178,7 +194,14 @@ func StartBranch(ctx context.Context, ref string, opts Options) (*Stats, error) 
 	if err := opts.normalize(); err != nil {
 		return nil, ofKind(ErrInvalidOption, err)
 	}
-	r, err := branch.DefaultStore().Open(ref)
+	store := branch.DefaultStore()
+	r, err := store.Open(ref)
+	if errors.Is(err, branch.ErrNotFound) {
+		// One being written is waited for.
+		if err = store.WaitDurable(ctx, ref); err == nil {
+			r, err = store.Open(ref)
+		}
+	}
 	if errors.Is(err, branch.ErrNotFound) {
 		return nil, ofKind(ErrNoSuchSource, err)
 	}
@@ -194,8 +217,8 @@ func StartBranch(ctx context.Context, ref string, opts Options) (*Stats, error) 
 	if err := requireImage(ctx, b); err != nil {
 		return nil, err
 	}
-	store := plan.DefaultStore()
-	collectDeadCalls(ctx, store)
+	plans := plan.DefaultStore()
+	collectDeadCalls(ctx, plans)
 	limits, err := checkIdentity(opts.Identity, eng.Source)
 	if err != nil {
 		return nil, ofKind(ErrConflict, err)
@@ -204,7 +227,7 @@ func StartBranch(ctx context.Context, ref string, opts Options) (*Stats, error) 
 	if err != nil {
 		return nil, err
 	}
-	f := &forker{opts: opts, src: eng.Source, store: store, start: start, names: names, branch: b,
+	f := &forker{opts: opts, src: eng.Source, store: plans, start: start, names: names, branch: b,
 		identityLimits: limits, srcID: sourceIdentity{hostname: eng.Hostname, machineID: eng.MachineID}, volumes: eng.Volumes}
 	defer f.cleanupFiles()
 	stats, err := f.startBranch(ctx, r)

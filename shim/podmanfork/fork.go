@@ -192,8 +192,10 @@ type forker struct {
 
 	// mu guards what concurrent restores share: the names, the siblings
 	// made and the call's record.
-	// branch is the branch the siblings start from, if they do.
-	branch *branch.Branch
+	// branch is the branch the siblings start from, if they do;
+	// runnable says a branch being created was reported runnable.
+	branch   *branch.Branch
+	runnable bool
 
 	mu       sync.Mutex
 	made     []string // sibling IDs, for rollback
