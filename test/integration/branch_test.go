@@ -467,3 +467,36 @@ func TestRESTBranches(t *testing.T) {
 	requireNoLeftovers(t)
 	requireNoLiveCalls(t)
 }
+
+// --wait runnable returns once the source runs on; the branch is written
+// after, by a process of its own, and a start waits for it.
+func TestBranchCreateRunnable(t *testing.T) {
+	requireStack(t)
+	branchStore(t)
+	src, _, srcExec := workloadSource(t, "brrun", workspace, 512)
+	srcExec(t, "sh", "-c", "mkdir -p /var/tmp/workload; echo before > /var/tmp/workload/before")
+	at := workloadCmd(t, srcExec, "probe", "--hash")
+	branchFails(t, "needs --wait durable", "create", "--wait", "runnable", "--print-stats", src, "rb")
+	branchFails(t, "give runnable", "create", "--wait", "soon", src, "rb")
+	id := strings.TrimSpace(branchOK(t, "create", "--wait", "runnable", "--file-locks", src, "rb"))
+	returned := time.Now()
+	srcExec(t, "sh", "-c", "echo after > /var/tmp/workload/after")
+	workloadCmd(t, srcExec, "mutate", "--tag", "after-branch", "--mem")
+	if l := branchList(t); len(l) != 1 || l[0].ID != id || (l[0].State != branch.StateWriting && l[0].State != branch.StateDurable) {
+		t.Fatalf("ls after a runnable create: %+v", l)
+	}
+	// The start waits until the branch is durable.
+	started := name(t, "brrunsib")
+	branchOK(t, "start", "--name", started, "rb")
+	requireBranchState(t, started, at)
+	var b []branch.Branch
+	json.Unmarshal([]byte(branchOK(t, "inspect", "rb")), &b)
+	if len(b) != 1 || !b[0].DurableAt.After(returned) {
+		t.Errorf("the branch was durable at %v, before the command returned at %v: it did not return at runnable", b[0].DurableAt, returned)
+	}
+	if err := counterAdvancesWorkload(t, srcExec); err != nil {
+		t.Error(err)
+	}
+	requireNoLeftovers(t)
+	requireNoLiveCalls(t)
+}
