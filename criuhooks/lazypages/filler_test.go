@@ -2,9 +2,10 @@ package lazypages
 
 import (
 	"bytes"
+	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -28,6 +29,17 @@ func (h *testHost) forked(u *uffd, _ *pending, _ []byte) { h.forks.Add(1); u.Clo
 
 // region is memory of the test process registered with a userfaultfd of its
 // own, so that the filler under test serves the test's own faults.
+//
+// The test must never fault on it from Go code: a goroutine waiting in a
+// page fault cannot be stopped, and the Go runtime does stop every goroutine
+// now and then (a garbage collection stops the world, and flushes each P's
+// caches), whereupon the filler, the only one that could end the fault, is
+// stopped too and the test binary hangs for good, deaf even to -timeout.
+// The filler's own allocations start collections. So the test reads the
+// region only through system calls (wantPage): the fault is then taken in
+// the kernel, and the runtime does not wait for a goroutine in a system call.
+// That needs a userfaultfd that takes kernel-mode faults, as CRIU's do; an
+// unprivileged one (UFFD_USER_MODE_ONLY) would fail such a read.
 type region struct {
 	mem []byte
 	u   *uffd
@@ -35,15 +47,9 @@ type region struct {
 
 func newRegion(t *testing.T, pages int) *region {
 	t.Helper()
-	if runtime.GOMAXPROCS(0) < 2 {
-		// A goroutine blocked in a fault holds its P; the filler needs
-		// another one.
-		old := runtime.GOMAXPROCS(2)
-		t.Cleanup(func() { runtime.GOMAXPROCS(old) })
-	}
-	fd, _, errno := unix.Syscall(unix.SYS_USERFAULTFD, unix.O_CLOEXEC|unix.O_NONBLOCK|uffdUserModeOnly, 0, 0)
+	fd, _, errno := unix.Syscall(unix.SYS_USERFAULTFD, unix.O_CLOEXEC|unix.O_NONBLOCK, 0, 0)
 	if errno != 0 {
-		t.Skipf("userfaultfd not available here: %v", errno)
+		t.Skipf("userfaultfd not available here: %v (faults in kernel mode take root, CAP_SYS_PTRACE or vm.unprivileged_userfaultfd=1)", errno)
 	}
 	// CRIU's features but FORK, which takes CAP_SYS_PTRACE.
 	api := struct{ api, features, ioctls uint64 }{api: uffdAPI, features: criuFeatures &^ uffdFeatureEventFork}
@@ -127,10 +133,67 @@ func finish(t *testing.T, h *testHost, r *region, done <-chan error) {
 
 func wantPage(t *testing.T, mem []byte, page int, b byte) {
 	t.Helper()
-	got := mem[page*pageSize : (page+1)*pageSize]
+	got, err := readPage(mem[page*pageSize : (page+1)*pageSize])
+	if err != nil {
+		t.Fatalf("page %d: %v", page, err)
+	}
 	if !bytes.Equal(got, bytes.Repeat([]byte{b}, pageSize)) {
 		t.Fatalf("page %d starts %v, want all %d", page, got[:8], b)
 	}
+}
+
+// readPage copies src, registered memory, by writing it to a pipe: the
+// kernel reads it, so a fault there is taken in a system call (see region).
+// It gives up after 20 s; the write then ends when the test's cleanup closes
+// the userfaultfd.
+func readPage(src []byte) ([]byte, error) {
+	type result struct {
+		b   []byte
+		err error
+	}
+	done := make(chan result, 1)
+	deadline := time.Now().Add(20 * time.Second)
+	go func() {
+		b, err := pipeCopy(src, deadline)
+		done <- result{b, err}
+	}()
+	select {
+	case r := <-done:
+		return r.b, r.err
+	case <-time.After(time.Until(deadline) + time.Second):
+		return nil, errors.New("the fault on it was not answered in 20 s")
+	}
+}
+
+func pipeCopy(src []byte, deadline time.Time) ([]byte, error) {
+	var p [2]int
+	if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
+		return nil, err
+	}
+	defer unix.Close(p[0])
+	defer unix.Close(p[1])
+	for off := 0; off < len(src); {
+		n, err := unix.Write(p[1], src[off:])
+		switch {
+		case err == nil:
+			off += n
+		case (errors.Is(err, unix.EFAULT) || errors.Is(err, unix.EINTR)) && time.Now().Before(deadline):
+			// A signal to the thread (the runtime's preemption, a
+			// child's SIGCHLD) ends a fault in kernel mode with EFAULT
+			// when nothing was copied yet: the page may still come.
+		default:
+			return nil, fmt.Errorf("write to a pipe: %w", err)
+		}
+	}
+	b := make([]byte, len(src))
+	for off := 0; off < len(b); {
+		n, err := unix.Read(p[0], b[off:])
+		if err != nil {
+			return nil, fmt.Errorf("read from a pipe: %w", err)
+		}
+		off += n
+	}
+	return b, nil
 }
 
 // TestFillerServesFaultsThenFillsTheRest: while the sibling is restoring the

@@ -23,7 +23,6 @@ const (
 	uffdioZeropage = 0xc020aa04 // _IOWR(0xAA, 0x04, struct uffdio_zeropage)
 
 	uffdRegisterModeMissing = 1
-	uffdUserModeOnly        = 1 // userfaultfd(2) flag: no kernel-mode faults
 
 	uffdEventPagefault = 0x12
 	uffdEventFork      = 0x13

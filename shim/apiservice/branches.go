@@ -8,7 +8,6 @@ import (
 	"regexp"
 	"time"
 
-	"github.com/containers/podman/v5/pkg/bindings"
 	"github.com/sirupsen/logrus"
 
 	"github.com/tclone/tclone/runtime/branch"
@@ -34,15 +33,22 @@ var (
 // routeBranches serves r when it is a branch request.
 func (s *Service) routeBranches(w http.ResponseWriter, r *http.Request) bool {
 	if m := branchCreatePath.FindStringSubmatch(r.URL.Path); m != nil {
-		if allow(w, r, http.MethodPost) {
-			s.long(w, r, "branch of "+m[1], func(conn context.Context) (any, error) {
-				name, opts, err := forkflags.BranchCreateFromQuery(r.URL.Query())
-				if err != nil {
-					return nil, badRequest(err)
-				}
-				return podmanfork.CreateBranch(conn, m[1], name, opts)
-			})
+		w.Header().Set(podmanfork.ServiceHeader, s.version)
+		if !allow(w, r, http.MethodPost) {
+			return true
 		}
+		name, opts, err := forkflags.BranchCreateFromQuery(r.URL.Query())
+		if err != nil {
+			writeError(w, http.StatusBadRequest, err)
+			return true
+		}
+		s.long(w, r, "branch of "+m[1], func(ctx context.Context) (any, error) {
+			conn, err := s.connect(ctx)
+			if err != nil {
+				return nil, err
+			}
+			return podmanfork.CreateBranch(conn, m[1], name, opts)
+		})
 		return true
 	}
 	m := branchesPath.FindStringSubmatch(r.URL.Path)
@@ -82,18 +88,24 @@ func (s *Service) routeBranches(w http.ResponseWriter, r *http.Request) bool {
 			})
 		}
 	case verb == "start":
-		if allow(w, r, http.MethodPost) {
-			s.long(w, r, "start of branch "+ref, func(conn context.Context) (any, error) {
-				opts, err := forkflags.BranchStartFromQuery(r.URL.Query())
-				if err == nil {
-					err = opts.Validate()
-				}
-				if err != nil {
-					return nil, badRequest(err)
-				}
-				return podmanfork.StartBranch(conn, ref, opts)
-			})
+		if !allow(w, r, http.MethodPost) {
+			break
 		}
+		opts, err := forkflags.BranchStartFromQuery(r.URL.Query())
+		if err == nil {
+			err = opts.Validate()
+		}
+		if err != nil {
+			writeError(w, http.StatusBadRequest, err)
+			break
+		}
+		s.long(w, r, "start of branch "+ref, func(ctx context.Context) (any, error) {
+			conn, err := s.connect(ctx)
+			if err != nil {
+				return nil, err
+			}
+			return podmanfork.StartBranch(conn, ref, opts)
+		})
 	default: // a branch itself
 		if allow(w, r, http.MethodDelete) {
 			answer(w, r, func() (any, error) { return store.Remove(ref) })
@@ -140,11 +152,10 @@ func answer(w http.ResponseWriter, r *http.Request, fn func() (any, error)) {
 	writeJSON(w, http.StatusOK, v)
 }
 
-// long runs a request that captures or starts containers through Podman: as
-// a fork, the service waits for it at shutdown, and a client that goes away
-// cancels it, which rolls it back.
-func (s *Service) long(w http.ResponseWriter, r *http.Request, what string, fn func(conn context.Context) (any, error)) {
-	w.Header().Set(podmanfork.ServiceHeader, s.version)
+// long runs a request that captures or starts containers through Podman: the
+// service waits for it at shutdown, and a client that goes away cancels
+// it, which rolls it back.
+func (s *Service) long(w http.ResponseWriter, r *http.Request, what string, fn func(ctx context.Context) (any, error)) {
 	ctx, done, err := s.startFork(r.Context())
 	if err != nil {
 		writeError(w, http.StatusServiceUnavailable, err)
@@ -152,12 +163,7 @@ func (s *Service) long(w http.ResponseWriter, r *http.Request, what string, fn f
 	}
 	defer done()
 	start := time.Now()
-	conn, err := bindings.NewConnection(ctx, "unix://"+s.podman)
-	if err != nil {
-		writeError(w, http.StatusServiceUnavailable, s.podmanDown(err))
-		return
-	}
-	v, err := fn(conn)
+	v, err := fn(ctx)
 	if err != nil {
 		status := statusOf(err)
 		logrus.Warnf("%s for %s failed (%d) after %s: %v", what, clientOf(r), status, time.Since(start).Round(time.Millisecond), err)
@@ -166,6 +172,8 @@ func (s *Service) long(w http.ResponseWriter, r *http.Request, what string, fn f
 	}
 	logrus.Infof("%s for %s done in %s", what, clientOf(r), time.Since(start).Round(time.Millisecond))
 	writeJSON(w, http.StatusOK, v)
+	// On the wire before the request counts as done: Shutdown, which
+	// waits for it, then closes the connections.
 	if err := http.NewResponseController(w).Flush(); err != nil {
 		logrus.Debugf("sending the answer: %v", err)
 	}

@@ -103,9 +103,7 @@ func (s *Service) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 func (s *Service) serveFork(w http.ResponseWriter, r *http.Request, source string) {
 	w.Header().Set(podmanfork.ServiceHeader, s.version)
-	if r.Method != http.MethodPost {
-		w.Header().Set("Allow", http.MethodPost)
-		writeError(w, http.StatusMethodNotAllowed, fmt.Errorf("%s %s: a fork is a POST", r.Method, r.URL.Path))
+	if !allow(w, r, http.MethodPost) {
 		return
 	}
 	opts, err := forkflags.FromQuery(r.URL.Query())
@@ -116,30 +114,7 @@ func (s *Service) serveFork(w http.ResponseWriter, r *http.Request, source strin
 		writeError(w, http.StatusBadRequest, err)
 		return
 	}
-	ctx, done, err := s.startFork(r.Context())
-	if err != nil {
-		writeError(w, http.StatusServiceUnavailable, err)
-		return
-	}
-	defer done()
-	start := time.Now()
-	stats, err := s.fork(ctx, source, opts)
-	if err != nil {
-		status := podmanfork.HTTPStatus(err)
-		if errors.As(err, new(unavailable)) {
-			status = http.StatusServiceUnavailable
-		}
-		logrus.Warnf("fork of %s from %s failed (%d) after %s: %v", source, clientOf(r), status, time.Since(start).Round(time.Millisecond), err)
-		writeError(w, status, err)
-		return
-	}
-	logrus.Infof("forked %s into %d siblings for %s in %s", source, len(stats.Siblings), clientOf(r), time.Since(start).Round(time.Millisecond))
-	writeJSON(w, http.StatusOK, stats)
-	// On the wire before the fork counts as done: Shutdown, which waits
-	// for it, then closes the connections.
-	if err := http.NewResponseController(w).Flush(); err != nil {
-		logrus.Debugf("sending the fork's answer: %v", err)
-	}
+	s.long(w, r, "fork of "+source, func(ctx context.Context) (any, error) { return s.fork(ctx, source, opts) })
 }
 
 // startFork registers a fork request. Its context ends when the client goes
@@ -162,11 +137,20 @@ func (s *Service) startFork(req context.Context) (context.Context, func(), error
 
 // forkHere runs a fork through Podman's service.
 func (s *Service) forkHere(ctx context.Context, source string, opts podmanfork.Options) (*podmanfork.Stats, error) {
+	conn, err := s.connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return podmanfork.ForkHere(conn, source, opts)
+}
+
+// connect returns ctx with a connection to Podman's service.
+func (s *Service) connect(ctx context.Context) (context.Context, error) {
 	conn, err := bindings.NewConnection(ctx, "unix://"+s.podman)
 	if err != nil {
 		return nil, s.podmanDown(err)
 	}
-	return podmanfork.ForkHere(conn, source, opts)
+	return conn, nil
 }
 
 // Shutdown takes no new fork, and waits for the forks under way until ctx

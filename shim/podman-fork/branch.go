@@ -223,9 +223,9 @@ func branchList(c *cli.Context) error {
 	if c.NArg() > 1 {
 		return fmt.Errorf("podman container branch ls takes at most one SOURCE; see --help")
 	}
-	format := c.String("format")
-	if format != "" && format != "json" {
-		return fmt.Errorf("unknown --format %q (use json)", format)
+	format, err := readFormat(c)
+	if err != nil {
+		return err
 	}
 	infos, err := branch.DefaultStore().ListOf(c.Args().First())
 	if err != nil {
@@ -281,9 +281,8 @@ func branchStart(c *cli.Context) error {
 	if c.NArg() != 1 {
 		return fmt.Errorf("podman container branch start takes exactly one branch NAME; see --help")
 	}
-	format := c.String("format")
-	if format != "" && format != "json" {
-		return fmt.Errorf("unknown --format %q (use json)", format)
+	if _, err := readFormat(c); err != nil {
+		return err
 	}
 	opts, err := forkflags.ReadBranchStart(c)
 	if err != nil {
@@ -326,9 +325,9 @@ func branchPrune(c *cli.Context) error {
 	if c.NArg() != 0 {
 		return fmt.Errorf("podman container branch prune takes no arguments (select with --source and --name-prefix); see --help")
 	}
-	format := c.String("format")
-	if format != "" && format != "json" {
-		return fmt.Errorf("unknown --format %q (use json)", format)
+	format, err := readFormat(c)
+	if err != nil {
+		return err
 	}
 	rule, yes, err := forkflags.ReadBranchPrune(c)
 	if err != nil {
@@ -369,9 +368,9 @@ func branchDiff(c *cli.Context) error {
 	if c.NArg() != 2 {
 		return fmt.Errorf("podman container branch diff takes two branches, A and B; see --help")
 	}
-	format := c.String("format")
-	if format != "" && format != "json" {
-		return fmt.Errorf("unknown --format %q (use json)", format)
+	format, err := readFormat(c)
+	if err != nil {
+		return err
 	}
 	d, err := branch.DefaultStore().Compare(c.Args().Get(0), c.Args().Get(1))
 	if err != nil {

@@ -78,9 +78,8 @@ func run(c *cli.Context) error {
 	if c.NArg() != 1 || c.Args().First() == "" {
 		return fmt.Errorf("podman container fork takes exactly one SOURCE container; see --help")
 	}
-	format := c.String("format")
-	if format != "" && format != "json" {
-		return fmt.Errorf("unknown --format %q (use json)", format)
+	if _, err := readFormat(c); err != nil {
+		return err
 	}
 	opts, err := options(c)
 	if err != nil {
@@ -129,6 +128,14 @@ func report(c *cli.Context, stats *podmanfork.Stats) error {
 	}
 	_, err = os.Stdout.Write(buf.Bytes())
 	return err
+}
+
+// readFormat reads --format: "" or json.
+func readFormat(c *cli.Context) (string, error) {
+	if f := c.String("format"); f != "" && f != "json" {
+		return "", fmt.Errorf("unknown --format %q (use json)", f)
+	}
+	return c.String("format"), nil
 }
 
 func options(c *cli.Context) (podmanfork.Options, error) {

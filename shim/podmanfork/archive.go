@@ -120,13 +120,7 @@ func writeSiblingArchive(src, dst string, edit siblingEdit) error {
 			if err != nil {
 				return err
 			}
-			nh := *h
-			nh.Size = int64(len(data))
-			if err := tw.WriteHeader(&nh); err != nil {
-				return err
-			}
-			_, err = tw.Write(data)
-			return err
+			return replaceEntry(tw, h, data)
 		}
 		if name != configDump && name != specDump {
 			if err := tw.WriteHeader(h); err != nil {
@@ -147,13 +141,7 @@ func writeSiblingArchive(src, dst string, edit siblingEdit) error {
 		if err != nil {
 			return err
 		}
-		nh := *h
-		nh.Size = int64(len(data))
-		if err := tw.WriteHeader(&nh); err != nil {
-			return err
-		}
-		_, err = tw.Write(data)
-		return err
+		return replaceEntry(tw, h, data)
 	})
 	if cerr := tw.Close(); err == nil {
 		err = cerr
@@ -161,6 +149,17 @@ func writeSiblingArchive(src, dst string, edit siblingEdit) error {
 	if cerr := out.Close(); err == nil {
 		err = cerr
 	}
+	return err
+}
+
+// replaceEntry writes the entry of h with data in place of its contents.
+func replaceEntry(tw *tar.Writer, h *tar.Header, data []byte) error {
+	nh := *h
+	nh.Size = int64(len(data))
+	if err := tw.WriteHeader(&nh); err != nil {
+		return err
+	}
+	_, err := tw.Write(data)
 	return err
 }
 
