@@ -36,8 +36,8 @@ const (
 // trusted.* ones included, as root), device nodes and hard links.
 var tarFlags = []string{"--xattrs", "--xattrs-include=*", "--numeric-owner", "--sparse"}
 
-// Export writes branch ref to path, atomically: a failure leaves no file.
-func (s Store) Export(ref, dest string) (*Branch, error) {
+// ExportTo writes branch ref to out, as Export does to a file.
+func (s Store) ExportTo(ref string, out io.Writer) (*Branch, error) {
 	release, err := s.use()
 	if err != nil {
 		return nil, err
@@ -47,11 +47,16 @@ func (s Store) Export(ref, dest string) (*Branch, error) {
 	if err != nil {
 		return nil, err
 	}
+	return b, s.export(b, out)
+}
+
+// Export writes branch ref to path, atomically: a failure leaves no file.
+func (s Store) Export(ref, dest string) (*Branch, error) {
 	tmp, err := os.CreateTemp(filepath.Dir(dest), "."+filepath.Base(dest)+".tmp*")
 	if err != nil {
-		return nil, fmt.Errorf("exporting branch %s: %w", b.Name, err)
+		return nil, fmt.Errorf("exporting branch %s: %w", ref, err)
 	}
-	err = s.export(b, tmp)
+	b, err := s.ExportTo(ref, tmp)
 	if cerr := tmp.Close(); err == nil {
 		err = cerr
 	}
@@ -60,7 +65,7 @@ func (s Store) Export(ref, dest string) (*Branch, error) {
 	}
 	if err != nil {
 		os.Remove(tmp.Name())
-		return nil, fmt.Errorf("exporting branch %s to %s: %w", b.Name, dest, err)
+		return nil, fmt.Errorf("exporting branch %s to %s: %w", ref, dest, err)
 	}
 	return b, nil
 }
@@ -171,7 +176,13 @@ func (s Store) Import(src, name string, check func(*Branch) error) (*Branch, err
 		return nil, err
 	}
 	defer f.Close()
-	zr, err := zstd.NewReader(f)
+	return s.ImportFrom(f, src, name, check)
+}
+
+// ImportFrom is Import of the archive read from in, which src names in
+// errors.
+func (s Store) ImportFrom(in io.Reader, src, name string, check func(*Branch) error) (*Branch, error) {
+	zr, err := zstd.NewReader(in)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", src, ErrNotBranchArchive)
 	}
@@ -181,31 +192,31 @@ func (s Store) Import(src, name string, check func(*Branch) error) (*Branch, err
 	if err != nil || h.Name != archiveManifest {
 		return nil, fmt.Errorf("%s: %w (it does not begin with %s)", src, ErrNotBranchArchive, archiveManifest)
 	}
-	var in Branch
-	if err := json.NewDecoder(io.LimitReader(tr, 64<<20)).Decode(&in); err != nil {
+	var m Branch
+	if err := json.NewDecoder(io.LimitReader(tr, 64<<20)).Decode(&m); err != nil {
 		return nil, fmt.Errorf("%s: %w: its manifest does not decode: %v", src, ErrNotBranchArchive, err)
 	}
-	if in.Version != FormatVersion {
-		return nil, fmt.Errorf("%s holds a branch of format version %d; this tclone reads version %d", src, in.Version, FormatVersion)
+	if m.Version != FormatVersion {
+		return nil, fmt.Errorf("%s holds a branch of format version %d; this tclone reads version %d", src, m.Version, FormatVersion)
 	}
 	if name == "" {
-		name = in.Name
+		name = m.Name
 	}
-	if err := check(&in); err != nil {
+	if err := check(&m); err != nil {
 		return nil, err
 	}
-	w, err := s.Begin(name, in.Source)
+	w, err := s.Begin(name, m.Source)
 	if err != nil {
 		return nil, err
 	}
-	if err := w.readArchive(tr, &in); err != nil {
+	if err := w.readArchive(tr, &m); err != nil {
 		w.Abort()
 		return nil, fmt.Errorf("importing %s: %w", src, err)
 	}
 	b, err := w.Commit(func(b *Branch) {
 		id := b.ID
 		added := b.Size.ChunksAdded
-		*b = in
+		*b = m
 		b.ID, b.Name, b.Size.ChunksAdded = id, name, added
 	})
 	return b, err

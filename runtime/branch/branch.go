@@ -141,6 +141,9 @@ func CheckName(name string) error {
 	if idRE.MatchString(name) {
 		return fmt.Errorf("invalid branch name %q: it has the form of a branch ID; choose a name that is not 16 hexadecimal digits", name)
 	}
+	if name == "prune" || name == "import" {
+		return fmt.Errorf("invalid branch name %q: it names an endpoint of the API service; choose another", name)
+	}
 	return nil
 }
 
@@ -154,8 +157,12 @@ func newID() string {
 	return hex.EncodeToString(b)
 }
 
-// ErrNotFound reports a branch no name or ID matches.
-var ErrNotFound = errors.New("no such branch")
+// ErrNotFound reports a branch no name or ID matches; ErrNameTaken a name
+// another branch has.
+var (
+	ErrNotFound  = errors.New("no such branch")
+	ErrNameTaken = errors.New("branch name taken")
+)
 
 // Store is the branch store in Dir.
 type Store struct{ Dir string }

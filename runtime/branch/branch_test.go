@@ -255,7 +255,7 @@ func TestDeadWriterIsCollected(t *testing.T) {
 }
 
 func TestNames(t *testing.T) {
-	for _, bad := range []string{"", "-x", "a b", "0123456789abcdef", strings.Repeat("a", 129)} {
+	for _, bad := range []string{"", "-x", "a b", "0123456789abcdef", strings.Repeat("a", 129), "prune", "import"} {
 		if CheckName(bad) == nil {
 			t.Errorf("name %q accepted", bad)
 		}

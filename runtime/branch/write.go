@@ -74,8 +74,8 @@ func (s Store) nameFree(name string) error {
 	}
 	for _, in := range infos {
 		if in.Name == name {
-			return fmt.Errorf("a branch named %s exists (%s, %s, created %s): choose another name, or remove it first (podman container branch rm %s)",
-				name, in.ID, in.State, in.CreatedAt.Format(time.RFC3339), name)
+			return fmt.Errorf("%w: a branch named %s exists (%s, %s, created %s): choose another name, or remove it first (podman container branch rm %s)",
+				ErrNameTaken, name, in.ID, in.State, in.CreatedAt.Format(time.RFC3339), name)
 		}
 	}
 	return nil
@@ -194,7 +194,7 @@ func (w *Writer) Commit(fill func(*Branch)) (*Branch, error) {
 // that asks is itself among those being written.
 func (s Store) committedNameFree(name string) error {
 	if b, err := s.Get(name); err == nil {
-		return fmt.Errorf("a branch named %s was made meanwhile (%s): choose another name", name, b.ID)
+		return fmt.Errorf("%w: a branch named %s was made meanwhile (%s): choose another name", ErrNameTaken, name, b.ID)
 	}
 	return nil
 }

@@ -25,9 +25,11 @@ import (
 //	POST   /libpod/branches/{branch}/start?count=3&...             start
 //	DELETE /libpod/branches/{branch}                               rm
 //	POST   /libpod/branches/prune?keep-last=N&older-than=D&yes=true prune
+//	GET    /libpod/branches/{branch}/export                        export (the archive)
+//	POST   /libpod/branches/import?name=N                          import (the archive as body)
 var (
 	branchCreatePath = regexp.MustCompile(`^(?:/v\d[\d.]*)?/libpod/containers/([^/]+)/branches$`)
-	branchesPath     = regexp.MustCompile(`^(?:/v\d[\d.]*)?/libpod/branches(?:/([^/]+)(?:/(json|diff|start))?)?$`)
+	branchesPath     = regexp.MustCompile(`^(?:/v\d[\d.]*)?/libpod/branches(?:/([^/]+)(?:/(json|diff|start|export))?)?$`)
 )
 
 // routeBranches serves r when it is a branch request.
@@ -72,6 +74,34 @@ func (s *Service) routeBranches(w http.ResponseWriter, r *http.Request) bool {
 				}
 				return store.Prune(rule, time.Now(), yes)
 			})
+		}
+	case ref == "import" && verb == "":
+		if !allow(w, r, http.MethodPost) {
+			break
+		}
+		name := r.URL.Query().Get("name")
+		s.long(w, r, "import of a branch", func(ctx context.Context) (any, error) {
+			conn, err := s.connect(ctx)
+			if err != nil {
+				return nil, err
+			}
+			return podmanfork.ImportBranchFrom(conn, r.Body, "the request's body", name)
+		})
+	case verb == "export":
+		if !allow(w, r, http.MethodGet) {
+			break
+		}
+		b, err := store.Get(ref)
+		if err != nil {
+			writeError(w, statusOf(err), err)
+			break
+		}
+		w.Header().Set("Content-Type", "application/zstd")
+		w.Header().Set("Content-Disposition", fmt.Sprintf("attachment; filename=%q", b.Name+".tar.zst"))
+		// A failure midway cuts the archive short, which an import
+		// refuses.
+		if _, err := store.ExportTo(b.ID, w); err != nil {
+			logrus.Warnf("exporting branch %s to %s: %v", b.Name, clientOf(r), err)
 		}
 	case verb == "json":
 		if allow(w, r, http.MethodGet) {

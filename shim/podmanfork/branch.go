@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -94,8 +95,11 @@ func CreateBranch(ctx context.Context, source, name string, opts BranchOptions) 
 	fo.Fork.Volumes = copies
 	bstore := branch.DefaultStore()
 	w, err := bstore.Begin(name, branch.Source{ID: src.ID, Name: src.Name, Image: src.ImageName, ImageID: src.Image})
-	if err != nil {
+	if errors.Is(err, branch.ErrNameTaken) {
 		return nil, ofKind(ErrConflict, err)
+	}
+	if err != nil {
+		return nil, err
 	}
 	f := &forker{opts: fo, src: src, store: store, start: start, volumes: uses}
 	defer f.cleanupFiles()
@@ -175,8 +179,11 @@ func (f *forker) writeBranch(ctx context.Context, w *branch.Writer, opts BranchO
 			b.Parent = f.src.Config.Labels[LabelBranch]
 		}
 	})
-	if err != nil {
+	if errors.Is(err, branch.ErrNameTaken) {
 		return nil, ofKind(ErrConflict, err)
+	}
+	if err != nil {
+		return nil, err
 	}
 	stats.Branch = b
 	stats.WriteMs = ms(time.Since(t))
@@ -245,13 +252,27 @@ func StartBranch(ctx context.Context, ref string, opts Options) (*Stats, error) 
 // branch export), as name (its own when empty). The branch's image must be
 // on this host.
 func ImportBranch(ctx context.Context, file, name string) (*branch.Branch, error) {
+	f, err := os.Open(file)
+	if err != nil {
+		return nil, ofKind(ErrInvalidOption, err)
+	}
+	defer f.Close()
+	return ImportBranchFrom(ctx, f, file, name)
+}
+
+// ImportBranchFrom is ImportBranch of the archive read from in, which what
+// names in errors.
+func ImportBranchFrom(ctx context.Context, in io.Reader, what, name string) (*branch.Branch, error) {
 	if name != "" {
 		if err := branch.CheckName(name); err != nil {
 			return nil, ofKind(ErrInvalidOption, err)
 		}
 	}
-	b, err := branch.DefaultStore().Import(file, name, func(b *branch.Branch) error { return requireImage(ctx, b) })
-	if err != nil && strings.Contains(err.Error(), "a branch named") {
+	b, err := branch.DefaultStore().ImportFrom(in, what, name, func(b *branch.Branch) error { return requireImage(ctx, b) })
+	if errors.Is(err, branch.ErrNotBranchArchive) {
+		return nil, ofKind(ErrInvalidOption, err)
+	}
+	if errors.Is(err, branch.ErrNameTaken) {
 		return nil, ofKind(ErrConflict, err)
 	}
 	return b, err

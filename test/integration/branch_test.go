@@ -450,6 +450,31 @@ func TestRESTBranches(t *testing.T) {
 	expect("POST", base+"/rb/start?files-only=true", 400)
 	expect("POST", base+"/nope/start", 404)
 
+	// Export and import through the service.
+	archive := filepath.Join(t.TempDir(), "rb.tar.zst")
+	if r := run(t, time.Minute, "curl", "-sS", "-f", "--unix-socket", svc.socket, "-o", archive, "http://d"+base+"/rb/export"); r.code != 0 {
+		t.Fatalf("export: %s", r.stderr)
+	}
+	expect("GET", base+"/nope/export", 404)
+	postFile := func(path string) (int, string) {
+		r := run(t, time.Minute, "curl", "-sS", "--unix-socket", svc.socket, "-X", "POST", "--data-binary", "@"+archive,
+			"-H", "Content-Type: application/zstd", "-w", "\n%{http_code}", "http://d"+path)
+		body, code, _ := strings.Cut(strings.TrimSpace(r.stdout), "\n")
+		status, _ := strconv.Atoi(code)
+		return status, body
+	}
+	if status, body := postFile(base + "/import?name=rb-imp"); status != 200 || !strings.Contains(body, `"rb-imp"`) {
+		t.Fatalf("import: %d %s", status, body)
+	}
+	if status, _ := postFile(base + "/import?name=rb-imp"); status != 409 {
+		t.Errorf("a second import as rb-imp: %d, want 409", status)
+	}
+	os.WriteFile(archive, []byte("not an archive"), 0o600)
+	if status, _ := postFile(base + "/import?name=other"); status != 400 {
+		t.Errorf("import of garbage: %d, want 400", status)
+	}
+	expect("DELETE", base+"/rb-imp", 200)
+
 	expect("POST", base+"/prune", 400)
 	if body := expect("POST", base+"/prune?keep-last=0", 200); !strings.Contains(body, `"rb"`) || len(branchList(t)) != 1 {
 		t.Errorf("prune dry run: %s", body)
