@@ -13,12 +13,16 @@ bg_service() {
 		rm -f "$sock"
 		# The service outlives the caller: it must not keep the caller's
 		# open files (a lock the caller holds, a pipe it waits on), so
-		# every descriptor above stderr is closed for it.
+		# every descriptor above stderr is closed for it; nor its working
+		# directory, which may be removed (a checkout in /tmp) while the
+		# service runs on: conmon, which inherits it, then fails every
+		# container ("Failed to get working directory").
 		(
 			for fd in /proc/self/fd/*; do
 				fd=${fd##*/}
 				if [ "$fd" -gt 2 ]; then eval "exec $fd>&-" 2>/dev/null || true; fi
 			done
+			cd /
 			exec setsid "$@" </dev/null >"$logfile" 2>&1
 		) &
 		echo $! >"$pidfile"

@@ -48,7 +48,7 @@ func createInBackground(c *cli.Context) error {
 		return err
 	}
 	defer r.Close()
-	cmd := &exec.Cmd{Path: exe, Args: args, ExtraFiles: []*os.File{w},
+	cmd := &exec.Cmd{Path: exe, Args: args, ExtraFiles: []*os.File{w}, Dir: "/",
 		SysProcAttr: &syscall.SysProcAttr{Setsid: true}}
 	if err := cmd.Start(); err != nil {
 		w.Close()

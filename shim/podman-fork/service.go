@@ -159,6 +159,9 @@ func startService(podman, socket, logPath, tmpDir string) (*service, error) {
 	// default is.
 	cmd := exec.Command(podman, "--runtime", "tclone", "system", "service", "--time=0", "unix://"+socket)
 	cmd.Env = append(os.Environ(), "PODMAN_IGNORE_CGROUPSV1_WARNING=1", "TMPDIR="+tmpDir)
+	// Not the caller's working directory, which conmon would inherit and
+	// fail on should it be removed meanwhile.
+	cmd.Dir = "/"
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	// Its own process group, so a ^C aimed at us reaches it only through
 	// our cleanup, after the fork has been rolled back.

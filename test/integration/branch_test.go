@@ -299,7 +299,6 @@ func TestBranchRefusals(t *testing.T) {
 	podman(t, "run", "-d", "--name", src, busybox, "sh", "-c", counterScript)
 	branchFails(t, "invalid branch name", "create", src, "-bad")
 	branchFails(t, "no container", "create", name(t, "brnone"), "x")
-	branchFails(t, "only durable", "create", "--wait", "runnable", src, "x")
 	branchOK(t, "create", src, "ok")
 	branchFails(t, "give it to podman container branch create", "start", "--files-only", "ok")
 	branchFails(t, "no such branch", "start", "nope")
