@@ -104,18 +104,24 @@ func (b *Bench) runBranches(ctx context.Context) *BranchResult {
 		if last == "" || ctx.Err() != nil {
 			break
 		}
-		names := fmt.Sprintf("%s-start%d", prefix, n)
-		for i := 1; i <= n; i++ {
-			b.track(fmt.Sprintf("%s-%d", names, i))
+		// --name NAME gives one container NAME, N of them NAME-1..NAME-N.
+		name := fmt.Sprintf("%s-start%d", prefix, n)
+		made := []string{name}
+		if n > 1 {
+			made = nil
+			for i := 1; i <= n; i++ {
+				made = append(made, fmt.Sprintf("%s-%d", name, i))
+			}
 		}
-		out, _, err := runCmd(ctx, b.podmanBranch(), "--url", b.svc.url, "start", "--print-stats", "--count", strconv.Itoa(n), "--name", names, last)
+		for _, m := range made {
+			b.track(m)
+		}
+		out, _, err := runCmd(ctx, b.podmanBranch(), "--url", b.svc.url, "start", "--print-stats", "--count", strconv.Itoa(n), "--name", name, last)
 		var st forkStats
 		if err == nil {
 			err = json.Unmarshal([]byte(out), &st)
 		}
-		for i := 1; i <= n; i++ {
-			b.removeContainers(fmt.Sprintf("%s-%d", names, i))
-		}
+		b.removeContainers(made...)
 		if err != nil || len(st.Siblings) != n {
 			fail(fmt.Sprintf("start --count %d", n), -1, fmt.Errorf("%v: %d containers: %s", err, len(st.Siblings), tail(out, 300)))
 			continue

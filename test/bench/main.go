@@ -365,6 +365,13 @@ func (b *Bench) cleanup() {
 // checkLeftovers warns about fork plans of this run's sources that tclone
 // did not remove.
 func (b *Bench) checkLeftovers() {
+	// Every experiment removes what it made; what is left is a leak of
+	// the experiment (cleanup removes it all the same).
+	out, _, err := b.tools.podman(context.Background(), "ps", "-a", "--filter", "name=^tcb-"+b.runID+"-", "--format", "{{.Names}}")
+	if left := strings.Fields(out); err == nil && len(left) > 0 {
+		b.res.Failures = append(b.res.Failures, Failure{Workload: "*", Method: "*", Rep: -1,
+			Error: fmt.Sprintf("containers of this run were left after its experiments: %s", strings.Join(left, ", "))})
+	}
 	plans, _ := filepath.Glob("/run/tclone/plans/*/plan.json")
 	for _, p := range plans {
 		data, err := os.ReadFile(p)
