@@ -458,9 +458,10 @@ func TestRESTBranches(t *testing.T) {
 	postFile := func(path string) (int, string) {
 		r := run(t, time.Minute, "curl", "-sS", "--unix-socket", svc.socket, "-X", "POST", "--data-binary", "@"+archive,
 			"-H", "Content-Type: application/zstd", "-w", "\n%{http_code}", "http://d"+path)
-		body, code, _ := strings.Cut(strings.TrimSpace(r.stdout), "\n")
-		status, _ := strconv.Atoi(code)
-		return status, body
+		out := strings.TrimSpace(r.stdout)
+		i := strings.LastIndex(out, "\n")
+		status, _ := strconv.Atoi(out[i+1:])
+		return status, out[:max(i, 0)]
 	}
 	if status, body := postFile(base + "/import?name=rb-imp"); status != 200 || !strings.Contains(body, `"rb-imp"`) {
 		t.Fatalf("import: %d %s", status, body)

@@ -247,7 +247,7 @@ func TestRESTProxyServesPodmanClients(t *testing.T) {
 	if err := json.Unmarshal([]byte(r.stdout), &sibs); err != nil || len(sibs) != 1 {
 		t.Fatalf("fork output %q: %v", r.stdout, err)
 	}
-	if !strings.Contains(svc.log.String(), "forked "+src) {
+	if !strings.Contains(svc.log.String(), "fork of "+src+" for ") {
 		t.Errorf("the fork did not go through the service; its log:\n%s", svc.log)
 	}
 }
@@ -632,7 +632,7 @@ func TestRESTOverSSH(t *testing.T) {
 	if got := state(t, st.Siblings[0].Name); got != "running" {
 		t.Errorf("%s is %s", st.Siblings[0].Name, got)
 	}
-	if !strings.Contains(svc.log.String(), "forked "+src) {
+	if !strings.Contains(svc.log.String(), "fork of "+src+" for ") {
 		t.Errorf("the fork did not run in the service:\n%s", svc.log)
 	}
 
