@@ -53,8 +53,8 @@ type Branch struct {
 	// Parent is the branch the source was started from, if any.
 	Parent string `json:"parent,omitempty"`
 	Source Source `json:"source"`
-	// Plan is the capture's plan as it was taken; its paths name where it
-	// lived then, not where the branch keeps it.
+	// Plan is the capture's plan (its plan.json) as it was taken; its paths
+	// name where it lived then, not where the branch keeps it.
 	Plan plan.Plan `json:"plan"`
 	// Files are the plan directory's files, by path relative to it.
 	Files []File `json:"files"`
@@ -140,9 +140,6 @@ func CheckName(name string) error {
 	}
 	if idRE.MatchString(name) {
 		return fmt.Errorf("invalid branch name %q: it has the form of a branch ID; choose a name that is not 16 hexadecimal digits", name)
-	}
-	if name == "prune" || name == "import" {
-		return fmt.Errorf("invalid branch name %q: it names an endpoint of the API service; choose another", name)
 	}
 	return nil
 }

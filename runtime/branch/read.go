@@ -192,7 +192,7 @@ func (r *Reader) Close() {
 	}
 }
 
-// WritePlan writes the branch's plan files into dir, checking every chunk
+// WritePlan writes the branch's plan files but plan.json (Branch.Plan) into dir, checking every chunk
 // against its hash. A corrupt or missing chunk fails with ErrCorrupt,
 // naming it and the file it belongs to.
 func (r *Reader) WritePlan(dir string) error {

@@ -88,7 +88,8 @@ func (w *Writer) ID() string { return w.b.ID }
 func (w *Writer) Branch() Branch { return w.b }
 
 // AddPlan stores every file of the plan in dir as chunks, except its use
-// count and lock, which belong to the live plan.
+// count and lock, which belong to the live plan, and plan.json, which the
+// manifest holds (Branch.Plan).
 func (w *Writer) AddPlan(ctx context.Context, dir string) error {
 	return filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
@@ -101,7 +102,7 @@ func (w *Writer) AddPlan(ctx context.Context, dir string) error {
 		switch {
 		case d.IsDir():
 			return nil
-		case rel == "lock" || rel == "uses":
+		case rel == "lock" || rel == "uses" || rel == "plan.json":
 			return nil
 		case !d.Type().IsRegular():
 			return fmt.Errorf("plan %s holds %s, which is not a regular file", dir, rel)

@@ -1,6 +1,8 @@
 package rootfs
 
 import (
+	"os"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
@@ -87,5 +89,25 @@ func TestOverlayDataOnlyLayersAreNotTree(t *testing.T) {
 	}
 	if !reflect.DeepEqual(l.Lower, []string{"/l/A", "/l/B"}) {
 		t.Fatalf("%+v", l)
+	}
+}
+
+// A layer named by its short link is the layer its path names.
+func TestSameLayersResolvesLinks(t *testing.T) {
+	root := t.TempDir()
+	for _, d := range []string{"aaa/diff", "bbb/diff", "l"} {
+		os.MkdirAll(filepath.Join(root, d), 0o755)
+	}
+	os.Symlink("../aaa/diff", filepath.Join(root, "l", "SHORTA"))
+	os.Symlink("../bbb/diff", filepath.Join(root, "l", "SHORTB"))
+	mounted := []string{filepath.Join(root, "l", "SHORTA"), filepath.Join(root, "l", "SHORTB")}
+	if !sameLayers(mounted, []string{filepath.Join(root, "aaa/diff"), filepath.Join(root, "bbb/diff")}) {
+		t.Error("short links and paths of the same layers differ")
+	}
+	if sameLayers(mounted, []string{filepath.Join(root, "bbb/diff"), filepath.Join(root, "aaa/diff")}) {
+		t.Error("layers in another order are the same")
+	}
+	if sameLayers(mounted, []string{filepath.Join(root, "aaa/diff")}) {
+		t.Error("fewer layers are the same")
 	}
 }

@@ -217,7 +217,7 @@ func (s *Snapshot) CheckTarget(target string) (overlay bool, err error) {
 		if err != nil {
 			return false, fmt.Errorf("sibling root %s: %w", target, err)
 		}
-		if s.Kind != KindOverlay || !slices.Equal(layers.Lower, s.LowerDirs) {
+		if s.Kind != KindOverlay || !sameLayers(layers.Lower, s.LowerDirs) {
 			return false, fmt.Errorf("%w: %s is an overlay of other layers than the source's", ErrTargetNotEmpty, target)
 		}
 		return true, nil
@@ -230,6 +230,28 @@ func (s *Snapshot) CheckTarget(target string) (overlay bool, err error) {
 		return false, fmt.Errorf("%w: %s has files in it; give the sibling an empty root directory", ErrTargetNotEmpty, target)
 	}
 	return false, nil
+}
+
+// sameLayers reports whether two lists name the same layer directories,
+// however spelled: Podman's mounts name each layer by its short link
+// (overlay/l/ID), its inspection by its path (overlay/ID/diff).
+func sameLayers(a, b []string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] && resolved(a[i]) != resolved(b[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+func resolved(path string) string {
+	if r, err := filepath.EvalSymlinks(path); err == nil {
+		return r
+	}
+	return filepath.Clean(path)
 }
 
 // Apply fills target, the sibling's root, from the snapshot. Target is either

@@ -65,20 +65,17 @@ func (s *Service) routeBranches(w http.ResponseWriter, r *http.Request) bool {
 		if allow(w, r, http.MethodGet) {
 			answer(w, r, func() (any, error) { return store.ListOf(r.URL.Query().Get("source")) })
 		}
-	case ref == "prune" && verb == "":
-		if allow(w, r, http.MethodPost) {
-			answer(w, r, func() (any, error) {
-				rule, yes, err := forkflags.BranchPruneFromQuery(r.URL.Query())
-				if err != nil {
-					return nil, badRequest(err)
-				}
-				return store.Prune(rule, time.Now(), yes)
-			})
-		}
-	case ref == "import" && verb == "":
-		if !allow(w, r, http.MethodPost) {
-			break
-		}
+	// prune and import are POSTs without a verb; a branch itself takes
+	// DELETE, so branches may be called prune or import too.
+	case ref == "prune" && verb == "" && r.Method == http.MethodPost:
+		answer(w, r, func() (any, error) {
+			rule, yes, err := forkflags.BranchPruneFromQuery(r.URL.Query())
+			if err != nil {
+				return nil, badRequest(err)
+			}
+			return store.Prune(rule, time.Now(), yes)
+		})
+	case ref == "import" && verb == "" && r.Method == http.MethodPost:
 		name := r.URL.Query().Get("name")
 		s.long(w, r, "import of a branch", func(ctx context.Context) (any, error) {
 			conn, err := s.connect(ctx)

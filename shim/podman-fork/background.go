@@ -33,14 +33,23 @@ func createInBackground(c *cli.Context) error {
 		args = append(args, "--url="+u)
 	}
 	args = append(args, "create", "--wait=durable", fmt.Sprintf("--%s=3", notifyFlag))
-	for _, l := range c.StringSlice(forkflags.Label) {
-		args = append(args, "--"+forkflags.Label+"="+l)
-	}
-	for _, m := range c.StringSlice(forkflags.VolumeMode) {
-		args = append(args, "--"+forkflags.VolumeMode+"="+m)
-	}
-	if c.Bool(forkflags.FileLocks) {
-		args = append(args, "--"+forkflags.FileLocks)
+	// The writer gets every flag of the branch that was given, from the
+	// table both read.
+	for _, f := range forkflags.BranchCreate() {
+		name := f.Names()[0]
+		if !c.IsSet(name) {
+			continue
+		}
+		switch f.(type) {
+		case *cli.StringSliceFlag:
+			for _, v := range c.StringSlice(name) {
+				args = append(args, "--"+name+"="+v)
+			}
+		case *cli.BoolFlag:
+			args = append(args, fmt.Sprintf("--%s=%t", name, c.Bool(name)))
+		default:
+			args = append(args, "--"+name+"="+c.String(name))
+		}
 	}
 	args = append(args, "--", c.Args().Get(0), c.Args().Get(1))
 	r, w, err := os.Pipe()

@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -83,16 +84,10 @@ func CreateBranch(ctx context.Context, source, name string, opts BranchOptions) 
 		return nil, ofKind(ErrInvalidOption, err)
 	}
 	store := plan.DefaultStore()
-	collectDeadCalls(ctx, store)
-	src, err := inspectSource(ctx, source)
+	src, uses, err := prepareSource(ctx, store, source, &fo)
 	if err != nil {
 		return nil, err
 	}
-	copies, uses, err := planVolumes(src, fo.VolumeModes)
-	if err != nil {
-		return nil, ofKind(ErrInvalidOption, err)
-	}
-	fo.Fork.Volumes = copies
 	bstore := branch.DefaultStore()
 	w, err := bstore.Begin(name, branch.Source{ID: src.ID, Name: src.Name, Image: src.ImageName, ImageID: src.Image})
 	if errors.Is(err, branch.ErrNameTaken) {
@@ -335,24 +330,26 @@ func (f *forker) planFromBranch(ctx context.Context, r *branch.Reader) (*plan.Pl
 	if err := r.WritePlan(dir); err != nil {
 		return nil, err
 	}
-	p, err := plan.Read(dir)
-	if err != nil {
-		return nil, fmt.Errorf("branch %s: %w", f.branch.Name, err)
-	}
+	// The branch's manifest holds the plan: a copy of it, made this
+	// call's own.
+	p := f.branch.Plan
+	p.Volumes = slices.Clone(p.Volumes)
 	now := time.Now().UTC()
 	p.ID, p.CreatedAt, p.ExpiresAt = id, now, now.Add(f.opts.TTL)
 	if f.opts.Memory != "" {
 		p.Memory = f.opts.Memory
 	}
-	if p.Rootfs != nil && p.Rootfs.Kind == rootfs.KindOverlay && !allExist(p.Rootfs.LowerDirs) {
-		// Imported from another host: the same image has its layers
-		// elsewhere here.
-		if p.Rootfs.LowerDirs, err = imageLayers(ctx, f.branch.Source.ImageID); err != nil {
-			return nil, fmt.Errorf("branch %s: %w", f.branch.Name, err)
-		}
-	}
 	if p.Rootfs != nil {
 		snap := *p.Rootfs
+		if snap.Kind == rootfs.KindOverlay && !allExist(snap.LowerDirs) {
+			// Imported from another host: the same image has its
+			// layers elsewhere here.
+			layers, err := imageLayers(ctx, f.branch.Source.ImageID)
+			if err != nil {
+				return nil, fmt.Errorf("branch %s: %w", f.branch.Name, err)
+			}
+			snap.LowerDirs = layers
+		}
 		snap.Path = filepath.Join(f.store.SnapshotRoot, id)
 		if snap.Kind == rootfs.KindBtrfs {
 			// A copy is an ordinary directory: overlay-less captures
@@ -384,7 +381,7 @@ func (f *forker) planFromBranch(ctx context.Context, r *branch.Reader) (*plan.Pl
 	if err := plan.SetUses(dir, f.opts.Count, &client); err != nil {
 		return nil, err
 	}
-	return p, nil
+	return &p, nil
 }
 
 func allExist(paths []string) bool {

@@ -123,8 +123,7 @@ func ForkHere(ctx context.Context, source string, opts Options) (*Stats, error) 
 		return nil, ofKind(ErrInvalidOption, err)
 	}
 	store := plan.DefaultStore()
-	collectDeadCalls(ctx, store)
-	src, err := inspectSource(ctx, source)
+	src, uses, err := prepareSource(ctx, store, source, &opts)
 	if err != nil {
 		return nil, err
 	}
@@ -132,13 +131,6 @@ func ForkHere(ctx context.Context, source string, opts Options) (*Stats, error) 
 	if err != nil {
 		return nil, ofKind(ErrConflict, err)
 	}
-	// tclone copies the volumes in the source's frozen window; the fork
-	// intent tells it which.
-	copies, uses, err := planVolumes(src, opts.VolumeModes)
-	if err != nil {
-		return nil, ofKind(ErrInvalidOption, err)
-	}
-	opts.Fork.Volumes = copies
 	names, err := newNamer(ctx, src.Name, opts)
 	if err != nil {
 		return nil, err
@@ -155,6 +147,24 @@ func ForkHere(ctx context.Context, source string, opts Options) (*Stats, error) 
 	}
 	stats.TotalMs = ms(time.Since(start))
 	return stats, nil
+}
+
+// prepareSource is the start of every capture of source: it rolls back the
+// calls of dead clients, inspects the source, and works out what each
+// sibling gets of its volumes. tclone copies them in the source's frozen
+// window; opts.Fork.Volumes, in the fork intent, tells it which.
+func prepareSource(ctx context.Context, store plan.Store, source string, opts *Options) (*define.InspectContainerData, []VolumeUse, error) {
+	collectDeadCalls(ctx, store)
+	src, err := inspectSource(ctx, source)
+	if err != nil {
+		return nil, nil, err
+	}
+	copies, uses, err := planVolumes(src, opts.VolumeModes)
+	if err != nil {
+		return nil, nil, ofKind(ErrInvalidOption, err)
+	}
+	opts.Fork.Volumes = copies
+	return src, uses, nil
 }
 
 // collectDeadCalls rolls back the calls of fork clients that died. It is

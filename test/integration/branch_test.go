@@ -170,6 +170,12 @@ func TestBranchLifecycle(t *testing.T) {
 		if out, err := exec.Command("../../hack/podman-service.sh", "start").CombinedOutput(); err != nil {
 			t.Fatalf("starting the Podman service again: %v: %s", err, out)
 		}
+		// Started from this test's directory, the service must not keep
+		// it: conmon inherits it, and fails once it is gone.
+		pid, _ := os.ReadFile("/run/podman/tclone-service.pid")
+		if cwd, err := os.Readlink("/proc/" + strings.TrimSpace(string(pid)) + "/cwd"); err != nil || cwd != "/" {
+			t.Errorf("the Podman service runs in %q (%v), want /", cwd, err)
+		}
 	}
 
 	// Removing the branch leaves what it started, and its data.
@@ -263,7 +269,18 @@ func TestBranchDiffPruneExportImport(t *testing.T) {
 	file := filepath.Join(t.TempDir(), "b-2.tar.zst")
 	branchOK(t, "export", "b-2", file)
 	branchOK(t, "rm", "b-2", "b-3")
-	branchOK(t, "import", "--name", "b-2i", file)
+	importedID := strings.TrimSpace(branchOK(t, "import", "--name", "b-2i", file))
+	// As from another host: the layers the capture sat on are elsewhere
+	// there, and found again by the image.
+	manifest := filepath.Join(store.Dir, "branches", importedID, "branch.json")
+	var m map[string]any
+	data, _ := os.ReadFile(manifest)
+	if err := json.Unmarshal(data, &m); err != nil {
+		t.Fatal(err)
+	}
+	m["plan"].(map[string]any)["rootfs"].(map[string]any)["lower_dirs"] = []string{"/var/lib/containers/storage/overlay/tct-elsewhere/diff"}
+	data, _ = json.Marshal(m)
+	os.WriteFile(manifest, data, 0o600)
 	started := name(t, "brimp")
 	branchOK(t, "start", "--name", started, "b-2i")
 	requireBranchState(t, started, at)

@@ -1,0 +1,55 @@
+package apiservice
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/tclone/tclone/runtime/branch"
+)
+
+// Branches may be called prune or import: those endpoints are POSTs
+// without a verb, and a branch itself is deleted with DELETE.
+func TestBranchNamedLikeAnEndpoint(t *testing.T) {
+	dir := t.TempDir()
+	t.Setenv("TCLONE_BRANCH_DIR", dir)
+	store := branch.Store{Dir: dir}
+	for _, name := range []string{"prune", "import"} {
+		w, err := store.Begin(name, branch.Source{Name: "ws"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		plan := t.TempDir()
+		os.WriteFile(filepath.Join(plan, "plan.json"), []byte("{}"), 0o600)
+		if err := w.AddPlan(context.Background(), plan); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := w.Commit(func(*branch.Branch) {}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s := New(filepath.Join(t.TempDir(), "no-podman.sock"), "test-version")
+	do := func(method, path string) (int, string) {
+		rec := httptest.NewRecorder()
+		s.ServeHTTP(rec, httptest.NewRequest(method, "http://d/v5.4.2/libpod/branches"+path, nil))
+		return rec.Code, rec.Body.String()
+	}
+	if code, body := do(http.MethodPost, "/prune?keep-last=5"); code != 200 || !strings.Contains(body, `"remove":[]`) {
+		t.Errorf("POST /branches/prune: %d %s, want a prune plan", code, body)
+	}
+	if code, body := do(http.MethodGet, "/prune/json"); code != 200 || !strings.Contains(body, `"name":"prune"`) {
+		t.Errorf("GET /branches/prune/json: %d %s", code, body)
+	}
+	for _, name := range []string{"prune", "import"} {
+		if code, body := do(http.MethodDelete, "/"+name); code != 200 {
+			t.Errorf("DELETE /branches/%s: %d %s", name, code, body)
+		}
+	}
+	if infos, _ := store.List(); len(infos) != 0 {
+		t.Errorf("left: %+v", infos)
+	}
+}
