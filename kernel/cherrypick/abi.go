@@ -23,7 +23,14 @@ const (
 	FeatureFilePrivate Features = 1 << 1
 	// FeatureTHP: PMD-mapped transparent huge pages are shared unsplit.
 	FeatureTHP Features = 1 << 2
+	// FeatureSnapshot: Device.Snapshot, and snapshots as the source of a
+	// cherrypick (Device.CherrypickFrom).
+	FeatureSnapshot Features = 1 << 3
 )
+
+// flagSrcSnapshot is VCP_CHERRYPICK_SRC_SNAPSHOT: the source descriptor of
+// a cherrypick is a snapshot.
+const flagSrcSnapshot = 1 << 0
 
 // versionArgs is struct vcp_version.
 type versionArgs struct {
@@ -40,6 +47,20 @@ type cherrypickArgs struct {
 	Len         uint64
 	Flags       uint64
 	Areas       uint64
+	AnonPages   uint64
+	SwapEntries uint64
+}
+
+// snapshotArgs is struct vcp_snapshot.
+type snapshotArgs struct {
+	SrcPidfd    int32
+	Flags       uint32
+	Start       uint64
+	Len         uint64
+	Fd          int32
+	Reserved    uint32
+	Areas       uint64
+	Skipped     uint64
 	AnonPages   uint64
 	SwapEntries uint64
 }
@@ -64,4 +85,5 @@ func ioc(dir, typ, nr, size uintptr) uintptr {
 var (
 	iocVersion    = ioc(iocRead, iocMagic, 0x00, unsafe.Sizeof(versionArgs{}))
 	iocCherrypick = ioc(iocRead|iocWrite, iocMagic, 0x01, unsafe.Sizeof(cherrypickArgs{}))
+	iocSnapshot   = ioc(iocRead|iocWrite, iocMagic, 0x02, unsafe.Sizeof(snapshotArgs{}))
 )

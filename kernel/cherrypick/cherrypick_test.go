@@ -97,6 +97,7 @@ func TestStructLayoutMatchesHeader(t *testing.T) {
 	h := readHeader(t)
 	checkGoStruct(t, h, "vcp_version", versionArgs{})
 	checkGoStruct(t, h, "vcp_cherrypick", cherrypickArgs{})
+	checkGoStruct(t, h, "vcp_snapshot", snapshotArgs{})
 }
 
 // The ioctl numbers are computed from the header's _IOR/_IOWR lines and the
@@ -104,7 +105,7 @@ func TestStructLayoutMatchesHeader(t *testing.T) {
 func TestIoctlNumbersMatchHeader(t *testing.T) {
 	h := readHeader(t)
 	magic := headerDefine(t, h, "VCP_IOC_MAGIC")
-	for name, got := range map[string]uintptr{"VCP_IOC_VERSION": iocVersion, "VCP_IOC_CHERRYPICK": iocCherrypick} {
+	for name, got := range map[string]uintptr{"VCP_IOC_VERSION": iocVersion, "VCP_IOC_CHERRYPICK": iocCherrypick, "VCP_IOC_SNAPSHOT": iocSnapshot} {
 		m := regexp.MustCompile(`(?m)^#define\s+` + name + `\s+_IO(R|W|WR)\(VCP_IOC_MAGIC,\s*(0x[0-9A-Fa-f]+|\d+),\s*struct\s+(\w+)\)`).FindStringSubmatch(h)
 		if m == nil {
 			t.Fatalf("%s is not an _IOR/_IOW/_IOWR of VCP_IOC_MAGIC in %s", name, headerPath)
@@ -117,8 +118,8 @@ func TestIoctlNumbersMatchHeader(t *testing.T) {
 		}
 	}
 	// And the values the C preprocessor computes on x86-64, as a fixed point.
-	if iocVersion != 0x8010E400 || iocCherrypick != 0xC038E401 {
-		t.Errorf("ioctl numbers %#x, %#x; want 0x8010e400, 0xc038e401", iocVersion, iocCherrypick)
+	if iocVersion != 0x8010E400 || iocCherrypick != 0xC038E401 || iocSnapshot != 0xC040E402 {
+		t.Errorf("ioctl numbers %#x, %#x, %#x; want 0x8010e400, 0xc038e401, 0xc040e402", iocVersion, iocCherrypick, iocSnapshot)
 	}
 }
 
@@ -134,8 +135,14 @@ func TestConstantsMatchHeader(t *testing.T) {
 		"VCP_FEATURE_ANON":         FeatureAnon,
 		"VCP_FEATURE_FILE_PRIVATE": FeatureFilePrivate,
 		"VCP_FEATURE_THP":          FeatureTHP,
+		"VCP_FEATURE_SNAPSHOT":     FeatureSnapshot,
 	} {
 		if got := headerDefine(t, h, name); Features(got) != want {
+			t.Errorf("%s: header %#x, Go %#x", name, got, want)
+		}
+	}
+	for name, want := range map[string]uint64{"VCP_CHERRYPICK_SRC_SNAPSHOT": flagSrcSnapshot} {
+		if got := headerDefine(t, h, name); got != want {
 			t.Errorf("%s: header %#x, Go %#x", name, got, want)
 		}
 	}
@@ -191,7 +198,7 @@ func TestErrorValuesAreDistinct(t *testing.T) {
 }
 
 func TestOpErrorMatchesNameAndErrno(t *testing.T) {
-	err := opError(0x1000, 0x2000, unix.EBUSY)
+	err := opError("cherrypick", 0x1000, 0x2000, unix.EBUSY)
 	if !errors.Is(err, ErrNotParked) {
 		t.Errorf("%v does not match ErrNotParked", err)
 	}
@@ -212,7 +219,7 @@ func TestOpErrorMatchesNameAndErrno(t *testing.T) {
 }
 
 func TestUndocumentedErrnoStillMatches(t *testing.T) {
-	err := opError(0, 4096, unix.EIO)
+	err := opError("snapshot", 0, 4096, unix.EIO)
 	if !errors.Is(err, unix.EIO) {
 		t.Errorf("%v does not match EIO", err)
 	}

@@ -93,16 +93,35 @@ func (d *Device) queryVersion() (Version, error) {
 // pidfds (pidfd_open(2)); every thread of both must be stopped or frozen. On failure the error is an *OpError that matches one of the Err*
 // values with errors.Is.
 func (d *Device) Cherrypick(srcPidfd, dstPidfd int, start, length uint64) (Result, error) {
-	args := cherrypickArgs{
-		SrcPidfd: int32(srcPidfd),
-		DstPidfd: int32(dstPidfd),
-		Start:    start,
-		Len:      length,
+	return d.cherrypick(cherrypickArgs{SrcPidfd: int32(srcPidfd), DstPidfd: int32(dstPidfd), Start: start, Len: length})
+}
+
+// CherrypickFrom is Cherrypick with a snapshot as the source: the
+// destination gets the pages the source had when the snapshot was taken.
+// Only the destination needs to be stopped or frozen.
+func (d *Device) CherrypickFrom(snap *Snapshot, dstPidfd int, start, length uint64) (Result, error) {
+	if !d.version.Has(FeatureSnapshot) {
+		return Result{}, fmt.Errorf("cherrypick from a snapshot: the loaded module (features %#x) has no snapshots; load this version of vma_cherrypick: %w", uint64(d.version.Features), ErrIncompatible)
 	}
+	conn, err := snap.f.SyscallConn()
+	if err != nil {
+		return Result{}, err
+	}
+	var res Result
+	var opErr error
+	if err := conn.Control(func(fd uintptr) {
+		res, opErr = d.cherrypick(cherrypickArgs{SrcPidfd: int32(fd), DstPidfd: int32(dstPidfd), Start: start, Len: length, Flags: flagSrcSnapshot})
+	}); err != nil {
+		return Result{}, err
+	}
+	return res, opErr
+}
+
+func (d *Device) cherrypick(args cherrypickArgs) (Result, error) {
 	if err := d.ioctl(iocCherrypick, unsafe.Pointer(&args)); err != nil {
 		var errno unix.Errno
 		if errors.As(err, &errno) {
-			return Result{}, opError(start, length, errno)
+			return Result{}, opError("cherrypick", args.Start, args.Len, errno)
 		}
 		return Result{}, err
 	}

@@ -23,6 +23,7 @@ var (
 	ErrNotEmpty        = errors.New("destination area already has memory or page tables of its own")
 	ErrInterrupted     = errors.New("interrupted by a fatal signal while waiting for a lock")
 	ErrNoMemory        = errors.New("out of memory; the destination is unchanged and the call can be retried")
+	ErrNoDescriptor    = errors.New("the caller has no file descriptor left for the snapshot")
 )
 
 // errnoErrors maps each documented errno to its error value.
@@ -40,6 +41,7 @@ var errnoErrors = map[unix.Errno]error{
 	unix.EEXIST:     ErrNotEmpty,
 	unix.EINTR:      ErrInterrupted,
 	unix.ENOMEM:     ErrNoMemory,
+	unix.EMFILE:     ErrNoDescriptor,
 }
 
 // Errors of the device itself, from Open and Probe.
@@ -48,8 +50,9 @@ var (
 	ErrIncompatible = errors.New("vma_cherrypick module speaks a different ABI")
 )
 
-// OpError describes a failed cherrypick of one range.
+// OpError describes a failed cherrypick or snapshot of one range.
 type OpError struct {
+	Op         string // "cherrypick" or "snapshot"
 	Start, Len uint64
 	Errno      unix.Errno
 	// Err is one of the Err* values above, or nil for an undocumented errno.
@@ -61,7 +64,7 @@ func (e *OpError) Error() string {
 	if e.Err != nil {
 		reason = e.Err.Error()
 	}
-	return fmt.Sprintf("cherrypick [%#x, %#x): %s (%s)", e.Start, e.Start+e.Len, reason, unix.ErrnoName(e.Errno))
+	return fmt.Sprintf("%s [%#x, %#x): %s (%s)", e.Op, e.Start, e.Start+e.Len, reason, unix.ErrnoName(e.Errno))
 }
 
 // Unwrap lets errors.Is match both the named error and the errno.
@@ -72,6 +75,6 @@ func (e *OpError) Unwrap() []error {
 	return []error{e.Err, e.Errno}
 }
 
-func opError(start, length uint64, errno unix.Errno) error {
-	return &OpError{Start: start, Len: length, Errno: errno, Err: errnoErrors[errno]}
+func opError(op string, start, length uint64, errno unix.Errno) error {
+	return &OpError{Op: op, Start: start, Len: length, Errno: errno, Err: errnoErrors[errno]}
 }

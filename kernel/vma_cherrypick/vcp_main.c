@@ -45,6 +45,7 @@
 #include <asm/tlbflush.h>
 
 #include "vcp_compat.h"
+#include "vcp_internal.h"
 #include "vma_cherrypick.h"
 
 #if LINUX_VERSION_CODE < KERNEL_VERSION(6, 12, 0)
@@ -96,34 +97,8 @@ static_assert(offsetof(struct vcp_cherrypick, start) == 8);
 static_assert(offsetof(struct vcp_cherrypick, areas) == 32);
 static_assert(offsetof(struct vcp_cherrypick, swap_entries) == 48);
 
-/*
- * Unexported kernel functions, resolved once at load (see README.md). They
- * are called through vcp_sealed_call.S, never through these pointers.
- */
-static struct {
-	void *anon_vma_fork;
-	void *unlink_anon_vmas;
-	void *copy_page_range;
-	void *pidfd_get_task;
-	void *ptrace_may_access;
-	void *flush_tlb_mm_range;
-	void *walk_page_range;
-#if VCP_V7
-	void *tlb_gather_mmu;
-	void *tlb_finish_mmu;
-	void *zap_vma_range_batched;
-#endif
-#ifdef CONFIG_KSM
-	atomic_long_t *ksm_zero_pages;	/* data: the global KSM counter */
-#endif
-} vcp_sym;
-
-/* The vcp_sealed_call.S aliases, one per entry of vcp_syms.h. */
-#define VCP_FN(ret, name, ...) ret vcp_call_##name(void *fn, __VA_ARGS__);
-#define VCP_FN_INTERNAL VCP_FN
-#include "vcp_syms.h"
-#undef VCP_FN
-#undef VCP_FN_INTERNAL
+/* Unexported kernel functions, resolved once at load (see vcp_internal.h). */
+struct vcp_syms vcp_sym;
 
 /*
  * The same list as text, one "ret name(params)" per line, readable in
@@ -133,11 +108,13 @@ static struct {
  */
 #define VCP_FN(ret, name, ...) #ret " " #name "(" #__VA_ARGS__ ")\n"
 #define VCP_FN_INTERNAL VCP_FN
+#define VCP_FN0(ret, name) #ret " " #name "()\n"
 static const char vcp_prototypes[] =
 #include "vcp_syms.h"
 	;
 #undef VCP_FN
 #undef VCP_FN_INTERNAL
+#undef VCP_FN0
 
 static int vcp_get_prototypes(char *buf, const struct kernel_param *kp)
 {
@@ -149,8 +126,6 @@ static const struct kernel_param_ops vcp_prototypes_ops = {
 };
 module_param_cb(prototypes, &vcp_prototypes_ops, NULL, 0444);
 MODULE_PARM_DESC(prototypes, "The internal kernel functions this module calls, with the prototypes it calls them with");
-
-#define VCP_CALL(name, ...) vcp_call_##name(vcp_sym.name, ##__VA_ARGS__)
 
 struct vcp_symbol {
 	const char *name;
@@ -166,6 +141,9 @@ static const struct vcp_symbol vcp_symbols[] = {
 	VCP_SYMBOL(ptrace_may_access),
 	VCP_SYMBOL(flush_tlb_mm_range),
 	VCP_SYMBOL(walk_page_range),
+	VCP_SYMBOL(mm_alloc),
+	VCP_SYMBOL(vm_area_dup),
+	VCP_SYMBOL(vm_area_free),
 #if VCP_V7
 	VCP_SYMBOL(tlb_gather_mmu),
 	VCP_SYMBOL(tlb_finish_mmu),
@@ -264,7 +242,7 @@ static void vcp_zap(struct vm_area_struct *vma, bool keep_anon)
 #endif
 }
 
-static struct task_struct *vcp_get_task(int pidfd)
+struct task_struct *vcp_get_task(int pidfd)
 {
 	unsigned int flags;
 
@@ -278,7 +256,7 @@ static struct task_struct *vcp_get_task(int pidfd)
  * mm_access() does them: without it, a task that execs a setuid program
  * between the two would be checked as its old image and used as its new.
  */
-static struct mm_struct *vcp_task_mm(struct task_struct *task)
+struct mm_struct *vcp_task_mm(struct task_struct *task)
 {
 	struct mm_struct *mm;
 
@@ -328,7 +306,7 @@ static bool vcp_thread_is_parked(struct task_struct *t)
  * without CLONE_THREAD), hence the walk over all processes; a kernel thread
  * that borrowed the mm (kthread_use_mm) is never parked.
  */
-static bool vcp_mm_is_parked(struct mm_struct *mm)
+bool vcp_mm_is_parked(struct mm_struct *mm)
 {
 	struct task_struct *p, *t;
 	bool parked = true;
@@ -350,7 +328,7 @@ out:
 }
 
 /* The area kinds this module can share; everything else is EOPNOTSUPP. */
-static int vcp_check_kind(struct vm_area_struct *vma)
+int vcp_check_kind(struct vm_area_struct *vma)
 {
 	if (vma->vm_flags & (VM_SHARED | VM_MAYSHARE | VM_IO | VM_PFNMAP |
 			     VM_MIXEDMAP | VM_DONTCOPY | VM_WIPEONFORK))
@@ -373,11 +351,11 @@ static int vcp_check_kind(struct vm_area_struct *vma)
 			 VM_SHADOW_STACK | VM_LOCKED | VM_LOCKONFAULT | VM_ACCOUNT)
 
 static int vcp_check_twins(struct vm_area_struct *src,
-			   struct vm_area_struct *dst)
+			   struct vm_area_struct *dst, vm_flags_t match)
 {
 	if (!dst || dst->vm_start != src->vm_start || dst->vm_end != src->vm_end)
 		return -ENXIO;
-	if ((src->vm_flags ^ dst->vm_flags) & VCP_MATCH_FLAGS)
+	if ((src->vm_flags ^ dst->vm_flags) & match)
 		return -ENXIO;
 	/* A page readable through one key must not appear under another. */
 	if (vma_pkey(src) != vma_pkey(dst))
@@ -467,8 +445,8 @@ static int vcp_check_empty(struct vm_area_struct *src, struct vm_area_struct *ds
  * under the per-VMA lock (which do not take the mmap lock) stay out of them
  * from here until the mmap write lock is released.
  */
-static int vcp_lock_vmas(struct mm_struct *mm, unsigned long start,
-			 unsigned long end)
+int vcp_lock_vmas(struct mm_struct *mm, unsigned long start,
+		  unsigned long end)
 {
 	struct vm_area_struct *vma;
 	VMA_ITERATOR(vmi, mm, start);
@@ -491,8 +469,11 @@ static int vcp_lock_vmas(struct mm_struct *mm, unsigned long start,
  * before the areas are shared.
  */
 static int vcp_validate(struct mm_struct *src_mm, struct mm_struct *dst_mm,
-			unsigned long start, unsigned long end, u64 *areas)
+			unsigned long start, unsigned long end, bool snapshot,
+			u64 *areas)
 {
+	/* A snapshot commits no memory (see the header): not compared. */
+	vm_flags_t match = snapshot ? VCP_MATCH_FLAGS & ~VM_ACCOUNT : VCP_MATCH_FLAGS;
 	struct vm_area_struct *src, *dst;
 	VMA_ITERATOR(src_vmi, src_mm, start);
 	VMA_ITERATOR(dst_vmi, dst_mm, start);
@@ -509,7 +490,7 @@ static int vcp_validate(struct mm_struct *src_mm, struct mm_struct *dst_mm,
 	for_each_vma_range(src_vmi, src, end) {
 		if (src->vm_start < start || src->vm_end > end)
 			return -ENXIO;
-		err = vcp_check_twins(src, vma_lookup(dst_mm, src->vm_start));
+		err = vcp_check_twins(src, vma_lookup(dst_mm, src->vm_start), match);
 		if (err)
 			return err;
 		n++;
@@ -568,8 +549,8 @@ static const struct mm_walk_ops vcp_ksm_zero_ops = {
  * marked PTEs, so count what the destination got, as ksm_fork() does for a
  * child, or its unmap would drive both counters negative.
  */
-static void vcp_account_ksm_zero(struct vm_area_struct *src,
-				 struct vm_area_struct *dst)
+void vcp_account_ksm_zero(struct vm_area_struct *src,
+			  struct vm_area_struct *dst)
 {
 	unsigned long n = 0;
 
@@ -583,8 +564,8 @@ static void vcp_account_ksm_zero(struct vm_area_struct *src,
 	atomic_long_add(n, vcp_sym.ksm_zero_pages);
 }
 #else
-static void vcp_account_ksm_zero(struct vm_area_struct *src,
-				 struct vm_area_struct *dst)
+void vcp_account_ksm_zero(struct vm_area_struct *src,
+			  struct vm_area_struct *dst)
 {
 }
 #endif
@@ -646,18 +627,18 @@ static void vcp_unshare_area(struct vm_area_struct *dst, unsigned long pgoff)
 	dst->vm_pgoff = pgoff;
 }
 
-static unsigned long vcp_anon_count(struct mm_struct *mm)
+unsigned long vcp_anon_count(struct mm_struct *mm)
 {
 	return get_mm_counter_sum(mm, MM_ANONPAGES);
 }
 
-static unsigned long vcp_swap_count(struct mm_struct *mm)
+unsigned long vcp_swap_count(struct mm_struct *mm)
 {
 	return get_mm_counter_sum(mm, MM_SWAPENTS);
 }
 
 /* Source properties that rule out sharing; see the header's errnos. */
-static int vcp_check_source_mm(struct mm_struct *mm)
+int vcp_check_source_mm(struct mm_struct *mm)
 {
 	/* The OOM reaper is tearing it down: its pages may be gone already. */
 	if (vcp_mm_flag(mm, MMF_UNSTABLE))
@@ -691,7 +672,8 @@ static int vcp_share_locked(struct mm_struct *src_mm, struct mm_struct *dst_mm,
 	err = vcp_check_source_mm(src_mm);
 	if (err)
 		return err;
-	err = vcp_validate(src_mm, dst_mm, start, end, &args->areas);
+	err = vcp_validate(src_mm, dst_mm, start, end,
+			   args->flags & VCP_CHERRYPICK_SRC_SNAPSHOT, &args->areas);
 	if (err)
 		return err;
 
@@ -797,48 +779,60 @@ static int vcp_share_range(struct mm_struct *src_mm, struct mm_struct *dst_mm,
 	return err;
 }
 
-static int vcp_check_args(const struct vcp_cherrypick *args)
+int vcp_check_range(u64 start, u64 len)
 {
-	if (args->flags || !args->len)
+	if (!len || !PAGE_ALIGNED(start) || !PAGE_ALIGNED(len))
 		return -EINVAL;
-	if (!PAGE_ALIGNED(args->start) || !PAGE_ALIGNED(args->len))
-		return -EINVAL;
-	if (args->start + args->len < args->start ||
-	    args->start + args->len > TASK_SIZE_MAX)
+	if (start + len < start || start + len > TASK_SIZE_MAX)
 		return -EINVAL;
 	return 0;
 }
 
 static int vcp_cherrypick(struct vcp_cherrypick *args)
 {
-	struct task_struct *src_task, *dst_task;
-	struct mm_struct *src_mm, *dst_mm;
+	bool snapshot = args->flags & VCP_CHERRYPICK_SRC_SNAPSHOT;
+	struct task_struct *src_task = NULL, *dst_task;
+	struct mm_struct *src_mm = NULL, *dst_mm;
 	int err;
 
-	err = vcp_check_args(args);
+	if (args->flags & ~VCP_CHERRYPICK_SRC_SNAPSHOT)
+		return -EINVAL;
+	err = vcp_check_range(args->start, args->len);
 	if (err)
 		return err;
 	if (!checkpoint_restore_ns_capable(&init_user_ns))
 		return -EPERM;
 
-	src_task = vcp_get_task(args->src_pidfd);
+	/*
+	 * A snapshot needs no check beyond being one: whoever holds its
+	 * descriptor was allowed to take it.
+	 */
+	if (snapshot)
+		src_mm = vcp_snapshot_mm(args->src_pidfd);
+	else
+		src_task = vcp_get_task(args->src_pidfd);
+	if (IS_ERR(src_mm))
+		return PTR_ERR(src_mm);
 	if (IS_ERR(src_task))
 		return PTR_ERR(src_task);
 	dst_task = vcp_get_task(args->dst_pidfd);
 	if (IS_ERR(dst_task)) {
 		err = PTR_ERR(dst_task);
-		goto put_src_task;
+		goto put_src;
 	}
 
-	src_mm = vcp_task_mm(src_task);
-	if (IS_ERR(src_mm)) {
-		err = PTR_ERR(src_mm);
-		goto put_tasks;
+	if (!snapshot) {
+		src_mm = vcp_task_mm(src_task);
+		if (IS_ERR(src_mm)) {
+			err = PTR_ERR(src_mm);
+			src_mm = NULL;
+			goto put_dst_task;
+		}
 	}
 	dst_mm = vcp_task_mm(dst_task);
 	if (IS_ERR(dst_mm)) {
 		err = PTR_ERR(dst_mm);
-		goto put_src_mm;
+		goto put_dst_task;
 	}
 
 	err = -ELOOP;
@@ -856,28 +850,17 @@ static int vcp_cherrypick(struct vcp_cherrypick *args)
 
 put_mms:
 	mmput(dst_mm);
-put_src_mm:
-	mmput(src_mm);
-put_tasks:
+put_dst_task:
 	put_task_struct(dst_task);
-put_src_task:
-	put_task_struct(src_task);
+put_src:
+	if (src_mm)
+		mmput(src_mm);
+	if (src_task)
+		put_task_struct(src_task);
 	return err;
 }
 
-/*
- * The caller's argument structure, pinned for writing before anything
- * changes, so the results of a call that shared memory can always be
- * written back: the call never reports a failure after it changed the
- * destination, nor success with results it could not deliver.
- */
-struct vcp_out {
-	unsigned long addr;
-	int nr;
-	struct page *pages[2];
-};
-
-static int vcp_out_pin(struct vcp_out *out, void __user *uarg, size_t size)
+int vcp_out_pin(struct vcp_out *out, void __user *uarg, size_t size)
 {
 	unsigned long addr = (unsigned long)uarg;
 	int nr = (offset_in_page(addr) + size + PAGE_SIZE - 1) >> PAGE_SHIFT;
@@ -894,7 +877,7 @@ static int vcp_out_pin(struct vcp_out *out, void __user *uarg, size_t size)
 	return 0;
 }
 
-static void vcp_out_write(struct vcp_out *out, const void *data, size_t size)
+void vcp_out_write(struct vcp_out *out, const void *data, size_t size)
 {
 	size_t off = offset_in_page(out->addr), done = 0;
 	int i;
@@ -907,7 +890,7 @@ static void vcp_out_write(struct vcp_out *out, const void *data, size_t size)
 	}
 }
 
-static void vcp_out_unpin(struct vcp_out *out)
+void vcp_out_unpin(struct vcp_out *out)
 {
 	unpin_user_pages_dirty_lock(out->pages, out->nr, true);
 }
@@ -943,13 +926,15 @@ static long vcp_ioctl(struct file *file, unsigned int cmd, unsigned long arg)
 			.abi_version = VCP_ABI_VERSION,
 			.args_size = sizeof(struct vcp_cherrypick),
 			.features = VCP_FEATURE_ANON | VCP_FEATURE_FILE_PRIVATE |
-				    VCP_FEATURE_THP,
+				    VCP_FEATURE_THP | VCP_FEATURE_SNAPSHOT,
 		};
 
 		return copy_to_user(uarg, &v, sizeof(v)) ? -EFAULT : 0;
 	}
 	case VCP_IOC_CHERRYPICK:
 		return vcp_ioctl_cherrypick(file, uarg);
+	case VCP_IOC_SNAPSHOT:
+		return vcp_ioctl_snapshot(file, uarg);
 	default:
 		return -ENOTTY;
 	}

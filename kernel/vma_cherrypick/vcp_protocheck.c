@@ -14,6 +14,7 @@
 #include <linux/pid.h>
 #include <linux/ptrace.h>
 #include <linux/rmap.h>
+#include <linux/sched/mm.h>
 #include <linux/version.h>
 #include <asm/tlbflush.h>
 
@@ -28,6 +29,7 @@
 						   ret(__VA_ARGS__)),	\
 		      "the kernel's " #name "() differs from the prototype vma_cherrypick calls");
 #define VCP_FN_INTERNAL(ret, name, ...)
+#define VCP_FN0(ret, name) VCP_FN(ret, name, void)
 #include "vcp_syms.h"
 
 #ifdef CONFIG_KSM

@@ -6,10 +6,11 @@
  * prototype against the kernel's own declaration at build time).
  *
  * VCP_FN(ret, name, params...): declared in the kernel's headers, checked.
+ * VCP_FN0(ret, name): the same for a function without parameters.
  * VCP_FN_INTERNAL(...): declared only in mm/internal.h, which kernel headers
  * do not ship; the VM suite compares it with the running kernel's BTF.
  * Every entry needs its alias in vcp_sealed_call.S and its slot in vcp_sym.
- * No include guard: each includer defines the two macros and reads the list.
+ * No include guard: each includer defines the three macros and reads the list.
  */
 #if VCP_V7
 VCP_FN_INTERNAL(int, anon_vma_fork, struct vm_area_struct *, struct vm_area_struct *)
@@ -31,3 +32,6 @@ VCP_FN(void, flush_tlb_mm_range, struct mm_struct *, unsigned long,
 VCP_FN(int, walk_page_range, struct mm_struct *, unsigned long, unsigned long,
        const struct mm_walk_ops *, void *)
 VCP_FN(unsigned long, kallsyms_lookup_name, const char *)
+VCP_FN0(struct mm_struct *, mm_alloc)
+VCP_FN(struct vm_area_struct *, vm_area_dup, struct vm_area_struct *)
+VCP_FN(void, vm_area_free, struct vm_area_struct *)

@@ -102,6 +102,11 @@ func runSuite(only []string) int {
 		{"concurrent", testConcurrent},
 		{"pinned", testPinned},
 		{"rmap", testRmap},
+		{"snapshot", testSnapshot},
+		{"snapshot-frees", testSnapshotFrees},
+		{"snapshot-refusals", testSnapshotRefusals},
+		{"snapshot-device", testSnapshotDevice},
+		{"snapshot-benchmark-1g", testSnapshotBenchmark},
 		{"benchmark-1g", testBenchmark1G},
 		{"stress", testStress},
 	}

@@ -25,7 +25,7 @@ func testVersion(s *suite) error {
 	if v.ABI != cherrypick.ABIVersion {
 		return fmt.Errorf("ABI %d, want %d", v.ABI, cherrypick.ABIVersion)
 	}
-	want := cherrypick.FeatureAnon | cherrypick.FeatureFilePrivate | cherrypick.FeatureTHP
+	want := cherrypick.FeatureAnon | cherrypick.FeatureFilePrivate | cherrypick.FeatureTHP | cherrypick.FeatureSnapshot
 	if !v.Has(want) {
 		return fmt.Errorf("features %#x, want %#x", v.Features, want)
 	}
