@@ -29,6 +29,7 @@
 #include <linux/seq_file.h>
 #include <linux/slab.h>
 #include <linux/uaccess.h>
+#include <linux/uio.h>
 #include <asm/tlbflush.h>
 
 #include "vcp_internal.h"
@@ -68,10 +69,75 @@ static void vcp_snap_show_fdinfo(struct seq_file *m, struct file *file)
 	seq_printf(m, "vcp_swap_entries:\t%lu\n", vcp_swap_count(snap->mm));
 }
 
+/* Pages one read pins at a time. */
+#define VCP_READ_BATCH 16
+
+/*
+ * pread() at an offset that is a virtual address reads the snapshot's
+ * memory there, as /proc/PID/mem reads a process's: what a lazy-pages
+ * daemon copies into a destination that cannot share the pages (one that
+ * has memory of its own in the area already). A page the source never had
+ * reads as zeros (the zero page), a swapped-out one is read back in, and an
+ * address outside every area fails with EFAULT, or ends a read that began
+ * inside one. Protection does not matter: a snapshot holds the contents.
+ */
+static ssize_t vcp_snap_read_iter(struct kiocb *iocb, struct iov_iter *to)
+{
+	struct vcp_snap *snap = iocb->ki_filp->private_data;
+	struct page *pages[VCP_READ_BATCH];
+	loff_t pos = iocb->ki_pos;
+	ssize_t done = 0;
+	int err = 0;
+
+	while (iov_iter_count(to) && !err) {
+		unsigned long addr = pos, first = addr & PAGE_MASK;
+		unsigned long nr = min_t(unsigned long, VCP_READ_BATCH,
+			DIV_ROUND_UP(offset_in_page(addr) + iov_iter_count(to), PAGE_SIZE));
+		long got, i;
+
+		if (pos < 0 || addr >= TASK_SIZE_MAX) {
+			err = -EFAULT;
+			break;
+		}
+		nr = min(nr, (TASK_SIZE_MAX - first) >> PAGE_SHIFT);
+		if (mmap_read_lock_killable(snap->mm)) {
+			err = -EINTR;
+			break;
+		}
+		got = get_user_pages_remote(snap->mm, first, nr, FOLL_FORCE, pages, NULL);
+		mmap_read_unlock(snap->mm);
+		if (got <= 0) {
+			err = got ? got : -EFAULT;
+			break;
+		}
+		for (i = 0; i < got; i++) {
+			size_t off = offset_in_page(pos);
+			size_t n = min_t(size_t, PAGE_SIZE - off, iov_iter_count(to));
+			size_t copied = 0;
+
+			if (!err && n)
+				copied = copy_page_to_iter(pages[i], off, n, to);
+			put_page(pages[i]);
+			done += copied;
+			pos += copied;
+			if (copied < n)
+				err = -EFAULT;
+		}
+		if (fatal_signal_pending(current))
+			err = -EINTR;
+		cond_resched();
+	}
+	if (!done)
+		return err;
+	iocb->ki_pos = pos;
+	return done;
+}
+
 static const struct file_operations vcp_snap_fops = {
 	.owner = THIS_MODULE,
 	.release = vcp_snap_release,
 	.show_fdinfo = vcp_snap_show_fdinfo,
+	.read_iter = vcp_snap_read_iter,
 };
 
 /* The snapshot behind @fd, with a reference the caller puts (mmput). */
@@ -334,6 +400,8 @@ long vcp_ioctl_snapshot(struct file *file, void __user *uarg)
 		mmput(snap->mm);
 		goto put_fd;
 	}
+	/* Read with pread(); anonymous files get no positional I/O by default. */
+	sfile->f_mode |= FMODE_PREAD;
 	args.fd = fd;
 	vcp_out_write(&out, &args, sizeof(args));
 	fd_install(fd, sfile);

@@ -61,6 +61,9 @@ struct vcp_cherrypick {
  * and the snapshot keeps the pages as they were. It is the source of later
  * cherrypicks (VCP_CHERRYPICK_SRC_SNAPSHOT), into any number of
  * destinations, and its memory is freed when the last descriptor closes.
+ * pread(2) at an offset equal to a virtual address reads its memory there,
+ * as /proc/PID/mem reads a process's (zeros where the source had no page,
+ * EFAULT outside its areas); /proc/PID/fdinfo shows what it holds.
  */
 struct vcp_snapshot {
 	__s32 src_pidfd;	/* in: pidfd of the stopped source process */

@@ -258,8 +258,9 @@ func testRefusals(s *suite) error {
 		{"zero length", cherrypick.ErrInvalid, call(sfd, dfd, good, 0)},
 		{"range in kernel space", cherrypick.ErrInvalid, call(sfd, dfd, 0xffff800000000000, pageSize)},
 		{"range with no area", cherrypick.ErrLayoutMismatch, call(sfd, dfd, s.region(size), size)},
-		{"flags set", cherrypick.ErrInvalid, func() error {
-			err := rawCherrypick(&rawArgs{src: int32(sfd), dst: int32(dfd), start: good, length: size, flags: 1})
+		{"unknown flag set", cherrypick.ErrInvalid, func() error {
+			// Bit 0 is VCP_CHERRYPICK_SRC_SNAPSHOT (snapshot-device tests it).
+			err := rawCherrypick(&rawArgs{src: int32(sfd), dst: int32(dfd), start: good, length: size, flags: 1 << 1})
 			return asNamed(err, unix.EINVAL, cherrypick.ErrInvalid)
 		}},
 		{"device opened read-only", cherrypick.ErrNotPidfd, func() error {

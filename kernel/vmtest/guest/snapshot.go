@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"os"
@@ -96,6 +97,15 @@ func testSnapshot(s *suite) error {
 	}
 	if info["vcp_anon_pages"] != snap.AnonPages || info["vcp_source_pid"] != uint64(src.pid) {
 		return fmt.Errorf("fdinfo %v after the source rewrote its pages; the snapshot took %d pages of pid %d", info, snap.AnonPages, src.pid)
+	}
+
+	// Read back, the snapshot still holds them as they were.
+	if err := expectSnapshotPattern(snap, addr, size, seedA, holeMod); err != nil {
+		return err
+	}
+	// A gap between areas (just below the region) reads as EFAULT.
+	if _, err := unix.Pread(int(snap.File().Fd()), make([]byte, pageSize), int64(addr-pageSize)); err != unix.EFAULT {
+		return fmt.Errorf("pread of a snapshot where no area is: %v, want EFAULT", err)
 	}
 
 	// A destination made after that gets the pages as they were.
@@ -415,4 +425,38 @@ func testSnapshotBenchmark(s *suite) error {
 	}
 	fmt.Printf("TIMING 1GiB snapshot=%.1fms fork=%.1fms (4 KiB pages)\n", ms(took), float64(forkNs)/1e6)
 	return src.cont()
+}
+
+// expectSnapshotPattern reads a snapshot's range with pread and checks it
+// against what fill wrote, as expectPattern checks a helper's memory.
+func expectSnapshotPattern(snap *cherrypick.Snapshot, addr, size, seed, holeMod uint64) error {
+	const chunk = 4 * mib
+	buf := make([]byte, chunk)
+	want := make([]byte, pageSize)
+	for off := uint64(0); off < size; off += chunk {
+		n := min(chunk, size-off)
+		// An unaligned start, so that reads cross pages.
+		got, err := unix.Pread(int(snap.File().Fd()), buf[:n], int64(addr+off))
+		if err != nil || uint64(got) != n {
+			return fmt.Errorf("pread of the snapshot at %#x: %d bytes, %v", addr+off, got, err)
+		}
+		for pg := uint64(0); pg < n/pageSize; pg++ {
+			page := uintptr(off/pageSize + pg)
+			clear(want)
+			if !isHole(seed, page, holeMod) {
+				for w := uintptr(0); w < wordsPerPage; w++ {
+					putUint64(want[w*512:], pattern(seed, page, w))
+				}
+			}
+			if !bytes.Equal(buf[pg*pageSize:(pg+1)*pageSize], want) {
+				return fmt.Errorf("the snapshot's page %#x (hole=%v) does not hold what the source had", addr+uint64(page)*pageSize, isHole(seed, page, holeMod))
+			}
+		}
+	}
+	// A read that starts inside a page and ends in the next.
+	two := make([]byte, pageSize)
+	if n, err := unix.Pread(int(snap.File().Fd()), two, int64(addr+pageSize/2)); err != nil || n != pageSize {
+		return fmt.Errorf("pread across a page boundary: %d bytes, %v", n, err)
+	}
+	return nil
 }
