@@ -49,7 +49,7 @@ func requireCRIU(t *testing.T) *criuEnv {
 		}
 		t.Skipf("CRIU lazy-pages test skipped: %s (TCLONE_REQUIRE_INTEGRATION=1 makes this a failure)", reason)
 	}
-	helpersOnce.Do(buildHelpers)
+	helpersOnce.Do(findHelpers)
 	if helpersErr != nil {
 		t.Fatalf("building the test programs: %v", helpersErr)
 	}
@@ -113,6 +113,17 @@ func findCRIU() (string, string) {
 		return "", fmt.Sprintf("criu check --feature uffd-noncoop: %v: %s", err, strings.TrimSpace(string(out)))
 	}
 	return criu, ""
+}
+
+// findHelpers finds the test programs: built already where
+// TCLONE_LAZYPAGES_HELPERS says (a machine without the go tool, such as the
+// VM that runs these tests with the module), or built now.
+func findHelpers() {
+	if dir := os.Getenv("TCLONE_LAZYPAGES_HELPERS"); dir != "" {
+		helpersDir = dir
+		return
+	}
+	buildHelpers()
 }
 
 func buildHelpers() {
@@ -193,6 +204,23 @@ func (e *criuEnv) dump(t *testing.T, mib int) (string, string) {
 // dumpTree is dump of a memfill with children.
 func (e *criuEnv) dumpTree(t *testing.T, mib, children int) (string, string) {
 	t.Helper()
+	src, hash := e.startSource(t, mib, children)
+	defer src.kill()
+	images := filepath.Join(e.scratch, fmt.Sprintf("images-%d", mib))
+	os.MkdirAll(images, 0o755)
+	out, err := criuCommand(e.criu, "dump", "-t", strconv.Itoa(src.pid), "-D", images,
+		"--leave-running", "-o", "dump.log", "-v4").CombinedOutput()
+	if err != nil {
+		t.Fatalf("criu dump: %v: %s\n%s", err, out, criuErrors(filepath.Join(images, "dump.log")))
+	}
+	return images, hash
+}
+
+// startSource starts memfill with mib MiB and children in a new PID
+// namespace and returns it, with the hash of its memory, once filled. It is
+// killed when the test ends.
+func (e *criuEnv) startSource(t *testing.T, mib, children int) (memProc, string) {
+	t.Helper()
 	dir := filepath.Join(e.scratch, "ask")
 	os.MkdirAll(dir, 0o755)
 	cmd := exec.Command(filepath.Join(e.bin, "memfill"), "-mib", strconv.Itoa(mib), "-dir", dir,
@@ -209,7 +237,7 @@ func (e *criuEnv) dumpTree(t *testing.T, mib, children int) (string, string) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	defer func() { cmd.Process.Kill(); cmd.Wait() }()
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
 	hashFile := filepath.Join(dir, "source.hash")
 	os.Remove(hashFile)
 	var hash []byte
@@ -219,14 +247,7 @@ func (e *criuEnv) dumpTree(t *testing.T, mib, children int) (string, string) {
 		}
 		hash, _ = os.ReadFile(hashFile)
 	}
-	images := filepath.Join(e.scratch, fmt.Sprintf("images-%d", mib))
-	os.MkdirAll(images, 0o755)
-	out, err := criuCommand(e.criu, "dump", "-t", strconv.Itoa(cmd.Process.Pid), "-D", images,
-		"--leave-running", "-o", "dump.log", "-v4").CombinedOutput()
-	if err != nil {
-		t.Fatalf("criu dump: %v: %s\n%s", err, out, criuErrors(filepath.Join(images, "dump.log")))
-	}
-	return images, string(hash)
+	return memProc{pid: cmd.Process.Pid, dir: dir, stderr: filepath.Join(dir, stderrFile)}, string(hash)
 }
 
 // criuStepTimeout bounds one criu dump or restore of a test: a CRIU that
@@ -291,8 +312,18 @@ func (e *criuEnv) restore(images, work string, lazy bool) (memProc, error) {
 // daemonLine is one line of lazypagesd's output.
 type daemonLine struct {
 	Event
-	At    int64  `json:"at_ns"`
-	Error string `json:"error"`
+	At    int64       `json:"at_ns"`
+	Error string      `json:"error"`
+	Dump  *dumpReport `json:"dump"`
+}
+
+// dumpReport is lazypagesd -dump's report of its copy-on-write dump.
+type dumpReport struct {
+	FrozenMs      float64 `json:"frozen_ms"`
+	SnapshotMs    float64 `json:"snapshot_ms"`
+	PagesWritten  uint64  `json:"pages_written"`
+	SnapshotPages uint64  `json:"snapshot_pages"`
+	Processes     int     `json:"processes"`
 }
 
 type daemonProc struct {
@@ -303,9 +334,9 @@ type daemonProc struct {
 	exited chan struct{}
 }
 
-func (e *criuEnv) startDaemon(t *testing.T, images string, sockets []string, pause time.Duration) *daemonProc {
+func (e *criuEnv) startDaemon(t *testing.T, images string, sockets []string, pause time.Duration, more ...string) *daemonProc {
 	t.Helper()
-	args := []string{"-images", images, "-chunk-pause", pause.String()}
+	args := append([]string{"-images", images, "-chunk-pause", pause.String()}, more...)
 	for _, s := range sockets {
 		args = append(args, "-socket", s)
 	}

@@ -46,6 +46,13 @@ type Event struct {
 type Options struct {
 	// ImagesDir is the dump every sibling is restored from.
 	ImagesDir string
+	// Snapshots, if set, hold the dump's memory instead of its pages
+	// images: for each task (by its pid in the images), a vma_cherrypick
+	// snapshot taken while the dump held the tree frozen. Lazy pages are
+	// then read from the snapshot at their addresses, and the dump may be a
+	// --lazy-pages one, whose images hold none of them. The daemon reads
+	// the files and never closes them.
+	Snapshots map[int32]*os.File
 	// OnEvent, if set, is called for every event, from the daemon's
 	// goroutines; it must not block for long.
 	OnEvent func(Event)
@@ -76,6 +83,9 @@ type Daemon struct {
 // process. It accepts restores once Listen is called.
 func Start(opts Options) (*Daemon, error) {
 	images, err := OpenImages(opts.ImagesDir)
+	if err == nil && opts.Snapshots != nil {
+		images.snapshots = opts.Snapshots
+	}
 	if err != nil {
 		return nil, err
 	}

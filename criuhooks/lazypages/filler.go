@@ -44,7 +44,7 @@ type fillerHost interface {
 	counters() *Counters
 	// forked starts serving the userfaultfd of a child forked by a task of
 	// the sibling, whose missing pages are those of its parent.
-	forked(u *uffd, miss *pending, data []byte)
+	forked(u *uffd, miss *pending, src pageSource)
 }
 
 // filler serves one userfaultfd: the memory of one restored task, or of a
@@ -56,7 +56,8 @@ type fillerHost interface {
 type filler struct {
 	u      *uffd
 	miss   *pending
-	data   []byte
+	src    pageSource
+	buf    []byte // for a source that is read, not mapped
 	host   fillerHost
 	cursor uint64
 	chunk  uint64
@@ -77,8 +78,8 @@ type filler struct {
 // on the machine, come first. Faults are answered at the caller's priority.
 const backgroundNice = 10
 
-func newFiller(u *uffd, miss *pending, data []byte, host fillerHost) *filler {
-	return &filler{u: u, miss: miss, data: data, host: host, chunk: minChunk}
+func newFiller(u *uffd, miss *pending, src pageSource, host fillerHost) *filler {
+	return &filler{u: u, miss: miss, src: src, host: host, chunk: minChunk}
 }
 
 // run serves the task until every missing page is filled (nil), the task is
@@ -262,7 +263,15 @@ func (f *filler) fill(s span, pages counter) error {
 		if onePage {
 			n = pageSize
 		}
-		done, err := f.u.copy(s.start, f.data[s.src:s.src+n])
+		if uint64(cap(f.buf)) < n {
+			f.buf = make([]byte, max(n, minChunk))
+		}
+		data, err := f.src.at(f.buf[:n], s.src)
+		if err != nil {
+			f.miss.put(s)
+			return fmt.Errorf("read %d bytes of memory for %#x: %w", n, s.start, err)
+		}
+		done, err := f.u.copy(s.start, data)
 		pages.Add(done / pageSize)
 		s = s.tail(done)
 		switch {
@@ -302,6 +311,6 @@ func (f *filler) fork(fd int) error {
 	// The child's page tables were copied from the task's while copies
 	// into the task were held off (EAGAIN until this event was read), so it
 	// misses exactly what the task misses now.
-	f.host.forked(u, f.miss.clone(), f.data)
+	f.host.forked(u, f.miss.clone(), f.src)
 	return nil
 }

@@ -23,9 +23,9 @@ type testHost struct {
 	forks atomic.Int32
 }
 
-func (h *testHost) phase() phase                         { return phase(h.state.Load()) }
-func (h *testHost) counters() *Counters                  { return &h.c }
-func (h *testHost) forked(u *uffd, _ *pending, _ []byte) { h.forks.Add(1); u.Close() }
+func (h *testHost) phase() phase                             { return phase(h.state.Load()) }
+func (h *testHost) counters() *Counters                      { return &h.c }
+func (h *testHost) forked(u *uffd, _ *pending, _ pageSource) { h.forks.Add(1); u.Close() }
 
 // region is memory of the test process registered with a userfaultfd of its
 // own, so that the filler under test serves the test's own faults.
@@ -91,7 +91,7 @@ func (r *region) addr(page int) uint64 {
 }
 
 // source is a pages image: page i holds byte i+1 throughout.
-func source(pages int) []byte {
+func source(pages int) mappedPages {
 	b := make([]byte, pages*pageSize)
 	for i := range pages {
 		for j := range pageSize {

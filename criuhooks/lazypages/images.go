@@ -46,6 +46,8 @@ type taskImage struct {
 // copies from the page cache (the tmpfs store) straight into the task.
 type Images struct {
 	dir string
+	// snapshots, if set, hold each task's memory (Options.Snapshots).
+	snapshots map[int32]*os.File
 
 	mu    sync.Mutex
 	tasks map[int32]*taskImage
@@ -75,18 +77,28 @@ func (im *Images) Close() error {
 	return errors.Join(errs...)
 }
 
-// task returns the lazy memory of the task with image pid pid and the pages
-// image its spans point into.
-func (im *Images) task(pid int32) (*taskImage, []byte, error) {
+// task returns the lazy memory of the task with image pid pid and where
+// its spans' data is: the pages image they point into, or the task's
+// snapshot.
+func (im *Images) task(pid int32) (*taskImage, pageSource, error) {
 	im.mu.Lock()
 	defer im.mu.Unlock()
 	t, ok := im.tasks[pid]
 	if !ok {
 		var err error
-		if t, err = loadTaskImage(im.dir, pid); err != nil {
+		if t, err = loadTaskImage(im.dir, pid, im.snapshots != nil); err != nil {
 			return nil, nil, err
 		}
 		im.tasks[pid] = t
+	}
+	if im.snapshots != nil {
+		snap := im.snapshots[pid]
+		if snap == nil && len(t.lazy) > 0 {
+			return nil, nil, fmt.Errorf("lazy pages: no snapshot holds the memory of task %d, which has %d lazy bytes (the capture took snapshots of other tasks only)", pid, t.bytes)
+		}
+		// A task without private anonymous memory has no snapshot, and
+		// nothing to read from one.
+		return t, snapshotPages{snap}, nil
 	}
 	data, ok := im.pages[t.pagesID]
 	if !ok {
@@ -99,7 +111,7 @@ func (im *Images) task(pid int32) (*taskImage, []byte, error) {
 	if err := t.fits(uint64(len(data))); err != nil {
 		return nil, nil, err
 	}
-	return t, data, nil
+	return t, mappedPages(data), nil
 }
 
 func (t *taskImage) fits(size uint64) error {
@@ -143,7 +155,9 @@ type pagemapEntry struct {
 	flags        uint32
 }
 
-func loadTaskImage(dir string, pid int32) (*taskImage, error) {
+// loadTaskImage reads a task's lazy spans. fromSnapshot: their data is in
+// a snapshot, at their own addresses, and need not be in the pages image.
+func loadTaskImage(dir string, pid int32, fromSnapshot bool) (*taskImage, error) {
 	pagesID, entries, err := readPagemap(filepath.Join(dir, fmt.Sprintf("pagemap-%d.img", pid)))
 	if err != nil {
 		return nil, err
@@ -157,11 +171,14 @@ func loadTaskImage(dir string, pid int32) (*taskImage, error) {
 	for _, e := range entries {
 		n := e.pages * pageSize
 		if e.flags&pageLazy != 0 {
-			if e.flags&pagePresent == 0 {
+			src := off
+			if fromSnapshot {
+				src = e.vaddr
+			} else if e.flags&pagePresent == 0 {
 				return nil, fmt.Errorf("lazy pages: pagemap-%d.img has lazy pages at %#x that are not in its pages image "+
 					"(a dump made with --lazy-pages keeps them at its page server); dump without --lazy-pages", pid, e.vaddr)
 			}
-			for _, s := range splitAtVMAs(span{e.vaddr, e.vaddr + n, off}, vmas) {
+			for _, s := range splitAtVMAs(span{e.vaddr, e.vaddr + n, src}, vmas) {
 				t.lazy = append(t.lazy, s)
 				t.bytes += s.len()
 			}

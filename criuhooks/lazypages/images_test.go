@@ -80,8 +80,8 @@ func TestTaskImageOffsetsSkipEagerAndParentPages(t *testing.T) {
 	if !reflect.DeepEqual(task.lazy, want) {
 		t.Fatalf("lazy spans = %#v, want %#v", task.lazy, want)
 	}
-	if task.bytes != 5*pageSize || len(data) != 6*pageSize {
-		t.Fatalf("bytes = %d, data = %d", task.bytes, len(data))
+	if task.bytes != 5*pageSize || len(data.(mappedPages)) != 6*pageSize {
+		t.Fatalf("bytes = %d, data = %d", task.bytes, len(data.(mappedPages)))
 	}
 	again, _, _ := im.task(7)
 	if again != task {
@@ -126,5 +126,68 @@ func TestOldPagemapEntriesAreResolvedLikeCRIU(t *testing.T) {
 func TestNotADump(t *testing.T) {
 	if _, err := OpenImages(t.TempDir()); err == nil || !strings.Contains(err.Error(), "pstree.img") {
 		t.Fatalf("OpenImages of an empty dir: %v", err)
+	}
+}
+
+func TestLazyDumpWithSnapshotsReadsAtAddresses(t *testing.T) {
+	dir := fakeDump(t, 0)
+	imagetest.Write(t, filepath.Join(dir, "pagemap-7.img"), "PAGEMAP",
+		&pagemap.PagemapHead{PagesId: proto.Uint32(3)},
+		criu4Entry(0x1000, 1, pagePresent), // the eager stack page is in the pages image
+		criu4Entry(0x10000, 4, pageLazy),   // a --lazy-pages dump: not present
+		criu4Entry(0x30000, 1, pageLazy),
+	)
+	snap, err := os.Open(os.DevNull)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer snap.Close()
+	im, err := OpenImages(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer im.Close()
+	im.snapshots = map[int32]*os.File{7: snap}
+	task, src, err := im.task(7)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []span{{0x10000, 0x12000, 0x10000}, {0x12000, 0x14000, 0x12000}, {0x30000, 0x31000, 0x30000}}
+	if !reflect.DeepEqual(task.lazy, want) {
+		t.Fatalf("lazy spans = %#v, want %#v (data at the pages' own addresses)", task.lazy, want)
+	}
+	if got, ok := src.(snapshotPages); !ok || got.f != snap {
+		t.Fatalf("source = %#v, want the task's snapshot", src)
+	}
+	im.snapshots = map[int32]*os.File{8: snap}
+	im.tasks = map[int32]*taskImage{}
+	if _, _, err := im.task(7); err == nil || !strings.Contains(err.Error(), "no snapshot") {
+		t.Fatalf("task with lazy memory and no snapshot: %v", err)
+	}
+	// A task with no lazy memory needs none.
+	imagetest.Write(t, filepath.Join(dir, "pagemap-7.img"), "PAGEMAP",
+		&pagemap.PagemapHead{PagesId: proto.Uint32(3)}, criu4Entry(0x1000, 1, pagePresent))
+	im.tasks = map[int32]*taskImage{}
+	if task, _, err := im.task(7); err != nil || len(task.lazy) != 0 {
+		t.Fatalf("task without lazy memory or snapshot: %+v, %v", task, err)
+	}
+}
+
+func TestSnapshotSourceReadsWhole(t *testing.T) {
+	f, err := os.CreateTemp(t.TempDir(), "snap")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	data := []byte(strings.Repeat("0123456789abcdef", 1024))
+	if _, err := f.WriteAt(data, 0x3000); err != nil {
+		t.Fatal(err)
+	}
+	got, err := snapshotPages{f}.at(make([]byte, 100), 0x3000+5)
+	if err != nil || string(got) != string(data[5:105]) {
+		t.Fatalf("at = %q, %v", got, err)
+	}
+	if _, err := (snapshotPages{f}).at(make([]byte, 100), 0x3000+uint64(len(data))); err == nil {
+		t.Fatal("a read past the end succeeded")
 	}
 }

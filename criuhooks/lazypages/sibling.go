@@ -93,7 +93,7 @@ func (s *sibling) addTask(cc *criuConn, msg criuMsg) error {
 		s.track(u)
 		return armErr
 	}
-	img, data, err := s.d.images.task(msg.pid)
+	img, src, err := s.d.images.task(msg.pid)
 	if err != nil {
 		s.track(u)
 		return err
@@ -102,7 +102,7 @@ func (s *sibling) addTask(cc *criuConn, msg criuMsg) error {
 	s.mu.Lock()
 	s.stats.LazyBytes += img.bytes
 	s.mu.Unlock()
-	s.serve(u, newPending(img.lazy), data)
+	s.serve(u, newPending(img.lazy), src)
 	return nil
 }
 
@@ -142,17 +142,17 @@ func (s *sibling) track(u *uffd) {
 	s.uffds[u] = true
 }
 
-func (s *sibling) serve(u *uffd, miss *pending, data []byte) {
+func (s *sibling) serve(u *uffd, miss *pending, src pageSource) {
 	s.mu.Lock()
 	s.uffds[u] = false
 	s.active++
 	s.mu.Unlock()
-	f := newFiller(u, miss, data, s)
+	f := newFiller(u, miss, src, s)
 	f.pause = s.d.opts.ChunkPause
 	go func() { s.fillerDone(u, f.run()) }()
 }
 
-func (s *sibling) forked(u *uffd, miss *pending, data []byte) { s.serve(u, miss, data) }
+func (s *sibling) forked(u *uffd, miss *pending, src pageSource) { s.serve(u, miss, src) }
 
 func (s *sibling) fillerDone(u *uffd, err error) {
 	if err != nil && !errors.Is(err, errExited) && !errors.Is(err, errAbandoned) {

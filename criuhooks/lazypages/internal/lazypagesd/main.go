@@ -1,7 +1,14 @@
 // Command lazypagesd runs tclone's lazy-pages daemon on its own, for tests
 // and measurements against raw CRIU:
 //
-//	lazypagesd -images DIR [-socket PATH]... [-siblings N]
+//	lazypagesd -images DIR [-socket PATH]... [-siblings N] [-dump PID [-criu PATH]]
+//
+// With -dump it first makes the dump itself, copy-on-write: a --lazy-pages
+// dump of the tree of PID (left running) into DIR, with a vma_cherrypick
+// snapshot of each process taken while the tree is frozen
+// (criuhooks.LazyDump, SnapshotTree), and then serves lazy pages from the
+// snapshots. Its first line is then a "dumped" event with the pause's
+// figures.
 //
 // It serves every `criu restore --lazy-pages` that connects at one of the
 // sockets (default DIR/lazy-pages.socket), writes one JSON object per event
@@ -33,14 +40,17 @@ func (p *paths) Set(s string) error { *p = append(*p, s); return nil }
 // line is one line of output.
 type line struct {
 	lazypages.Event
-	At    int64  `json:"at_ns"`
-	Error string `json:"error,omitempty"`
+	At    int64   `json:"at_ns"`
+	Error string  `json:"error,omitempty"`
+	Dump  *dumped `json:"dump,omitempty"`
 }
 
 func main() {
 	images := flag.String("images", "", "the dump's images directory")
 	siblings := flag.Int("siblings", 0, "exit once this many siblings are done (0: run until signalled)")
 	pause := flag.Duration("chunk-pause", 0, "wait this long between background chunks")
+	dumpPid := flag.Int("dump", 0, "first dump the tree of this pid copy-on-write into -images")
+	criuPath := flag.String("criu", "criu", "the criu binary, for -dump")
 	var sockets paths
 	flag.Var(&sockets, "socket", "listen here (repeatable; default IMAGES/"+lazypages.SocketName+")")
 	flag.Parse()
@@ -50,7 +60,16 @@ func main() {
 	if len(sockets) == 0 {
 		sockets = paths{filepath.Join(*images, lazypages.SocketName)}
 	}
-	os.Exit(run(lazypages.Options{ImagesDir: *images, ChunkPause: *pause}, sockets, *siblings))
+	opts := lazypages.Options{ImagesDir: *images, ChunkPause: *pause}
+	if *dumpPid != 0 {
+		snaps, err := cowDump(*criuPath, *images, *dumpPid)
+		if err != nil {
+			fail(err)
+		}
+		defer snaps.Close()
+		opts.Snapshots = snaps.Files
+	}
+	os.Exit(run(opts, sockets, *siblings))
 }
 
 func run(opts lazypages.Options, sockets []string, want int) int {

@@ -13,6 +13,8 @@
 //	forkhash      the hash as computed by a child forked for the purpose
 //	remap         move the mapping elsewhere (mremap); "ok"
 //	dontneed N    discard the first N pages (MADV_DONTNEED); "ok"
+//	rewrite       add 1 to every word of the filled memory; the new hash
+//	forktime      how long fork(2) of this process takes, in nanoseconds
 //
 // remap and dontneed touch no page of the mapping, so that a lazily restored
 // sibling can be made to move and discard memory it is still missing.
@@ -130,6 +132,22 @@ func (f *filled) run(cmd []string) string {
 			return "error: " + err.Error()
 		}
 		return "ok"
+	case "forktime":
+		start := time.Now()
+		pid, err := rawFork(exitJob)
+		took := time.Since(start)
+		if err != nil {
+			return "error: fork: " + err.Error()
+		}
+		var ws unix.WaitStatus
+		unix.Wait4(pid, &ws, 0, nil)
+		return strconv.FormatInt(took.Nanoseconds(), 10)
+	case "rewrite":
+		w := f.words()
+		for i := range w {
+			w[i]++
+		}
+		return pattern.Format(pattern.Hash(w))
 	case "dontneed":
 		n, err := strconv.Atoi(cmd[len(cmd)-1])
 		if err != nil || n*4096 > len(f.mem) {

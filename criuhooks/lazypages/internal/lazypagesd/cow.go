@@ -1,0 +1,92 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/checkpoint-restore/go-criu/v7/rpc"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/tclone/tclone/criuhooks"
+	"github.com/tclone/tclone/criuhooks/lazypages"
+	"github.com/tclone/tclone/kernel/cherrypick"
+)
+
+// dumped is the "dumped" line: what the copy-on-write dump cost the source.
+type dumped struct {
+	// FrozenMs is CRIU's freezing plus frozen time: the source's pause.
+	FrozenMs float64 `json:"frozen_ms"`
+	// SnapshotMs is the part of it the snapshots took.
+	SnapshotMs float64 `json:"snapshot_ms"`
+	// PagesWritten is what CRIU still wrote to the images (eager pages).
+	PagesWritten uint64 `json:"pages_written"`
+	// SnapshotPages is what the snapshots hold.
+	SnapshotPages uint64 `json:"snapshot_pages"`
+	Processes     int    `json:"processes"`
+}
+
+// cowDump dumps the tree of pid into dir, lazily, with a snapshot of each
+// process taken in post-dump, and reports it on stdout.
+func cowDump(criuPath, dir string, pid int) (*criuhooks.Snapshots, error) {
+	dev, err := cherrypick.Open()
+	if err != nil {
+		return nil, err
+	}
+	defer dev.Close()
+	imgDir, err := os.Open(dir)
+	if err != nil {
+		return nil, err
+	}
+	defer imgDir.Close()
+	opts := &rpc.CriuOpts{
+		ImagesDirFd:  proto.Int32(int32(imgDir.Fd())),
+		Pid:          proto.Int32(int32(pid)),
+		LeaveRunning: proto.Bool(true),
+		LogFile:      proto.String("dump.log"),
+		LogLevel:     proto.Int32(4),
+	}
+	release, err := criuhooks.LazyDump(opts, dir)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	var snaps *criuhooks.Snapshots
+	var tasks int
+	hooks := &criuhooks.CaptureHooks{OnPostDump: func() error {
+		t, err := criuhooks.TreeTasks(pid)
+		if err != nil {
+			return err
+		}
+		tasks = len(t)
+		snaps, err = criuhooks.SnapshotTree(dev, t)
+		return err
+	}}
+	req := criuhooks.Request{CriuPath: criuPath, Opts: opts, LogPath: filepath.Join(dir, "dump.log"), Timeout: 2 * time.Minute}
+	if err := criuhooks.Dump(context.Background(), req, hooks); err != nil {
+		if snaps != nil {
+			snaps.Close()
+		}
+		return nil, err
+	}
+	st, err := criuhooks.DumpStats(dir)
+	if err != nil {
+		snaps.Close()
+		return nil, err
+	}
+	d := dumped{
+		FrozenMs:      float64(st.GetFreezingTime()+st.GetFrozenTime()) / 1000,
+		SnapshotMs:    float64(snaps.Took.Microseconds()) / 1000,
+		PagesWritten:  st.GetPagesWritten(),
+		SnapshotPages: snaps.AnonPages + snaps.SwapEntries,
+		Processes:     tasks,
+	}
+	if err := json.NewEncoder(os.Stdout).Encode(line{Event: lazypages.Event{Kind: "dumped"}, At: time.Now().UnixNano(), Dump: &d}); err != nil {
+		snaps.Close()
+		return nil, fmt.Errorf("report the dump: %w", err)
+	}
+	return snaps, nil
+}
