@@ -29,7 +29,7 @@ kernel-test-debug: kernel-unit-test
 	set -e; out=$$($(KERNEL_DIR)/vmtest/build-debug-kernel.sh); \
 	root=$$(echo "$$out" | sed -n 1p); release=$$(echo "$$out" | sed -n 2p); \
 	VCP_ROOT=$$root VCP_SLOW=$(KERNEL_DEBUG_SLOW) VCP_TIMEOUT=$$((300 * $(KERNEL_DEBUG_SLOW))) \
-	VCP_TESTS="$(KERNEL_DEBUG_SKIP)" GO="$(GO)" $(KERNEL_DIR)/vmtest/run.sh $$release
+	VCP_TESTS="$(KERNEL_DEBUG_SKIP)" VCP_CRIU_TESTS= GO="$(GO)" $(KERNEL_DIR)/vmtest/run.sh $$release
 
 # Only the trixie build root (kernel/_build/trixie-root).
 kernel-root:

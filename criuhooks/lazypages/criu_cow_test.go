@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tclone/tclone/criuhooks"
 	"github.com/tclone/tclone/kernel/cherrypick"
 )
 
@@ -53,8 +52,8 @@ func (e *criuEnv) cowDumpOf(t *testing.T, src memProc, name string, pause time.D
 
 // TestCRIUCowRestore: the source's memory as it was at the dump reaches
 // two siblings restored after the source rewrote all of it, the second
-// after the source is gone; the dump wrote almost no pages, and the pause
-// is set beside fork(2)'s and a copying dump's.
+// after the source is gone; the dump wrote almost no pages, and the
+// source's pause is logged beside fork(2)'s.
 func TestCRIUCowRestore(t *testing.T) {
 	requireModule(t)
 	e := requireCRIU(t)
@@ -64,8 +63,16 @@ func TestCRIUCowRestore(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if _, err := src.ask("gap", 30*time.Second); err != nil { // resets it
+		t.Fatal(err)
+	}
 	d, images, work, dumped := e.cowDumpOf(t, src, "cow", 0)
 	st := dumped.Dump
+	gapAnswer, err := src.ask("gap", 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gapUs, _ := strconv.ParseInt(gapAnswer, 10, 64)
 	if st.Processes != 1+children {
 		t.Fatalf("the capture saw %d processes, want %d", st.Processes, 1+children)
 	}
@@ -130,20 +137,10 @@ func TestCRIUCowRestore(t *testing.T) {
 		t.Fatalf("second sibling, source gone: hash %q, %v; want %q", got, err, want)
 	}
 
-	// A copying dump of a source of the same size, for the pause.
-	src3, _ := e.startSource(t, mib, children)
-	copyImages := filepath.Join(e.scratch, "images-copy")
-	os.MkdirAll(copyImages, 0o755)
-	if out, err := criuCommand(e.criu, "dump", "-t", strconv.Itoa(src3.pid), "-D", copyImages,
-		"--leave-running", "-o", "dump.log", "-v4").CombinedOutput(); err != nil {
-		t.Fatalf("criu dump: %v: %s", err, out)
-	}
-	copySt, err := criuhooks.DumpStats(copyImages)
-	if err != nil {
-		t.Fatal(err)
-	}
+	// What the source felt: the longest its request loop waited across
+	// the dump. A figure to read beside fork()'s, not a bound: the VM is
+	// emulated and shared (make bench measures the pause).
 	fork, _ := strconv.ParseInt(forkNs, 10, 64)
-	copyMs := float64(copySt.GetFreezingTime()+copySt.GetFrozenTime()) / 1000
-	t.Logf("TIMING %d MiB, %d processes: pause cow %.1f ms (snapshots %.1f ms, %d pages written), copy %.1f ms (%d pages written), fork() %.1f ms",
-		mib, 1+children, st.FrozenMs, st.SnapshotMs, st.PagesWritten, copyMs, copySt.GetPagesWritten(), float64(fork)/1e6)
+	t.Logf("TIMING %d MiB, %d processes: source's longest wait across the copy-on-write dump %.1f ms (snapshots %.1f ms, %d pages written by CRIU), fork() %.1f ms",
+		mib, 1+children, float64(gapUs)/1000, st.SnapshotMs, st.PagesWritten, float64(fork)/1e6)
 }

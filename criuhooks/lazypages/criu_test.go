@@ -319,7 +319,7 @@ type daemonLine struct {
 
 // dumpReport is lazypagesd -dump's report of its copy-on-write dump.
 type dumpReport struct {
-	FrozenMs      float64 `json:"frozen_ms"`
+	DumpMs        float64 `json:"dump_ms"`
 	SnapshotMs    float64 `json:"snapshot_ms"`
 	PagesWritten  uint64  `json:"pages_written"`
 	SnapshotPages uint64  `json:"snapshot_pages"`

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Makes the Debian trixie root the vma_cherrypick module is built in, and
 # that the kernels qemu boots come from: gcc-14, make, and for each kernel
-# its headers and its boot image, installed by apt inside the root.
+# its headers and its boot image, installed by apt inside the root; and
+# criu, which run.sh copies into the guest with the libraries it needs, for
+# the copy-on-write tests with CRIU (trixie's 4.1.1: enough for processes
+# without inet sockets on every kernel here, see ENVIRONMENT.md).
 #
 # Nothing is installed into the host. Trixie's kernel headers and kbuild need
 # trixie's libelf1t64, which conflicts with the libelf1 that a bookworm host's
@@ -36,20 +39,23 @@ root=$build/trixie-root
 stamp=$build/trixie-root.stamp
 
 # The package that holds a kernel's boot image. From 7.x Debian splits the
-# image out of linux-image-* into linux-binary-*, which has no boot hooks.
+# image out of linux-image-* into linux-binary-*, which has no boot hooks,
+# and the modules into linux-modules-* (the CRIU stage loads a few).
 # 6.12's headers depend on linux-image-* itself, whose dependency on an
 # initramfs generator is met by tiny-initramfs (a few KB, where
 # initramfs-tools would build a 30 MB initramfs nobody boots).
 image_pkg() {
 	case "$1" in
 	6.*) echo "linux-image-$1" ;;
-	*) echo "linux-binary-$1" ;;
+	*) echo "linux-binary-$1 linux-modules-$1" ;;
 	esac
 }
 
-pkgs=(make gcc-14)
+pkgs=(make gcc-14 criu)
 for v in $KVERS; do
-	pkgs+=("linux-headers-$v" "$(image_pkg "$v")")
+	pkgs+=("linux-headers-$v")
+	read -ra image <<<"$(image_pkg "$v")"
+	pkgs+=("${image[@]}")
 	case "$v" in 6.*) pkgs+=(tiny-initramfs) ;; esac
 done
 mapfile -t pkgs < <(printf '%s\n' "${pkgs[@]}" | sort -u)

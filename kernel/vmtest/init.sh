@@ -71,6 +71,30 @@ fi
 /vcptest
 rc=$?
 
+# The CRIU stage (run.sh): copy-on-write dumps and lazy restores with the
+# root's criu and the module still loaded. Its output is indented, for
+# run.sh's summary; a failure fails the run.
+if [ -x /lazypages.test ]; then
+	mkdir -p /dev/shm /run
+	mount -t tmpfs tmpfs /dev/shm
+	mount -t tmpfs tmpfs /run
+	# CRIU's feature detection connects over loopback (TCP repair).
+	ip link set lo up
+	for m in $(cat /criu-modules/list); do
+		insmod "/criu-modules/$m.ko" || echo "VCP-CRIU: insmod $m failed"
+	done
+	echo "VCP-CRIU: $(PATH=/usr/sbin:/bin criu --version | head -1)"
+	PATH=/usr/sbin:/bin TCLONE_REQUIRE_INTEGRATION=1 TCLONE_REQUIRE_MODULE=1 \
+		TCLONE_LAZYPAGES_HELPERS=/helpers \
+		/lazypages.test -test.v -test.timeout 600s -test.run "$(cat /criu-tests)" >/tmp/criu.out 2>&1
+	crc=$?
+	sed 's/^/  criu: /' /tmp/criu.out
+	if [ "$crc" != 0 ]; then
+		echo "VCP-CRIU: the CRIU stage failed (exit $crc)"
+		rc=1
+	fi
+fi
+
 # Every object allocated since the clear above that nothing points to any
 # more is a leak: by the module, or by the kernel on a path the module
 # drives. kmemleak reports objects older than 5 s only, and a second scan

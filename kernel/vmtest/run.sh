@@ -17,6 +17,9 @@
 #   VCP_TIMEOUT    seconds one VM may run (default: 300)
 #   VCP_MEM        guest memory (default: 3G)
 #   VCP_TESTS      run only these suite tests (space-separated names)
+#   VCP_CRIU_TESTS the CRIU stage's tests, a go test -run pattern over
+#                  criuhooks/lazypages (default: the copy-on-write restore
+#                  and a lazy restore of a tree); empty skips the stage
 #   VCP_SRC        module sources to test (default: kernel/vma_cherrypick)
 #   VCP_ROOT       a build root that already holds the kernels and their
 #                  build trees (build-debug-kernel.sh's); default: make the
@@ -60,6 +63,34 @@ mkdir -p "$build"
 log "building the static guest suite"
 CGO_ENABLED=0 "$GO" build -trimpath -o "$build/vcptest" "$top/kernel/vmtest/guest"
 
+# The CRIU stage: criuhooks/lazypages's tests, static, with the programs
+# they dump and restore, run in the guest with the module loaded and the
+# root's criu (TestCRIUCow* need both).
+criu_tests=${VCP_CRIU_TESTS-TestCRIUCow|TestCRIULazyRestoreTree}
+stage=$build/criu-stage
+rm -rf "$stage"
+if [ -n "$criu_tests" ]; then
+	[ -x "$root/usr/sbin/criu" ] || die "the CRIU stage needs criu in $root (VCP_CRIU_TESTS= skips the stage)"
+	log "building the CRIU stage (criuhooks/lazypages tests, memfill, lazypagesd)"
+	mkdir -p "$stage/helpers"
+	(cd "$top" && CGO_ENABLED=0 "$GO" test -c -trimpath -o "$stage/lazypages.test" ./criuhooks/lazypages)
+	for prog in memfill lazypagesd; do
+		(cd "$top" && CGO_ENABLED=0 "$GO" build -trimpath -o "$stage/helpers/$prog" "./criuhooks/lazypages/internal/$prog")
+	done
+	printf '%s\n' "$criu_tests" >"$stage/criu-tests"
+	# criu and every library it loads, at their paths in the root. ldd runs
+	# inside the root, with a /proc of its own as the module build has.
+	unshare --mount --pid --fork --mount-proc="$root/proc" \
+		chroot "$root" /usr/bin/ldd /usr/sbin/criu >"$stage/ldd.txt" ||
+		die "ldd of the root's criu failed"
+	mkdir -p "$stage/root/usr/sbin"
+	cp "$root/usr/sbin/criu" "$stage/root/usr/sbin/criu"
+	for lib in $(awk '$2 == "=>" { print $3 } $1 ~ /^\// { print $1 }' "$stage/ldd.txt"); do
+		mkdir -p "$stage/root$(dirname "$lib")"
+		cp -L "$root$lib" "$stage/root$lib"
+	done
+fi
+
 vmlinuz_of() {
 	local v=$1
 	for f in "$root/boot/vmlinuz-$v" "$root/usr/lib/modules/$v/vmlinuz"; do
@@ -71,6 +102,46 @@ vmlinuz_of() {
 # The same check the guest makes on dmesg, applied to the whole console
 # log, so a guest that dies before it can check is still caught.
 . "$here/logcheck.sh"
+
+# The modules CRIU's feature detection needs, which the cloud kernels build
+# as modules: nf_tables (CRIU 4.1 fails without it), the socket diag
+# modules, tun. criu_modules KERNEL DIR decompresses them, each after what it
+# depends on (modules.dep), into DIR and lists them in DIR/list in load order;
+# a module built in is not there, and needs no loading.
+criu_modules() {
+	local v=$1 out=$2 mods=$root/usr/lib/modules/$1
+	local want="nf_tables tcp_diag udp_diag unix_diag netlink_diag af_packet_diag tun veth"
+	[ -f "$mods/modules.dep" ] || die "$v: no modules.dep in $mods (the root lacks this kernel's modules package)"
+	mkdir -p "$out"
+	: >"$out/list"
+	local -A done=()
+	add() {
+		local rel=$1 dep
+		[ -n "${done[$rel]:-}" ] && return
+		done[$rel]=1
+		for dep in $(awk -v m="$rel:" '$1 == m { $1 = ""; print }' "$mods/modules.dep"); do
+			add "$dep"
+		done
+		local name
+		name=$(basename "$rel")
+		name=${name%%.ko*}
+		case "$rel" in
+		*.xz) xz -dc "$mods/$rel" >"$out/$name.ko" ;;
+		*.zst) zstd -qdc "$mods/$rel" >"$out/$name.ko" ;;
+		*) cp "$mods/$rel" "$out/$name.ko" ;;
+		esac
+		echo "$name" >>"$out/list"
+	}
+	local m rel
+	for m in $want; do
+		rel=$(awk -F: -v m="$m" '{ n = $1; sub(/.*\//, "", n); sub(/\.ko.*/, "", n); if (n == m) { print $1; exit } }' "$mods/modules.dep")
+		if [ -z "$rel" ]; then
+			grep -q "/$m\.ko" "$mods/modules.builtin" || die "$v: module $m is neither in modules.dep nor built in"
+			continue
+		fi
+		add "$rel"
+	done
+}
 
 run_one() {
 	local v=$1 dir=$build/$1
@@ -96,6 +167,12 @@ run_one() {
 	cp "$mod/vma_cherrypick.ko" "$initrd/vma_cherrypick.ko"
 	cp "$dir/untested/vma_cherrypick.ko" "$initrd/vcp_untested.ko"
 	cp "$here/logcheck.sh" "$initrd/logcheck.sh"
+	if [ -d "$stage" ]; then
+		cp -a "$stage/root/." "$initrd/"
+		cp "$stage/lazypages.test" "$stage/criu-tests" "$initrd/"
+		cp -a "$stage/helpers" "$initrd/helpers"
+		criu_modules "$v" "$initrd/criu-modules"
+	fi
 	if [ -n "${VCP_TESTS:-}" ]; then
 		sed -i "s|^/vcptest\$|/vcptest $VCP_TESTS|" "$initrd/init"
 	fi
@@ -118,7 +195,7 @@ run_one() {
 	rm -f "$dir/swap.img"
 	local took=$((SECONDS - start))
 
-	grep -E '^(PASS|FAIL|TIMING|PSS|THP|stress:|vcptest:|VCP-(ALLOWLIST|SWAP|BTF|KMEMLEAK)|  )' "$console.txt" | sed "s/^/  [$v] /" || true
+	grep -E '^(PASS|FAIL|TIMING|PSS|THP|stress:|vcptest:|VCP-(ALLOWLIST|SWAP|BTF|KMEMLEAK|CRIU)|  )' "$console.txt" | sed "s/^/  [$v] /" || true
 	if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
 		tail -40 "$console.txt" >&2
 		log "$v: FAIL: the VM did not finish within ${timeout_s}s (log: $console.txt)"

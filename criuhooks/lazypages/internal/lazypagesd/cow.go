@@ -18,11 +18,15 @@ import (
 
 // dumped is the "dumped" line: what the copy-on-write dump cost the source.
 type dumped struct {
-	// FrozenMs is CRIU's freezing plus frozen time: the source's pause.
-	FrozenMs float64 `json:"frozen_ms"`
+	// DumpMs is the whole CRIU call. CRIU's own frozen time is useless for
+	// a lazy dump: its page server starts its statistics again
+	// (init_stats in cr_page_server), so the frozen time it writes counts
+	// from zero. The source's pause is best seen from inside it.
+	DumpMs float64 `json:"dump_ms"`
 	// SnapshotMs is the part of it the snapshots took.
 	SnapshotMs float64 `json:"snapshot_ms"`
-	// PagesWritten is what CRIU still wrote to the images (eager pages).
+	// PagesWritten is what CRIU still wrote to its pages images (the
+	// eager pages: stacks, private file pages).
 	PagesWritten uint64 `json:"pages_written"`
 	// SnapshotPages is what the snapshots hold.
 	SnapshotPages uint64 `json:"snapshot_pages"`
@@ -65,6 +69,7 @@ func cowDump(criuPath, dir string, pid int) (*criuhooks.Snapshots, error) {
 		snaps, err = criuhooks.SnapshotTree(dev, t)
 		return err
 	}}
+	start := time.Now()
 	req := criuhooks.Request{CriuPath: criuPath, Opts: opts, LogPath: filepath.Join(dir, "dump.log"), Timeout: 2 * time.Minute}
 	if err := criuhooks.Dump(context.Background(), req, hooks); err != nil {
 		if snaps != nil {
@@ -72,15 +77,16 @@ func cowDump(criuPath, dir string, pid int) (*criuhooks.Snapshots, error) {
 		}
 		return nil, err
 	}
-	st, err := criuhooks.DumpStats(dir)
+	// CRIU's statistics cannot say (see DumpMs): the pages images can.
+	written, err := pagesImageBytes(dir)
 	if err != nil {
 		snaps.Close()
 		return nil, err
 	}
 	d := dumped{
-		FrozenMs:      float64(st.GetFreezingTime()+st.GetFrozenTime()) / 1000,
+		DumpMs:        float64(time.Since(start).Microseconds()) / 1000,
 		SnapshotMs:    float64(snaps.Took.Microseconds()) / 1000,
-		PagesWritten:  st.GetPagesWritten(),
+		PagesWritten:  written / uint64(os.Getpagesize()),
 		SnapshotPages: snaps.AnonPages + snaps.SwapEntries,
 		Processes:     tasks,
 	}
@@ -89,4 +95,21 @@ func cowDump(criuPath, dir string, pid int) (*criuhooks.Snapshots, error) {
 		return nil, fmt.Errorf("report the dump: %w", err)
 	}
 	return snaps, nil
+}
+
+// pagesImageBytes is the size of a dump's pages images.
+func pagesImageBytes(dir string) (uint64, error) {
+	files, err := filepath.Glob(filepath.Join(dir, "pages-*.img"))
+	if err != nil {
+		return 0, err
+	}
+	var n uint64
+	for _, f := range files {
+		st, err := os.Stat(f)
+		if err != nil {
+			return 0, err
+		}
+		n += uint64(st.Size())
+	}
+	return n, nil
 }

@@ -15,6 +15,9 @@
 //	dontneed N    discard the first N pages (MADV_DONTNEED); "ok"
 //	rewrite       add 1 to every word of the filled memory; the new hash
 //	forktime      how long fork(2) of this process takes, in nanoseconds
+//	gap           the longest wait between two turns of its 1 ms request
+//	              loop since the last gap request, in microseconds: the
+//	              longest the process was kept from running (a dump's pause)
 //
 // remap and dontneed touch no page of the mapping, so that a lazily restored
 // sibling can be made to move and discard memory it is still missing.
@@ -44,7 +47,8 @@ import (
 )
 
 type filled struct {
-	mem []byte
+	mem    []byte
+	maxGap time.Duration
 }
 
 func (f *filled) words() []uint64 {
@@ -86,8 +90,12 @@ func main() {
 		fmt.Fprintf(os.Stderr, "memfill: %v\n", err)
 		os.Exit(1)
 	}
+	last := time.Now()
 	for {
 		time.Sleep(time.Millisecond)
+		now := time.Now()
+		f.maxGap = max(f.maxGap, now.Sub(last))
+		last = now
 		f.poll(*dir)
 	}
 }
@@ -132,6 +140,10 @@ func (f *filled) run(cmd []string) string {
 			return "error: " + err.Error()
 		}
 		return "ok"
+	case "gap":
+		g := f.maxGap
+		f.maxGap = 0
+		return strconv.FormatInt(g.Microseconds(), 10)
 	case "forktime":
 		start := time.Now()
 		pid, err := rawFork(exitJob)
