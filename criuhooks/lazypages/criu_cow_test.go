@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -35,14 +36,14 @@ func requireModule(t *testing.T) {
 // cowDumpOf starts lazypagesd dumping src copy-on-write into a fresh images
 // directory and serving restores at work's socket; it returns the daemon
 // and its "dumped" report.
-func (e *criuEnv) cowDumpOf(t *testing.T, src memProc, name string, pause time.Duration) (*daemonProc, string, string, daemonLine) {
+func (e *criuEnv) cowDumpOf(t *testing.T, src memProc, name string, pause time.Duration, more ...string) (*daemonProc, string, string, daemonLine) {
 	t.Helper()
 	images := filepath.Join(e.scratch, "images-"+name)
 	work := filepath.Join(e.scratch, "work-"+name)
 	os.MkdirAll(images, 0o755)
 	os.MkdirAll(work, 0o755)
 	d := e.startDaemon(t, images, []string{filepath.Join(work, SocketName)}, pause,
-		"-dump", strconv.Itoa(src.pid), "-criu", e.criu)
+		append([]string{"-dump", strconv.Itoa(src.pid), "-criu", e.criu}, more...)...)
 	dumped := d.find("dumped")
 	if len(dumped) != 1 || dumped[0].Dump == nil {
 		t.Fatalf("lazypagesd -dump reported %+v, want one dumped line", dumped)
@@ -143,4 +144,121 @@ func TestCRIUCowRestore(t *testing.T) {
 	fork, _ := strconv.ParseInt(forkNs, 10, 64)
 	t.Logf("TIMING %d MiB, %d processes: source's longest wait across the copy-on-write dump %.1f ms (snapshots %.1f ms, %d pages written by CRIU), fork() %.1f ms",
 		mib, 1+children, float64(gapUs)/1000, st.SnapshotMs, st.PagesWritten, float64(fork)/1e6)
+}
+
+// TestCRIUCowShare: with sharing asked for at pre-resume (lazypagesd
+// -hook-share as CRIU's action script), the siblings' lazy areas get the
+// snapshots' pages themselves: nearly nothing is copied, the memory is the
+// source's at the dump, and the sibling's pages are mapped by others too
+// (its PSS is a fraction of its RSS).
+func TestCRIUCowShare(t *testing.T) {
+	requireModule(t)
+	e := requireCRIU(t)
+	const mib, children = 256, 2
+	src, want := e.startSource(t, mib, children)
+	ctl := filepath.Join(e.scratch, "control.sock")
+	d, images, work, _ := e.cowDumpOf(t, src, "share", 0, "-share-wait", "60s", "-control", ctl)
+	if _, err := src.ask("rewrite", 60*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	// CRIU runs its action script without a shell: a script of one line.
+	hook := filepath.Join(e.scratch, "share-hook.sh")
+	script := fmt.Sprintf("#!/bin/sh\nexec %s -hook-share %s\n", filepath.Join(e.bin, "lazypagesd"), ctl)
+	if err := os.WriteFile(hook, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	sib, err := e.restore(images, work, true, "--action-script", hook)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sib.kill()
+	shared := d.wait(t, EventShared, 1, 60*time.Second)[0]
+	if shared.Error != "" || shared.Share == nil {
+		t.Fatalf("share: %+v", shared)
+	}
+	sh := shared.Share
+	if sh.Tasks != 1+children || sh.Bytes < uint64(1+children)*mib<<20 {
+		t.Fatalf("shared %+v: want the %d MiB area of each of %d tasks", sh, mib, 1+children)
+	}
+	if got, err := sib.ask("hash", 60*time.Second); err != nil || got != want {
+		t.Fatalf("sibling: hash %q, %v; want %q", got, err, want)
+	}
+	done := d.wait(t, EventComplete, 1, 120*time.Second)[0]
+	st := done.Stats
+	if copied := (st.FaultPages + st.BackgroundPages) * pageSize; copied > uint64(mib)<<20/16 {
+		t.Fatalf("%d bytes still copied with sharing on: %+v", copied, st)
+	}
+	where, err := os.ReadFile(filepath.Join(sib.dir, "source.where"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var addr, size int64
+	if n, err := fmt.Sscanf(string(where), "%d %d", &addr, &size); n != 2 {
+		t.Fatalf("source.where = %q: %v", where, err)
+	}
+	for _, pid := range childrenOf(sib.pid) {
+		if got := hashMem(t, pid, addr, size); got != want {
+			t.Errorf("sibling's child %d: hash %s, want %s", pid, got, want)
+		}
+	}
+	rss, pss := areaUse(t, sib.pid, uint64(addr))
+	t.Logf("PSS %d MiB area of the sibling: Rss %d kB, Pss %d kB (%.2f); %d areas shared, %d refused (%s), %d pages copied",
+		mib, rss, pss, float64(pss)/float64(rss), sh.Areas, sh.Refused, sh.Reason, st.FaultPages+st.BackgroundPages)
+	if rss < uint64(mib)<<10 || pss*100 > rss*55 {
+		t.Fatalf("sibling's area: Rss %d kB, Pss %d kB: its pages are not shared", rss, pss)
+	}
+	// Shared, copy-on-write: the sibling writes, and the snapshot (read by
+	// a second sibling) keeps the pages as they were.
+	if got, err := sib.ask("rewrite", 60*time.Second); err != nil || got == want {
+		t.Fatalf("sibling rewrite: %q, %v", got, err)
+	}
+	work2 := filepath.Join(e.scratch, "work-share2")
+	os.MkdirAll(work2, 0o755)
+	if err := os.Symlink(filepath.Join(work, SocketName), filepath.Join(work2, SocketName)); err != nil {
+		t.Fatal(err)
+	}
+	sib2, err := e.restore(images, work2, true, "--action-script", hook)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sib2.kill()
+	d.wait(t, EventComplete, 2, 120*time.Second)
+	if got, err := sib2.ask("hash", 60*time.Second); err != nil || got != want {
+		t.Fatalf("second sibling, after the first rewrote its shared pages: hash %q, %v; want %q", got, err, want)
+	}
+}
+
+// areaUse is the Rss and Pss, in kB, of the VMA of pid that starts at addr.
+func areaUse(t *testing.T, pid int, addr uint64) (rss, pss uint64) {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/smaps", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := false
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) == 0 {
+			continue
+		}
+		if lo, _, ok := strings.Cut(f[0], "-"); ok && len(f) >= 5 {
+			start, err := strconv.ParseUint(lo, 16, 64)
+			in = err == nil && start == addr
+			continue
+		}
+		if !in || len(f) < 2 {
+			continue
+		}
+		n, _ := strconv.ParseUint(f[1], 10, 64)
+		switch f[0] {
+		case "Rss:":
+			rss = n
+		case "Pss:":
+			pss = n
+		}
+	}
+	if rss == 0 {
+		t.Fatalf("pid %d has no resident area at %#x", pid, addr)
+	}
+	return rss, pss
 }

@@ -278,7 +278,7 @@ func criuErrors(log string) string {
 
 // restore runs criu restore -d of images with work as its work directory,
 // and returns the restored root's host pid.
-func (e *criuEnv) restore(images, work string, lazy bool) (memProc, error) {
+func (e *criuEnv) restore(images, work string, lazy bool, extra ...string) (memProc, error) {
 	os.MkdirAll(work, 0o755)
 	pidfile := filepath.Join(work, "pid")
 	os.Remove(pidfile)
@@ -286,6 +286,7 @@ func (e *criuEnv) restore(images, work string, lazy bool) (memProc, error) {
 	if lazy {
 		args = append(args, "--lazy-pages")
 	}
+	args = append(args, extra...)
 	// The restored process's standard error is a file of its own, in place
 	// of the source's (CRIU matches an inherited file by its path).
 	dir := filepath.Join(e.scratch, "ask")

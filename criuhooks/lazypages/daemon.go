@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/tclone/tclone/kernel/cherrypick"
 )
 
 // EventKind names what happened to a sibling.
@@ -22,6 +24,7 @@ const (
 	EventConnected EventKind = "connected" // a restore connected
 	EventTask      EventKind = "task"      // a task's userfaultfd arrived
 	EventRunning   EventKind = "running"   // the restore finished; its tasks run while they fill
+	EventShared    EventKind = "shared"    // Share gave the sibling the snapshots' pages (Event.Share)
 	EventComplete  EventKind = "complete"  // every page is in place; the daemon is done with it
 	EventFailed    EventKind = "failed"    // its memory could not be completed; its tasks were killed
 )
@@ -36,10 +39,11 @@ type Event struct {
 	Socket string `json:"socket,omitempty"`
 	// Pid and ImagePid name the task of an EventTask: its host pid and its
 	// pid in the images.
-	Pid      int    `json:"pid,omitempty"`
-	ImagePid int32  `json:"image_pid,omitempty"`
-	Err      error  `json:"-"`
-	Stats    *Stats `json:"stats,omitempty"`
+	Pid      int         `json:"pid,omitempty"`
+	ImagePid int32       `json:"image_pid,omitempty"`
+	Err      error       `json:"-"`
+	Stats    *Stats      `json:"stats,omitempty"`
+	Share    *ShareStats `json:"share,omitempty"`
 }
 
 // Options configure a Daemon.
@@ -53,6 +57,10 @@ type Options struct {
 	// --lazy-pages one, whose images hold none of them. The daemon reads
 	// the files and never closes them.
 	Snapshots map[int32]*os.File
+	// ShareWait, with Snapshots, has each task wait this long after
+	// restore-finished for Share (see share.go) before it copies anything
+	// in the background; 0 copies every page, sharing none.
+	ShareWait time.Duration
 	// OnEvent, if set, is called for every event, from the daemon's
 	// goroutines; it must not block for long.
 	OnEvent func(Event)
@@ -68,6 +76,8 @@ type Daemon struct {
 	opts   Options
 	images *Images
 	guard  *guard
+	// dev shares snapshots' pages (Options.ShareWait); nil otherwise.
+	dev *cherrypick.Device
 
 	mu        sync.Mutex
 	listeners []*net.UnixListener
@@ -83,15 +93,22 @@ type Daemon struct {
 // process. It accepts restores once Listen is called.
 func Start(opts Options) (*Daemon, error) {
 	images, err := OpenImages(opts.ImagesDir)
-	if err == nil && opts.Snapshots != nil {
-		images.snapshots = opts.Snapshots
-	}
 	if err != nil {
 		return nil, err
 	}
+	images.snapshots = opts.Snapshots
 	d := &Daemon{opts: opts, images: images, siblings: map[int]*sibling{}}
+	if opts.Snapshots != nil && opts.ShareWait > 0 {
+		if d.dev, err = cherrypick.Open(); err != nil {
+			images.Close()
+			return nil, fmt.Errorf("lazy pages: sharing snapshots' pages: %w", err)
+		}
+	}
 	if d.guard, err = startGuard(d.guardLost); err != nil {
 		images.Close()
+		if d.dev != nil {
+			d.dev.Close()
+		}
 		return nil, err
 	}
 	return d, nil
@@ -228,7 +245,7 @@ func (d *Daemon) newSibling(socket string) *sibling {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.nextID++
-	s := &sibling{id: d.nextID, d: d, socket: socket, uffds: map[*uffd]bool{}, restore: -1}
+	s := &sibling{id: d.nextID, d: d, socket: socket, uffds: map[*uffd]bool{}, restore: -1, shareExpired: make(chan struct{})}
 	s.stats.Connected = time.Now()
 	d.siblings[s.id] = s
 	d.live.Add(1)
@@ -339,6 +356,9 @@ func (d *Daemon) Close() error {
 		errs = append(errs, l.Close())
 	}
 	errs = append(errs, d.guard.close(), d.images.Close())
+	if d.dev != nil {
+		errs = append(errs, d.dev.Close())
+	}
 	return errors.Join(errs...)
 }
 

@@ -54,11 +54,14 @@ type fillerHost interface {
 // fails such copies with EAGAIN until the event is read), so the set always
 // matches the task's address space.
 type filler struct {
-	u      *uffd
-	miss   *pending
-	src    pageSource
-	buf    []byte // for a source that is read, not mapped
-	host   fillerHost
+	u    *uffd
+	miss *pending
+	src  pageSource
+	buf  []byte // for a source that is read, not mapped
+	host fillerHost
+	// share, while set, is a share the task waits for (share.go): no
+	// background copies until it is settled.
+	share  *shareState
 	cursor uint64
 	chunk  uint64
 	// faults are addresses a task waits on that could not be answered yet
@@ -99,6 +102,12 @@ func (f *filler) run() error {
 			runtime.UnlockOSThread()
 		}
 	}()
+	defer func() {
+		// A Share still waiting for this task has nothing more to wait for.
+		if f.share != nil {
+			close(f.share.settled)
+		}
+	}()
 	for {
 		var err error
 		if f.msgs, err = f.u.read(f.msgs[:0]); err != nil {
@@ -122,6 +131,16 @@ func (f *filler) run() error {
 		case restoring:
 			f.u.wait(0)
 			continue
+		}
+		if f.share != nil {
+			ok, err := f.awaitShare()
+			if err != nil {
+				return err
+			}
+			if !ok {
+				f.u.wait(0)
+				continue
+			}
 		}
 		if f.miss.empty() && len(f.faults) == 0 {
 			return nil

@@ -39,6 +39,9 @@ type taskImage struct {
 	pagesID uint32
 	lazy    []span
 	bytes   uint64
+	// areas are the VMAs that hold lazy spans, whole (src unused): what a
+	// snapshot can share with the task, one area at a time.
+	areas []span
 }
 
 // Images is a dump's memory, read once and shared by every sibling restored
@@ -181,6 +184,7 @@ func loadTaskImage(dir string, pid int32, fromSnapshot bool) (*taskImage, error)
 			for _, s := range splitAtVMAs(span{e.vaddr, e.vaddr + n, src}, vmas) {
 				t.lazy = append(t.lazy, s)
 				t.bytes += s.len()
+				t.addArea(s, vmas)
 			}
 		}
 		if e.flags&pagePresent != 0 {
@@ -188,6 +192,18 @@ func loadTaskImage(dir string, pid int32, fromSnapshot bool) (*taskImage, error)
 		}
 	}
 	return t, nil
+}
+
+// addArea records the VMA that holds s (one VMA, since s was split at them).
+func (t *taskImage) addArea(s span, vmas []*vma.VmaEntry) {
+	i := sort.Search(len(vmas), func(i int) bool { return vmas[i].GetEnd() > s.start })
+	if i == len(vmas) {
+		return
+	}
+	a := span{start: vmas[i].GetStart(), end: vmas[i].GetEnd()}
+	if n := len(t.areas); n == 0 || t.areas[n-1] != a {
+		t.areas = append(t.areas, a)
+	}
 }
 
 // splitAtVMAs cuts s where VMAs end: one UFFDIO_COPY may not cross a VMA

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/tclone/tclone/kernel/cherrypick"
 )
 
 // errAbandoned: the sibling failed or the daemon is closing.
@@ -22,6 +24,7 @@ type Counters struct {
 	BackgroundPages atomic.Uint64 // copied ahead of any fault
 	ZeroPages       atomic.Uint64 // zero pages mapped where the dump had none
 	ExistingPages   atomic.Uint64 // found present where the daemon expected a hole
+	SharedPages     atomic.Uint64 // lazy pages shared from a snapshot, not copied
 }
 
 // Stats is a sibling's progress, as reported with its events.
@@ -37,6 +40,7 @@ type Stats struct {
 	BackgroundPages uint64 `json:"background_pages"`
 	ZeroPages       uint64 `json:"zero_pages"`
 	ExistingPages   uint64 `json:"existing_pages"`
+	SharedPages     uint64 `json:"shared_pages"`
 }
 
 // task is one restored task of a sibling.
@@ -67,6 +71,10 @@ type sibling struct {
 	// restore is a pidfd of the CRIU that restores the sibling (the peer
 	// of its connection), or -1: it is killed with the tasks (killRestore).
 	restore int
+	// shares are its tasks' pending shares (share.go); shareExpired
+	// closes ShareWait after restore-finished.
+	shares       []*shareState
+	shareExpired chan struct{}
 }
 
 func (s *sibling) phase() phase        { return phase(s.state.Load()) }
@@ -102,8 +110,31 @@ func (s *sibling) addTask(cc *criuConn, msg criuMsg) error {
 	s.mu.Lock()
 	s.stats.LazyBytes += img.bytes
 	s.mu.Unlock()
-	s.serve(u, newPending(img.lazy), src)
+	s.serveTask(u, newPending(img.lazy), src, s.shareFor(msg, img, src))
 	return nil
+}
+
+// shareFor is a task's pending share, or nil when its pages are copied.
+func (s *sibling) shareFor(msg criuMsg, img *taskImage, src pageSource) *shareState {
+	snap, ok := src.(snapshotPages)
+	if s.d.dev == nil || !ok || snap.f == nil || len(img.areas) == 0 {
+		return nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	pidfd := -1
+	for _, t := range s.tasks {
+		if t.host == msg.sender {
+			pidfd = t.pidfd
+		}
+	}
+	if pidfd < 0 {
+		return nil
+	}
+	st := &shareState{dev: s.d.dev, snap: cherrypick.SnapshotFile(snap.f), pidfd: pidfd, areas: img.areas,
+		req: make(chan chan shareResult, 1), settled: make(chan struct{}), expired: s.shareExpired}
+	s.shares = append(s.shares, st)
+	return st
 }
 
 // errStream: the restore's messages cannot be read on.
@@ -142,12 +173,15 @@ func (s *sibling) track(u *uffd) {
 	s.uffds[u] = true
 }
 
-func (s *sibling) serve(u *uffd, miss *pending, src pageSource) {
+func (s *sibling) serve(u *uffd, miss *pending, src pageSource) { s.serveTask(u, miss, src, nil) }
+
+func (s *sibling) serveTask(u *uffd, miss *pending, src pageSource, share *shareState) {
 	s.mu.Lock()
 	s.uffds[u] = false
 	s.active++
 	s.mu.Unlock()
 	f := newFiller(u, miss, src, s)
+	f.share = share
 	f.pause = s.d.opts.ChunkPause
 	go func() { s.fillerDone(u, f.run()) }()
 }
@@ -181,6 +215,12 @@ func (s *sibling) restored() {
 	s.stats.Running = time.Now()
 	s.mu.Unlock()
 	if s.state.CompareAndSwap(int32(restoring), int32(running)) {
+		if s.d.dev != nil {
+			time.AfterFunc(s.d.opts.ShareWait, func() {
+				close(s.shareExpired)
+				s.interrupt()
+			})
+		}
 		s.interrupt()
 		s.d.emit(Event{Kind: EventRunning, Sibling: s.id, Socket: s.socket})
 	}

@@ -17,10 +17,11 @@ import (
 const (
 	uffdAPI = 0xAA
 
-	uffdioAPI      = 0xc018aa3f // _IOWR(0xAA, 0x3F, struct uffdio_api)
-	uffdioRegister = 0xc020aa00 // _IOWR(0xAA, 0x00, struct uffdio_register)
-	uffdioCopy     = 0xc028aa03 // _IOWR(0xAA, 0x03, struct uffdio_copy)
-	uffdioZeropage = 0xc020aa04 // _IOWR(0xAA, 0x04, struct uffdio_zeropage)
+	uffdioAPI        = 0xc018aa3f // _IOWR(0xAA, 0x3F, struct uffdio_api)
+	uffdioRegister   = 0xc020aa00 // _IOWR(0xAA, 0x00, struct uffdio_register)
+	uffdioCopy       = 0xc028aa03 // _IOWR(0xAA, 0x03, struct uffdio_copy)
+	uffdioZeropage   = 0xc020aa04 // _IOWR(0xAA, 0x04, struct uffdio_zeropage)
+	uffdioUnregister = 0x8010aa01 // _IOR(0xAA, 0x01, struct uffdio_range)
 
 	uffdRegisterModeMissing = 1
 
@@ -167,6 +168,26 @@ func (u *uffd) copy(dst uint64, src []byte) (uint64, error) {
 		return uint64(arg.copied), err
 	}
 	return 0, err
+}
+
+type uffdioRegisterArg struct {
+	rng    uffdioRange
+	mode   uint64
+	ioctls uint64
+}
+
+// unregister stops handling faults in [start, end), which must be whole
+// VMAs (CRIU registered them whole).
+func (u *uffd) unregister(start, end uint64) error {
+	arg := uffdioRange{start, end - start}
+	return u.ioctl(uffdioUnregister, unsafe.Pointer(&arg))
+}
+
+// register handles missing-page faults in [start, end) again, as CRIU's
+// restorer registered it.
+func (u *uffd) register(start, end uint64) error {
+	arg := uffdioRegisterArg{rng: uffdioRange{start, end - start}, mode: uffdRegisterModeMissing}
+	return u.ioctl(uffdioRegister, unsafe.Pointer(&arg))
 }
 
 // zero maps the zero page at [dst, dst+n): pages the dump did not have.

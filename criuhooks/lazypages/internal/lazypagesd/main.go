@@ -3,6 +3,14 @@
 //
 //	lazypagesd -images DIR [-socket PATH]... [-siblings N] [-dump PID [-criu PATH]]
 //
+// With -share-wait and -control PATH, the snapshots' pages are shared
+// with the siblings instead of copied (lazypages.Daemon.Share), when asked
+// over the control socket: a restore gives CRIU, as its action script,
+//
+//	lazypagesd -hook-share PATH
+//
+// which asks at pre-resume, while CRIU holds the tasks stopped.
+//
 // With -dump it first makes the dump itself, copy-on-write: a --lazy-pages
 // dump of the tree of PID (left running) into DIR, with a vma_cherrypick
 // snapshot of each process taken while the tree is frozen
@@ -53,7 +61,13 @@ func main() {
 	criuPath := flag.String("criu", "criu", "the criu binary, for -dump")
 	var sockets paths
 	flag.Var(&sockets, "socket", "listen here (repeatable; default IMAGES/"+lazypages.SocketName+")")
+	shareWait := flag.Duration("share-wait", 0, "with -dump: wait this long for a share request before copying")
+	control := flag.String("control", "", "with -share-wait: accept share requests at this socket")
+	hook := flag.String("hook-share", "", "run as CRIU's action script: at pre-resume, ask the daemon at this control socket to share")
 	flag.Parse()
+	if *hook != "" {
+		os.Exit(hookShare(*hook))
+	}
 	if *images == "" {
 		fail(fmt.Errorf("-images is required"))
 	}
@@ -68,11 +82,12 @@ func main() {
 		}
 		defer snaps.Close()
 		opts.Snapshots = snaps.Files
+		opts.ShareWait = *shareWait
 	}
-	os.Exit(run(opts, sockets, *siblings))
+	os.Exit(run(opts, sockets, *siblings, *control))
 }
 
-func run(opts lazypages.Options, sockets []string, want int) int {
+func run(opts lazypages.Options, sockets []string, want int, control string) int {
 	var mu sync.Mutex
 	enc := json.NewEncoder(os.Stdout)
 	emit := func(ev lazypages.Event) {
@@ -97,6 +112,12 @@ func run(opts lazypages.Options, sockets []string, want int) int {
 	}
 	for _, s := range sockets {
 		if err := d.Listen(s); err != nil {
+			d.Close()
+			fail(err)
+		}
+	}
+	if control != "" {
+		if err := serveControl(d, control); err != nil {
 			d.Close()
 			fail(err)
 		}
