@@ -83,7 +83,8 @@ func TestCRIUCowRestore(t *testing.T) {
 		t.Fatalf("snapshots hold %d pages, want at least the %d MiB filled", st.SnapshotPages, mib)
 	}
 	if st.PagesWritten*pageSize > uint64(mib)<<20/16 {
-		t.Fatalf("the lazy dump wrote %d pages to its images: the filled memory should be left to the snapshots", st.PagesWritten)
+		t.Fatalf("the lazy dump wrote %d pages to its images: the filled memory should be left to the snapshots\n%s",
+			st.PagesWritten, logLines(filepath.Join(images, "dump.log"), "Pagemap generated", "lazy", "Dumping path", "vma"))
 	}
 
 	// The source runs on and changes every word.
@@ -261,4 +262,22 @@ func areaUse(t *testing.T, pid int, addr uint64) (rss, pss uint64) {
 		t.Fatalf("pid %d has no resident area at %#x", pid, addr)
 	}
 	return rss, pss
+}
+
+// logLines are the lines of a CRIU log that mention one of words.
+func logLines(path string, words ...string) string {
+	b, _ := os.ReadFile(path)
+	var out []string
+	for _, l := range strings.Split(string(b), "\n") {
+		for _, w := range words {
+			if strings.Contains(l, w) {
+				out = append(out, l)
+				break
+			}
+		}
+	}
+	if len(out) > 200 {
+		out = out[len(out)-200:]
+	}
+	return strings.Join(out, "\n")
 }
