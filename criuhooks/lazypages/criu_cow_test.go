@@ -19,7 +19,7 @@ import (
 // under TCLONE_REQUIRE_MODULE=1 (the VM test, make vm-test, sets it: it
 // loads the module and runs them there).
 
-func requireModule(t *testing.T) {
+func requireModule(t testing.TB) {
 	t.Helper()
 	v, err := cherrypick.Probe()
 	if err == nil && !v.Has(cherrypick.FeatureSnapshot) {
@@ -36,7 +36,7 @@ func requireModule(t *testing.T) {
 // cowDumpOf starts lazypagesd dumping src copy-on-write into a fresh images
 // directory and serving restores at work's socket; it returns the daemon
 // and its "dumped" report.
-func (e *criuEnv) cowDumpOf(t *testing.T, src memProc, name string, pause time.Duration, more ...string) (*daemonProc, string, string, daemonLine) {
+func (e *criuEnv) cowDumpOf(t testing.TB, src memProc, name string, pause time.Duration, more ...string) (*daemonProc, string, string, daemonLine) {
 	t.Helper()
 	images := filepath.Join(e.scratch, "images-"+name)
 	work := filepath.Join(e.scratch, "work-"+name)
@@ -105,19 +105,7 @@ func TestCRIUCowRestore(t *testing.T) {
 	if done.Stats.LazyBytes < uint64(mib)<<20 {
 		t.Fatalf("the sibling had %d lazy bytes, want the %d MiB filled", done.Stats.LazyBytes, mib)
 	}
-	where, err := os.ReadFile(filepath.Join(sib.dir, "source.where"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var addr, size int64
-	if n, err := fmt.Sscanf(string(where), "%d %d", &addr, &size); n != 2 {
-		t.Fatalf("source.where = %q: %v", where, err)
-	}
-	for _, pid := range childrenOf(sib.pid) {
-		if got := hashMem(t, pid, addr, size); got != want {
-			t.Errorf("sibling's child %d: hash %s, want %s", pid, got, want)
-		}
-	}
+	checkChildren(t, sib, want)
 
 	// The snapshots need no source: a second sibling after it is gone.
 	src.kill()
@@ -189,20 +177,8 @@ func TestCRIUCowShare(t *testing.T) {
 	if copied := (st.FaultPages + st.BackgroundPages) * pageSize; copied > uint64(mib)<<20/16 {
 		t.Fatalf("%d bytes still copied with sharing on: %+v", copied, st)
 	}
-	where, err := os.ReadFile(filepath.Join(sib.dir, "source.where"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var addr, size int64
-	if n, err := fmt.Sscanf(string(where), "%d %d", &addr, &size); n != 2 {
-		t.Fatalf("source.where = %q: %v", where, err)
-	}
-	for _, pid := range childrenOf(sib.pid) {
-		if got := hashMem(t, pid, addr, size); got != want {
-			t.Errorf("sibling's child %d: hash %s, want %s", pid, got, want)
-		}
-	}
-	rss, pss := areaUse(t, sib.pid, uint64(addr))
+	addr := checkChildren(t, sib, want)
+	rss, pss := areaUse(t, sib.pid, addr)
 	t.Logf("PSS %d MiB area of the sibling: Rss %d kB, Pss %d kB (%.2f); %d areas shared, %d refused (%s), %d pages copied",
 		mib, rss, pss, float64(pss)/float64(rss), sh.Areas, sh.Refused, sh.Reason, st.FaultPages+st.BackgroundPages)
 	if rss < uint64(mib)<<10 || pss*100 > rss*55 {
@@ -230,7 +206,7 @@ func TestCRIUCowShare(t *testing.T) {
 }
 
 // areaUse is the Rss and Pss, in kB, of the VMA of pid that starts at addr.
-func areaUse(t *testing.T, pid int, addr uint64) (rss, pss uint64) {
+func areaUse(t testing.TB, pid int, addr uint64) (rss, pss uint64) {
 	t.Helper()
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/smaps", pid))
 	if err != nil {
@@ -280,4 +256,24 @@ func logLines(path string, words ...string) string {
 		out = out[len(out)-200:]
 	}
 	return strings.Join(out, "\n")
+}
+
+// checkChildren checks that every child of a restored memfill has the
+// source's memory, and returns where that memory is.
+func checkChildren(t testing.TB, sib memProc, want string) uint64 {
+	t.Helper()
+	where, err := os.ReadFile(filepath.Join(sib.dir, "source.where"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var addr, size int64
+	if n, err := fmt.Sscanf(string(where), "%d %d", &addr, &size); n != 2 {
+		t.Fatalf("source.where = %q: %v", where, err)
+	}
+	for _, pid := range childrenOf(sib.pid) {
+		if got := hashMem(t, pid, addr, size); got != want {
+			t.Errorf("sibling's child %d: hash %s, want %s", pid, got, want)
+		}
+	}
+	return uint64(addr)
 }

@@ -40,7 +40,7 @@ var (
 	helpersErr  error
 )
 
-func requireCRIU(t *testing.T) *criuEnv {
+func requireCRIU(t testing.TB) *criuEnv {
 	t.Helper()
 	criu, reason := findCRIU()
 	if reason != "" {
@@ -67,7 +67,7 @@ func requireCRIU(t *testing.T) *criuEnv {
 // restored task read wrong memory (zeros where the source had data). Such
 // a task often cannot say so itself (with its runtime's memory gone, Go
 // finds no goroutine and dies silently), but the kernel logs the fault.
-func watchCrashes(t *testing.T) {
+func watchCrashes(t testing.TB) {
 	t.Helper()
 	// Raw reads: os.File would wait in the poller instead of reporting
 	// the end of the log.
@@ -219,7 +219,7 @@ func (e *criuEnv) dumpTree(t *testing.T, mib, children int) (string, string) {
 // startSource starts memfill with mib MiB and children in a new PID
 // namespace and returns it, with the hash of its memory, once filled. It is
 // killed when the test ends.
-func (e *criuEnv) startSource(t *testing.T, mib, children int) (memProc, string) {
+func (e *criuEnv) startSource(t testing.TB, mib, children int) (memProc, string) {
 	t.Helper()
 	dir := filepath.Join(e.scratch, "ask")
 	os.MkdirAll(dir, 0o755)
@@ -335,7 +335,7 @@ type daemonProc struct {
 	exited chan struct{}
 }
 
-func (e *criuEnv) startDaemon(t *testing.T, images string, sockets []string, pause time.Duration, more ...string) *daemonProc {
+func (e *criuEnv) startDaemon(t testing.TB, images string, sockets []string, pause time.Duration, more ...string) *daemonProc {
 	t.Helper()
 	args := append([]string{"-images", images, "-chunk-pause", pause.String()}, more...)
 	for _, s := range sockets {
@@ -384,7 +384,7 @@ func (d *daemonProc) find(kind EventKind) []daemonLine {
 	return out
 }
 
-func (d *daemonProc) wait(t *testing.T, kind EventKind, n int, timeout time.Duration) []daemonLine {
+func (d *daemonProc) wait(t testing.TB, kind EventKind, n int, timeout time.Duration) []daemonLine {
 	t.Helper()
 	deadline := time.After(timeout)
 	for {
@@ -783,7 +783,7 @@ func TestCRIULazyRestoreTree(t *testing.T) {
 }
 
 // hashMem hashes another process's memory through /proc/PID/mem.
-func hashMem(t *testing.T, pid int, addr, size int64) string {
+func hashMem(t testing.TB, pid int, addr, size int64) string {
 	t.Helper()
 	f, err := os.Open(fmt.Sprintf("/proc/%d/mem", pid))
 	if err != nil {

@@ -84,9 +84,11 @@ if [ -x /lazypages.test ]; then
 		insmod "/criu-modules/$m.ko" || echo "VCP-CRIU: insmod $m failed"
 	done
 	echo "VCP-CRIU: $(PATH=/usr/sbin:/bin criu --version | head -1)"
+	bench=$(cat /criu-bench)
 	PATH=/usr/sbin:/bin TCLONE_REQUIRE_INTEGRATION=1 TCLONE_REQUIRE_MODULE=1 \
 		TCLONE_LAZYPAGES_HELPERS=/helpers \
-		/lazypages.test -test.v -test.timeout 600s -test.run "$(cat /criu-tests)" >/tmp/criu.out 2>&1
+		/lazypages.test -test.v -test.timeout 600s -test.run "$(cat /criu-tests)" \
+		${bench:+-test.bench "$bench" -test.benchtime 1x} >/tmp/criu.out 2>&1
 	crc=$?
 	sed 's/^/  criu: /' /tmp/criu.out
 	if [ "$crc" != 0 ]; then

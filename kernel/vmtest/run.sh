@@ -20,6 +20,8 @@
 #   VCP_CRIU_TESTS the CRIU stage's tests, a go test -run pattern over
 #                  criuhooks/lazypages (default: the copy-on-write restore
 #                  and a lazy restore of a tree); empty skips the stage
+#   VCP_CRIU_BENCH the CRIU stage's benchmarks, a go test -bench pattern
+#                  (default none; make kernel-bench sets it)
 #   VCP_SRC        module sources to test (default: kernel/vma_cherrypick)
 #   VCP_ROOT       a build root that already holds the kernels and their
 #                  build trees (build-debug-kernel.sh's); default: make the
@@ -78,6 +80,7 @@ if [ -n "$criu_tests" ]; then
 		(cd "$top" && CGO_ENABLED=0 "$GO" build -trimpath -o "$stage/helpers/$prog" "./criuhooks/lazypages/internal/$prog")
 	done
 	printf '%s\n' "$criu_tests" >"$stage/criu-tests"
+	printf '%s\n' "${VCP_CRIU_BENCH:-}" >"$stage/criu-bench"
 	# criu and every library it loads, at their paths in the root. ldd runs
 	# inside the root, with a /proc of its own as the module build has.
 	unshare --mount --pid --fork --mount-proc="$root/proc" \
@@ -169,7 +172,7 @@ run_one() {
 	cp "$here/logcheck.sh" "$initrd/logcheck.sh"
 	if [ -d "$stage" ]; then
 		cp -a "$stage/root/." "$initrd/"
-		cp "$stage/lazypages.test" "$stage/criu-tests" "$initrd/"
+		cp "$stage/lazypages.test" "$stage/criu-tests" "$stage/criu-bench" "$initrd/"
 		cp -a "$stage/helpers" "$initrd/helpers"
 		criu_modules "$v" "$initrd/criu-modules"
 	fi

@@ -62,12 +62,7 @@ func testSnapshot(s *suite) error {
 	if err != nil {
 		return err
 	}
-	if err := src.stop(); err != nil {
-		return err
-	}
-	start := time.Now()
-	snap, err := s.dev.Snapshot(src.pidfd, 0, userSpan)
-	took := time.Since(start)
+	snap, took, err := s.snapshotStopped(src)
 	if err != nil {
 		return err
 	}
@@ -410,12 +405,7 @@ func testSnapshotBenchmark(s *suite) error {
 	if err != nil {
 		return err
 	}
-	if err := src.stop(); err != nil {
-		return err
-	}
-	start := time.Now()
-	snap, err := s.dev.Snapshot(src.pidfd, 0, userSpan)
-	took := time.Since(start)
+	snap, took, err := s.snapshotStopped(src)
 	if err != nil {
 		return err
 	}
@@ -459,4 +449,15 @@ func expectSnapshotPattern(snap *cherrypick.Snapshot, addr, size, seed, holeMod 
 		return fmt.Errorf("pread across a page boundary: %d bytes, %v", n, err)
 	}
 	return nil
+}
+
+// snapshotStopped stops src and snapshots its whole address space, timing
+// the call alone.
+func (s *suite) snapshotStopped(src *proc) (*cherrypick.Snapshot, time.Duration, error) {
+	if err := src.stop(); err != nil {
+		return nil, 0, err
+	}
+	start := time.Now()
+	snap, err := s.dev.Snapshot(src.pidfd, 0, userSpan)
+	return snap, time.Since(start), err
 }
