@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -286,4 +287,91 @@ func checkChildren(t testing.TB, sib memProc, want string) uint64 {
 		}
 	}
 	return uint64(addr)
+}
+
+// TestCRIUCowDaemonKilledWhileSharing: the daemon is killed (SIGKILL)
+// while it shares, with an area unregistered from its task's userfaultfd
+// and not yet given its pages: the one moment a task could read zeros where
+// the source had data. Its guard must kill the sibling's tasks (CRIU holds
+// them stopped, so none ever ran), the restore must fail, and nothing of
+// the sibling, the daemon or its guard may be left.
+func TestCRIUCowDaemonKilledWhileSharing(t *testing.T) {
+	requireModule(t)
+	e := requireCRIU(t)
+	src, _ := e.startSource(t, 64, 1)
+	ctl := filepath.Join(e.scratch, "control.sock")
+	d, images, work, _ := e.cowDumpOf(t, src, "killed", 0, "-share-wait", "60s", "-control", ctl, "-share-pause", "3s")
+	guard := childrenOf(d.cmd.Process.Pid)
+	marker := filepath.Join(work, "sharing")
+	hook := filepath.Join(e.scratch, "share-hook.sh")
+	script := fmt.Sprintf("#!/bin/sh\n[ \"$CRTOOLS_SCRIPT_ACTION\" = pre-resume ] && touch %s\nexec %s -hook-share %s\n",
+		marker, filepath.Join(e.bin, "lazypagesd"), ctl)
+	if err := os.WriteFile(hook, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	pidfile := filepath.Join(work, "pid")
+	cmd := criuCommand(e.criu, "restore", "-D", images, "-W", work, "-d", "--pidfile", pidfile,
+		"-o", "restore.log", "-v4", "--lazy-pages", "--action-script", hook)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	result := make(chan error, 1)
+	go func() { result <- cmd.Wait() }()
+	defer cmd.Process.Kill()
+	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		if _, err := os.Stat(marker); err == nil {
+			break
+		}
+		select {
+		case err := <-result:
+			t.Fatalf("the restore ended before it asked to share: %v", err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("CRIU did not reach its pre-resume script")
+		}
+	}
+	// Inside the 3 s the first area spends unregistered.
+	time.Sleep(time.Second)
+	tasks := processesOf(filepath.Join(e.bin, "memfill"))
+	if err := d.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	<-d.exited
+	select {
+	case err := <-result:
+		if err == nil {
+			t.Fatal("the restore succeeded although its daemon was killed while sharing")
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("CRIU did not return in 30 s after the daemon was killed while sharing")
+	}
+	var restored []int
+	for _, pid := range tasks {
+		if pid != src.pid && !isChildOf(pid, src.pid) {
+			restored = append(restored, pid)
+		}
+	}
+	if len(restored) != 2 {
+		t.Fatalf("found restored tasks %v while the daemon shared, want the root and its child", restored)
+	}
+	for _, pid := range restored {
+		waitGone(t, pid, "a restored task")
+	}
+	for _, g := range guard {
+		waitGone(t, g, "the daemon's guard")
+	}
+	if b, _ := os.ReadFile(filepath.Join(work, "stderr")); len(b) > 0 {
+		t.Fatalf("a restored task wrote (it ran): %s", b)
+	}
+}
+
+// isChildOf reports whether pid's parent is parent.
+func isChildOf(pid, parent int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
+	return len(f) > 1 && f[1] == strconv.Itoa(parent)
 }

@@ -61,6 +61,10 @@ type Options struct {
 	// restore-finished for Share (see share.go) before it copies anything
 	// in the background; 0 copies every page, sharing none.
 	ShareWait time.Duration
+	// SharePause, if set, is a wait between unregistering an area and
+	// sharing it: it lets tests kill the daemon while an area has neither
+	// its userfaultfd nor its pages.
+	SharePause time.Duration
 	// OnEvent, if set, is called for every event, from the daemon's
 	// goroutines; it must not block for long.
 	OnEvent func(Event)

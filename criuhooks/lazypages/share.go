@@ -38,6 +38,7 @@ type shareState struct {
 	snap  *cherrypick.Snapshot
 	pidfd int
 	areas []span
+	pause time.Duration // Options.SharePause
 	// req brings Share's reply channel; settled closes once the filler
 	// shared, gave up waiting, or ended.
 	req     chan chan shareResult
@@ -122,6 +123,7 @@ func (f *filler) shareArea(a span) error {
 	if err := f.u.unregister(a.start, a.end); err != nil {
 		return &refusal{fmt.Errorf("unregister %#x-%#x: %w", a.start, a.end, err)}
 	}
+	time.Sleep(st.pause)
 	_, err := st.dev.CherrypickFrom(st.snap, st.pidfd, a.start, a.len())
 	if err == nil {
 		return nil

@@ -131,7 +131,7 @@ func (s *sibling) shareFor(msg criuMsg, img *taskImage, src pageSource) *shareSt
 	if pidfd < 0 {
 		return nil
 	}
-	st := &shareState{dev: s.d.dev, snap: cherrypick.SnapshotFile(snap.f), pidfd: pidfd, areas: img.areas,
+	st := &shareState{dev: s.d.dev, snap: cherrypick.SnapshotFile(snap.f), pidfd: pidfd, areas: img.areas, pause: s.d.opts.SharePause,
 		req: make(chan chan shareResult, 1), settled: make(chan struct{}), expired: s.shareExpired}
 	s.shares = append(s.shares, st)
 	return st

@@ -63,6 +63,7 @@ func main() {
 	flag.Var(&sockets, "socket", "listen here (repeatable; default IMAGES/"+lazypages.SocketName+")")
 	shareWait := flag.Duration("share-wait", 0, "with -dump: wait this long for a share request before copying")
 	control := flag.String("control", "", "with -share-wait: accept share requests at this socket")
+	sharePause := flag.Duration("share-pause", 0, "wait this long between unregistering an area and sharing it")
 	hook := flag.String("hook-share", "", "run as CRIU's action script: at pre-resume, ask the daemon at this control socket to share")
 	flag.Parse()
 	if *hook != "" {
@@ -83,6 +84,7 @@ func main() {
 		defer snaps.Close()
 		opts.Snapshots = snaps.Files
 		opts.ShareWait = *shareWait
+		opts.SharePause = *sharePause
 	}
 	os.Exit(run(opts, sockets, *siblings, *control))
 }
