@@ -1,6 +1,7 @@
 package lazypages
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -10,6 +11,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/checkpoint-restore/go-criu/v7/rpc"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/tclone/tclone/criuhooks"
 	"github.com/tclone/tclone/kernel/cherrypick"
 )
 
@@ -374,4 +379,80 @@ func isChildOf(pid, parent int) bool {
 	}
 	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
 	return len(f) > 1 && f[1] == strconv.Itoa(parent)
+}
+
+// TestCRIULazyDumpEndsAtOnce: criuhooks.LazyDump on this host's CRIU, no
+// module needed: the --lazy-pages dump returns without any page server
+// client, the source runs on, and the images hold the memory's pagemap
+// (every filled page lazy) but not its pages.
+func TestCRIULazyDumpEndsAtOnce(t *testing.T) {
+	e := requireCRIU(t)
+	const mib = 64
+	src, want := e.startSource(t, mib, 1)
+	images := filepath.Join(e.scratch, "lazy-dump")
+	os.MkdirAll(images, 0o755)
+	dir, err := os.Open(images)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dir.Close()
+	opts := &rpc.CriuOpts{
+		ImagesDirFd:  proto.Int32(int32(dir.Fd())),
+		Pid:          proto.Int32(int32(src.pid)),
+		LeaveRunning: proto.Bool(true),
+		LogFile:      proto.String("dump.log"),
+		LogLevel:     proto.Int32(4),
+	}
+	release, err := criuhooks.LazyDump(opts, images)
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	err = criuhooks.Dump(context.Background(), criuhooks.Request{CriuPath: e.criu, Opts: opts,
+		LogPath: filepath.Join(images, "dump.log"), Timeout: time.Minute}, &criuhooks.CaptureHooks{})
+	release()
+	if err != nil {
+		t.Fatal(err)
+	}
+	took := time.Since(start)
+	if _, err := os.Stat(filepath.Join(images, "tclone-lazy-dump.conf")); !os.IsNotExist(err) {
+		t.Errorf("the lazy dump's configuration file is left: %v", err)
+	}
+	if got, err := src.ask("hash", 30*time.Second); err != nil || got != want {
+		t.Fatalf("source after the dump: %q, %v", got, err)
+	}
+	var written int64
+	files, _ := filepath.Glob(filepath.Join(images, "pages-*.img"))
+	for _, f := range files {
+		if st, err := os.Stat(f); err == nil {
+			written += st.Size()
+		}
+	}
+	lazy := int64(0)
+	for _, pm := range mustGlob(t, filepath.Join(images, "pagemap-*.img")) {
+		var pid int32
+		fmt.Sscanf(filepath.Base(pm), "pagemap-%d.img", &pid)
+		task, err := loadTaskImage(images, pid, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lazy += int64(task.bytes)
+	}
+	t.Logf("lazy dump of %d MiB x 2 processes: %s, %d bytes written, %d bytes lazy", mib, took, written, lazy)
+	if lazy < 2*mib<<20 {
+		t.Fatalf("only %d bytes are lazy in the images, want the %d MiB of each process\n%s", lazy, mib,
+			logLines(filepath.Join(images, "dump.log"), "Pagemap generated"))
+	}
+	if written > mib<<20/16 {
+		t.Errorf("the lazy dump wrote %d bytes of pages\n%s", written, logLines(filepath.Join(images, "dump.log"), "Pagemap generated"))
+	}
+}
+
+func mustGlob(t *testing.T, pattern string) []string {
+	t.Helper()
+	m, err := filepath.Glob(pattern)
+	if err != nil || len(m) == 0 {
+		t.Fatalf("no %s: %v", pattern, err)
+	}
+	return m
 }
