@@ -27,6 +27,9 @@ var (
 // busyboxRootfs exports the busybox image once per test run.
 func busyboxRootfs(t *testing.T) string {
 	t.Helper()
+	if dir := os.Getenv("TCLONE_TEST_ROOTFS"); dir != "" {
+		return dir
+	}
 	rootfsOnce.Do(func() {
 		dir, err := os.MkdirTemp("/var/tmp", "tclone-test-rootfs-")
 		if err != nil {
@@ -59,7 +62,8 @@ func (b *bundle) rootfs() string { return filepath.Join(b.dir, "rootfs") }
 // sibling), with its own hostname and cgroup.
 func newBundle(t *testing.T, role string, populate bool, args ...string) *bundle {
 	t.Helper()
-	id := name(t, role) // also gives a unique ID
+	// A crun container, not Podman's: b.remove takes it away.
+	id := uniqueName(role)
 	dir := filepath.Join(t.TempDir(), id)
 	if err := os.MkdirAll(filepath.Join(dir, "rootfs"), 0o755); err != nil {
 		t.Fatal(err)

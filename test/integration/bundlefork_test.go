@@ -11,7 +11,7 @@ import (
 // The runtime-level fork of a bare bundle: the sibling continues from the
 // fork instant with its own hostname, and the two diverge.
 func TestBundleForkContinuesAndDiverges(t *testing.T) {
-	requireStack(t)
+	requireBundleStack(t)
 	src := newBundle(t, "src", true, "sh", "-c", "echo before > /tmp/marker; "+counterScript)
 	src.start(t)
 	src.counter(t)
@@ -86,7 +86,7 @@ func TestBundleForkContinuesAndDiverges(t *testing.T) {
 
 // One plan feeds several siblings; it is removed with its last use.
 func TestPlanServesSeveralSiblings(t *testing.T) {
-	requireStack(t)
+	requireBundleStack(t)
 	src := newBundle(t, "src", true, "sh", "-c", counterScript)
 	src.start(t)
 	src.counter(t)
@@ -128,7 +128,7 @@ func TestPlanServesSeveralSiblings(t *testing.T) {
 
 // Several forks of one source at once all succeed, one after the other.
 func TestConcurrentForksOfOneSource(t *testing.T) {
-	requireStack(t)
+	requireBundleStack(t)
 	src := newBundle(t, "src", true, "sh", "-c", counterScript)
 	src.start(t)
 	src.counter(t)
@@ -164,7 +164,7 @@ func TestConcurrentForksOfOneSource(t *testing.T) {
 // Sources that cannot be forked are refused with the reason and the fix,
 // and nothing is left.
 func TestForkRefusesUnfitSources(t *testing.T) {
-	requireStack(t)
+	requireBundleStack(t)
 	sib := newBundle(t, "sib", false)
 	if r := forkBundle(t, &bundle{id: "no-such-container"}, sib, nil); r.code == 0 || !strings.Contains(r.stderr, "no such container") {
 		t.Fatalf("unknown source: exit %d %q", r.code, r.stderr)

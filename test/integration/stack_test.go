@@ -29,20 +29,44 @@ const (
 // when the machine lacks what it needs.
 func requireStack(t *testing.T) {
 	t.Helper()
-	var missing []string
-	if os.Geteuid() != 0 {
-		missing = append(missing, "root")
-	}
-	for _, bin := range []string{"/usr/bin/podman", "crun", "criu", "conmon", tcloneBin(), podmanForkBin()} {
-		if _, err := exec.LookPath(bin); err != nil {
-			missing = append(missing, bin)
-		}
-	}
+	missing := missingTools("/usr/bin/podman", "crun", "criu", "conmon", tcloneBin(), podmanForkBin())
 	for _, img := range []string{busybox, workspace} {
 		if exec.Command("/usr/bin/podman", "image", "exists", img).Run() != nil {
 			missing = append(missing, "image "+img)
 		}
 	}
+	stackMissing(t, missing)
+}
+
+// requireBundleStack is requireStack for the runtime-level tests of bare
+// bundles: crun, CRIU and tclone, no Podman (the kernel VM runs them so, on
+// pure cgroup v2, with TCLONE_TEST_ROOTFS naming a busybox root).
+func requireBundleStack(t *testing.T) {
+	t.Helper()
+	missing := missingTools("crun", "criu", tcloneBin())
+	if os.Getenv("TCLONE_TEST_ROOTFS") == "" {
+		if exec.Command("/usr/bin/podman", "image", "exists", busybox).Run() != nil {
+			missing = append(missing, "image "+busybox+" (or TCLONE_TEST_ROOTFS)")
+		}
+	}
+	stackMissing(t, missing)
+}
+
+func missingTools(bins ...string) []string {
+	var missing []string
+	if os.Geteuid() != 0 {
+		missing = append(missing, "root")
+	}
+	for _, bin := range bins {
+		if _, err := exec.LookPath(bin); err != nil {
+			missing = append(missing, bin)
+		}
+	}
+	return missing
+}
+
+func stackMissing(t *testing.T, missing []string) {
+	t.Helper()
 	if len(missing) == 0 {
 		return
 	}
