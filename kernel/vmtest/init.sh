@@ -97,6 +97,27 @@ if [ -x /lazypages.test ]; then
 	fi
 fi
 
+# A snapshot's release runs the module's code: while one exists (its
+# holder has closed the device, and its source is gone), rmmod must refuse.
+/vcptest hold-snapshot /tmp/snapshot-held &
+holder=$!
+for i in $(seq 100); do
+	[ -e /tmp/snapshot-held ] && break
+	sleep 0.1
+done
+if [ ! -e /tmp/snapshot-held ]; then
+	echo "VCP-UNLOAD: FAIL the snapshot holder did not start"
+	rc=1
+elif rmmod vma_cherrypick 2>/dev/null; then
+	echo "VCP-UNLOAD: FAIL rmmod succeeded while a snapshot was open"
+	rc=1
+	insmod /vma_cherrypick.ko
+else
+	echo "VCP-UNLOAD: rmmod refused while a snapshot is open"
+fi
+kill "$holder"
+wait "$holder" || { echo "VCP-UNLOAD: FAIL the snapshot holder failed"; rc=1; }
+
 # Every object allocated since the clear above that nothing points to any
 # more is a leak: by the module, or by the kernel on a path the module
 # drives. kmemleak reports objects older than 5 s only, and a second scan

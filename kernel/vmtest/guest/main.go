@@ -67,6 +67,9 @@ func main() {
 		helperMain()
 		return
 	}
+	if len(os.Args) > 2 && os.Args[1] == "hold-snapshot" {
+		os.Exit(holdSnapshot(os.Args[2]))
+	}
 	os.Exit(runSuite(os.Args[1:]))
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/signal"
 	"strconv"
 	"strings"
 	"time"
@@ -460,4 +461,55 @@ func (s *suite) snapshotStopped(src *proc) (*cherrypick.Snapshot, time.Duration,
 	start := time.Now()
 	snap, err := s.dev.Snapshot(src.pidfd, 0, userSpan)
 	return snap, time.Since(start), err
+}
+
+// holdSnapshot is init.sh's unload check: it takes a snapshot of a helper,
+// closes the device, lets the helper go, writes ready, and holds the
+// snapshot until SIGTERM. Meanwhile the module must refuse to unload: the
+// snapshot's release runs the module's code.
+func holdSnapshot(ready string) int {
+	const size = 8 * mib
+	src := mustSpawn()
+	s := &suite{nextAddr: 0x100000000000}
+	addr := s.region(size)
+	fail := func(err error) int {
+		fmt.Printf("hold-snapshot: %v\n", err)
+		src.release()
+		return 1
+	}
+	if err := mapBoth(addr, size, madvNoHugepage, src); err != nil {
+		return fail(err)
+	}
+	if _, err := src.do("fill %d %d %d %d", addr, size, 0x44, 0); err != nil {
+		return fail(err)
+	}
+	dev, err := cherrypick.Open()
+	if err != nil {
+		return fail(err)
+	}
+	s.dev = dev
+	snap, _, err := s.snapshotStopped(src)
+	dev.Close()
+	if err != nil {
+		return fail(err)
+	}
+	src.release()
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, unix.SIGTERM)
+	if err := os.WriteFile(ready, nil, 0o644); err != nil {
+		return fail(err)
+	}
+	<-sig
+	if err := expectSnapshotPattern(snap, addr, size, 0x44, 0); err != nil {
+		fmt.Printf("hold-snapshot: %v\n", err)
+		return 1
+	}
+	return boolExit(snap.Close() != nil)
+}
+
+func boolExit(failed bool) int {
+	if failed {
+		return 1
+	}
+	return 0
 }
