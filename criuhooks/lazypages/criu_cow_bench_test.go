@@ -60,8 +60,7 @@ func cowRound(b *testing.B, mib int) {
 	d := e.startDaemon(b, images, []string{filepath.Join(work, SocketName)}, 0, "-dump", strconv.Itoa(src.pid), "-criu", e.criu,
 		"-share-wait", "60s", "-control", ctl)
 	cowPause := gap()
-	hook := filepath.Join(e.scratch, "bench-hook.sh")
-	os.WriteFile(hook, []byte(fmt.Sprintf("#!/bin/sh\nexec %s -hook-share %s\n", filepath.Join(e.bin, "lazypagesd"), ctl)), 0o755)
+	hook := e.shareHook(b, ctl, "")
 	start := time.Now()
 	sib, err := e.restore(images, work, true, "--action-script", hook)
 	if err != nil {

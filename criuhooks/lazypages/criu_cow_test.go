@@ -160,12 +160,7 @@ func TestCRIUCowShare(t *testing.T) {
 	if _, err := src.ask("rewrite", 60*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	// CRIU runs its action script without a shell: a script of one line.
-	hook := filepath.Join(e.scratch, "share-hook.sh")
-	script := fmt.Sprintf("#!/bin/sh\nexec %s -hook-share %s\n", filepath.Join(e.bin, "lazypagesd"), ctl)
-	if err := os.WriteFile(hook, []byte(script), 0o755); err != nil {
-		t.Fatal(err)
-	}
+	hook := e.shareHook(t, ctl, "")
 	sib, err := e.restore(images, work, true, "--action-script", hook)
 	if err != nil {
 		t.Fatal(err)
@@ -308,34 +303,8 @@ func TestCRIUCowDaemonKilledWhileSharing(t *testing.T) {
 	d, images, work, _ := e.cowDumpOf(t, src, "killed", 0, "-share-wait", "60s", "-control", ctl, "-share-pause", "3s")
 	guard := childrenOf(d.cmd.Process.Pid)
 	marker := filepath.Join(work, "sharing")
-	hook := filepath.Join(e.scratch, "share-hook.sh")
-	script := fmt.Sprintf("#!/bin/sh\n[ \"$CRTOOLS_SCRIPT_ACTION\" = pre-resume ] && touch %s\nexec %s -hook-share %s\n",
-		marker, filepath.Join(e.bin, "lazypagesd"), ctl)
-	if err := os.WriteFile(hook, []byte(script), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	pidfile := filepath.Join(work, "pid")
-	cmd := criuCommand(e.criu, "restore", "-D", images, "-W", work, "-d", "--pidfile", pidfile,
-		"-o", "restore.log", "-v4", "--lazy-pages", "--action-script", hook)
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	result := make(chan error, 1)
-	go func() { result <- cmd.Wait() }()
+	cmd, result := e.restoreAtPreResume(t, images, work, e.shareHook(t, ctl, marker), marker)
 	defer cmd.Process.Kill()
-	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-		if _, err := os.Stat(marker); err == nil {
-			break
-		}
-		select {
-		case err := <-result:
-			t.Fatalf("the restore ended before it asked to share: %v", err)
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("CRIU did not reach its pre-resume script")
-		}
-	}
 	// Inside the 3 s the first area spends unregistered.
 	time.Sleep(time.Second)
 	tasks := processesOf(filepath.Join(e.bin, "memfill"))
@@ -421,14 +390,11 @@ func TestCRIULazyDumpEndsAtOnce(t *testing.T) {
 	if got, err := src.ask("hash", 30*time.Second); err != nil || got != want {
 		t.Fatalf("source after the dump: %q, %v", got, err)
 	}
-	var written int64
-	files, _ := filepath.Glob(filepath.Join(images, "pages-*.img"))
-	for _, f := range files {
-		if st, err := os.Stat(f); err == nil {
-			written += st.Size()
-		}
+	written, err := PagesBytes(images)
+	if err != nil {
+		t.Fatal(err)
 	}
-	lazy := int64(0)
+	lazy := uint64(0)
 	for _, pm := range mustGlob(t, filepath.Join(images, "pagemap-*.img")) {
 		var pid int32
 		fmt.Sscanf(filepath.Base(pm), "pagemap-%d.img", &pid)
@@ -436,7 +402,7 @@ func TestCRIULazyDumpEndsAtOnce(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		lazy += int64(task.bytes)
+		lazy += task.bytes
 	}
 	t.Logf("lazy dump of %d MiB x 2 processes: %s, %d bytes written, %d bytes lazy", mib, took, written, lazy)
 	if lazy < 2*mib<<20 {
@@ -455,4 +421,21 @@ func mustGlob(t *testing.T, pattern string) []string {
 		t.Fatalf("no %s: %v", pattern, err)
 	}
 	return m
+}
+
+// shareHook writes the action script a restore gives CRIU to have the
+// daemon at ctl share at pre-resume (CRIU runs it without a shell, so it is
+// a file). With a marker, it first touches it.
+func (e *criuEnv) shareHook(t testing.TB, ctl, marker string) string {
+	t.Helper()
+	touch := ""
+	if marker != "" {
+		touch = fmt.Sprintf("[ \"$CRTOOLS_SCRIPT_ACTION\" = pre-resume ] && touch %s\n", marker)
+	}
+	hook := filepath.Join(e.scratch, "share-hook.sh")
+	script := fmt.Sprintf("#!/bin/sh\n%sexec %s -hook-share %s\n", touch, filepath.Join(e.bin, "lazypagesd"), ctl)
+	if err := os.WriteFile(hook, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return hook
 }

@@ -276,6 +276,37 @@ func criuErrors(log string) string {
 	return strings.Join(errs, "\n")
 }
 
+// restoreAtPreResume starts a lazy criu restore -d of images with work as
+// its work directory and script as its action script, and returns once the
+// script has touched marker at pre-resume: CRIU then holds every restored
+// task stopped until the script returns. The channel gives the restore's
+// end.
+func (e *criuEnv) restoreAtPreResume(t *testing.T, images, work, script, marker string) (*exec.Cmd, <-chan error) {
+	t.Helper()
+	cmd := criuCommand(e.criu, "restore", "-D", images, "-W", work, "-d", "--pidfile", filepath.Join(work, "pid"),
+		"-o", "restore.log", "-v4", "--lazy-pages", "--action-script", script)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	result := make(chan error, 1)
+	go func() { result <- cmd.Wait() }()
+	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		if _, err := os.Stat(marker); err == nil {
+			return cmd, result
+		}
+		select {
+		case err := <-result:
+			cmd.Process.Kill()
+			t.Fatalf("the restore ended before its pre-resume script ran: %v", err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			cmd.Process.Kill()
+			t.Fatal("CRIU did not reach its pre-resume script")
+		}
+	}
+}
+
 // restore runs criu restore -d of images with work as its work directory,
 // and returns the restored root's host pid.
 func (e *criuEnv) restore(images, work string, lazy bool, extra ...string) (memProc, error) {
@@ -580,27 +611,8 @@ func daemonStopsAtPreResume(t *testing.T, sig syscall.Signal) {
 	}
 	// Paced, so that the sibling is still filling when the daemon dies.
 	d := e.startDaemon(t, images, []string{filepath.Join(work, SocketName)}, time.Second)
-	cmd := criuCommand(e.criu, "restore", "-D", images, "-W", work, "-d", "--pidfile", filepath.Join(work, "pid"),
-		"-o", "restore.log", "-v4", "--lazy-pages", "--action-script", script)
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	result := make(chan error, 1)
-	go func() { result <- cmd.Wait() }()
+	cmd, result := e.restoreAtPreResume(t, images, work, script, marker)
 	defer cmd.Process.Kill()
-	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-		if _, err := os.Stat(marker); err == nil {
-			break
-		}
-		select {
-		case err := <-result:
-			t.Fatalf("the restore ended before its pre-resume script ran: %v", err)
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("CRIU did not reach its pre-resume script")
-		}
-	}
 	b, err := os.ReadFile(filepath.Join(work, "pid"))
 	if err != nil {
 		t.Fatal(err)

@@ -151,6 +151,24 @@ func mapPages(path string) ([]byte, error) {
 	return data, nil
 }
 
+// PagesBytes is the size of a dump's pages images: the memory CRIU wrote,
+// as opposed to what it left to a lazy restore.
+func PagesBytes(dir string) (uint64, error) {
+	files, err := filepath.Glob(filepath.Join(dir, "pages-*.img"))
+	if err != nil {
+		return 0, err
+	}
+	var n uint64
+	for _, f := range files {
+		st, err := os.Stat(f)
+		if err != nil {
+			return 0, err
+		}
+		n += uint64(st.Size())
+	}
+	return n, nil
+}
+
 // pagemapEntry is one pagemap_entry with the page count and flags resolved
 // the way CRIU's init_compat_pagemap_entry does.
 type pagemapEntry struct {

@@ -147,26 +147,32 @@ func (d *Daemon) Share(pid int) (ShareStats, error) {
 	s.mu.Lock()
 	states := append([]*shareState(nil), s.shares...)
 	s.mu.Unlock()
-	var sum ShareStats
-	var failed error
-	for _, st := range states {
-		reply := make(chan shareResult, 1)
+	// Every task is asked first and woken once, so that they share at the
+	// same time; then their answers are collected.
+	replies := make([]chan shareResult, len(states))
+	for i, st := range states {
+		replies[i] = make(chan shareResult, 1)
 		select {
-		case st.req <- reply:
+		case st.req <- replies[i]:
 		default:
 		}
-		s.interrupt()
+	}
+	s.interrupt()
+	var sum ShareStats
+	var failed error
+	deadline := time.After(time.Minute)
+	for i, st := range states {
 		var res shareResult
 		select {
-		case res = <-reply:
+		case res = <-replies[i]:
 		case <-st.settled:
 			select {
-			case res = <-reply:
+			case res = <-replies[i]:
 			default:
 				continue // it stopped waiting, or its task is gone
 			}
-		case <-time.After(time.Minute):
-			return sum, fmt.Errorf("lazy pages: a task of sibling %d did not take its share in a minute", s.id)
+		case <-deadline:
+			return sum, fmt.Errorf("lazy pages: the tasks of sibling %d did not take their share in a minute", s.id)
 		}
 		sum.Tasks++
 		sum.Areas += res.areas

@@ -504,11 +504,8 @@ func holdSnapshot(ready string) int {
 		fmt.Printf("hold-snapshot: %v\n", err)
 		return 1
 	}
-	return boolExit(snap.Close() != nil)
-}
-
-func boolExit(failed bool) int {
-	if failed {
+	if err := snap.Close(); err != nil {
+		fmt.Printf("hold-snapshot: %v\n", err)
 		return 1
 	}
 	return 0

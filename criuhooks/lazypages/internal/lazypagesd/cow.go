@@ -78,7 +78,7 @@ func cowDump(criuPath, dir string, pid int) (*criuhooks.Snapshots, error) {
 		return nil, err
 	}
 	// CRIU's statistics cannot say (see DumpMs): the pages images can.
-	written, err := pagesImageBytes(dir)
+	written, err := lazypages.PagesBytes(dir)
 	if err != nil {
 		snaps.Close()
 		return nil, err
@@ -95,21 +95,4 @@ func cowDump(criuPath, dir string, pid int) (*criuhooks.Snapshots, error) {
 		return nil, fmt.Errorf("report the dump: %w", err)
 	}
 	return snaps, nil
-}
-
-// pagesImageBytes is the size of a dump's pages images.
-func pagesImageBytes(dir string) (uint64, error) {
-	files, err := filepath.Glob(filepath.Join(dir, "pages-*.img"))
-	if err != nil {
-		return 0, err
-	}
-	var n uint64
-	for _, f := range files {
-		st, err := os.Stat(f)
-		if err != nil {
-			return 0, err
-		}
-		n += uint64(st.Size())
-	}
-	return n, nil
 }
