@@ -31,6 +31,7 @@ func main() {
 	fork.RunRestoreWatchIfAsked()
 	fork.RunKSMSettleIfAsked()
 	lazy.RunDaemonIfAsked()
+	lazy.RunShareHookIfAsked()
 	if err := newApp().Run(os.Args); err != nil {
 		fatal(err)
 	}

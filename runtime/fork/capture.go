@@ -81,8 +81,12 @@ type captureOp struct {
 	// vols are the volumes to copy; volumes their copies, once taken.
 	vols    []volumeToCopy
 	volumes []plan.Volume
-	entry   *journal.Entry
-	log     *opLog
+	// memory is the plan's memory mode (forkopts.Memory.Capture); cow,
+	// for a copy-on-write capture, its snapshots in the making.
+	memory forkopts.Memory
+	cow    *cowCapture
+	entry  *journal.Entry
+	log    *opLog
 }
 
 // captureSource is Capture of a source already loaded and checked, after
@@ -100,7 +104,13 @@ func (e *Engine) captureSource(ctx context.Context, src *source, req CaptureRequ
 	defer unlock()
 	// Memory a files-only fork does not take may be incomplete; nor does
 	// it run CRIU.
+	memory, why := req.Fork.Memory, ""
 	if !req.Fork.FilesOnly {
+		var cowOK bool
+		cowOK, why = cowAvailable(check)
+		if memory, err = req.Fork.Memory.Capture(cowOK, why); err != nil {
+			return nil, err
+		}
 		if err := checkDumpableCredentials(src.state.Pid); err != nil {
 			return nil, err
 		}
@@ -112,6 +122,13 @@ func (e *Engine) captureSource(ctx context.Context, src *source, req CaptureRequ
 	if err != nil {
 		return nil, err
 	}
+	op.memory = memory
+	if memory == forkopts.MemoryCow {
+		op.cow = &cowCapture{}
+	}
+	if !req.Fork.FilesOnly {
+		op.log.phase("memory", logrus.Fields{"asked": req.Fork.Memory, "memory": memory, "why": why})
+	}
 	crashPoint(CrashCaptureStarted)
 	capture := op.capture
 	if req.Fork.FilesOnly {
@@ -120,6 +137,11 @@ func (e *Engine) captureSource(ctx context.Context, src *source, req CaptureRequ
 	p, err := capture(ctx)
 	if err != nil {
 		return op.fail(err)
+	}
+	if op.cow != nil {
+		if err := op.holdSnapshots(ctx, p); err != nil {
+			return op.fail(err)
+		}
 	}
 	p.Timings.TotalMs = ms(time.Since(start))
 	if err := p.Write(op.dir); err != nil {
@@ -184,6 +206,9 @@ func (e *Engine) beginCapture(src *source, req CaptureRequest, check *criucheck.
 // says what is left to undo.
 func (op *captureOp) fail(err error) (*Captured, error) {
 	op.log.failed(err)
+	if op.cow != nil {
+		op.cow.release()
+	}
 	snap := rootfs.Snapshot{Kind: op.rfs.Kind, Path: op.snapDir}
 	err = errors.Join(err, snap.Remove(), op.e.Store.Remove(op.dir))
 	var held *sourceHeldError
@@ -211,7 +236,7 @@ func (op *captureOp) capture(ctx context.Context) (*plan.Plan, error) {
 		return nil, err
 	}
 	p := op.newPlan(d.snapshot, d.timings)
-	p.Capture, p.Memory, p.Pages, p.Criu = opts, req.Fork.Memory, d.pages, op.check.Version.String()
+	p.Capture, p.Memory, p.Pages, p.Criu = opts, op.memory, d.pages, op.check.Version.String()
 	if path, ok := namespacePath(src.spec, "network"); ok {
 		p.Source.NetNSPath = path
 	}
@@ -307,6 +332,12 @@ func (op *captureOp) dump(ctx context.Context, opts forkopts.Dumped) (*dumped, e
 		return nil, err
 	}
 	defer closeDirs()
+	if op.cow != nil {
+		if err := op.cow.begin(criuOpts, plan.WorkDir(dir)); err != nil {
+			return nil, err
+		}
+		defer op.cow.dumpDone()
+	}
 	// Best effort, before CRIU seizes the tree: a watch it cannot name is
 	// for CRIU to refuse, and explainDumpError to explain.
 	primeIrmap(plan.WorkDir(dir), src.state.Pid)
@@ -317,6 +348,10 @@ func (op *captureOp) dump(ctx context.Context, opts forkopts.Dumped) (*dumped, e
 		if err == nil {
 			// The plan's removal removes them, whatever fails later.
 			op.volumes, err = copyVolumes(ctx, op.vols, op.e.Store.VolumesDir(op.id))
+		}
+		if err == nil && op.cow != nil {
+			// Last, so that a failure above takes none.
+			err = op.cow.take(src.state.Pid)
 		}
 		return snap, err
 	})

@@ -88,6 +88,10 @@ type Materialized struct {
 	Memory forkopts.Memory `json:"memory"`
 	// Merge says the sibling is mergeable as a whole (--memory ksm).
 	Merge bool `json:"merge,omitempty"`
+	// Share is what the share of a copy-on-write plan's snapshots did
+	// (--memory cow): areas whose pages the sibling maps, and those
+	// copied instead.
+	Share *lazy.ShareResult `json:"share,omitempty"`
 
 	// reported ends the operation; see Reported.
 	reported func() error
@@ -188,7 +192,7 @@ func (e *Engine) prepareMaterialize(ctx context.Context, req MaterializeRequest,
 	// A files-only sibling has nothing of the source's memory: it starts
 	// afresh.
 	if !p.FilesOnly {
-		if op.memory, err = asked.Resolve(op.check.LazyPages, op.check.NoLazyPages); err != nil {
+		if op.memory, err = asked.Resolve(p.Memory, op.check.LazyPages, op.check.NoLazyPages); err != nil {
 			return nil, err
 		}
 		if op.merge = asked == forkopts.MemoryKSM; op.merge {
@@ -196,6 +200,9 @@ func (e *Engine) prepareMaterialize(ctx context.Context, req MaterializeRequest,
 				return nil, fmt.Errorf("--memory ksm: %w; fork with --memory lazy or copy", err)
 			}
 		}
+	}
+	if p.Memory == forkopts.MemoryCow && p.Snapshots == nil {
+		return nil, fmt.Errorf("plan %s says copy-on-write but records no snapshots: it is damaged; fork again", p.ID)
 	}
 	if asked == "" && op.memory == forkopts.MemoryCopy {
 		logrus.Debugf("memory is copied before sibling %s runs: %s", req.ID, op.check.NoLazyPages)
@@ -307,6 +314,9 @@ type materializeOp struct {
 	memory forkopts.Memory
 	// merge marks the sibling's processes mergeable (--memory ksm).
 	merge bool
+	// shareStats is where a copy-on-write restore's share hook writes
+	// what it did.
+	shareStats string
 	// volumes are the plan's volume copies and the sibling's directories
 	// that receive them.
 	volumes []siblingVolume
@@ -389,6 +399,11 @@ func (op *materializeOp) run(ctx context.Context) (*Materialized, error) {
 		m.Timings.CriuRestoreMs = float64(st.GetRestoreTime()) / 1000
 		m.PagesRestored = st.GetPagesRestored()
 	}
+	if op.shareStats != "" {
+		if err := op.readShare(ctx, m); err != nil {
+			return nil, err
+		}
+	}
 	return m, nil
 }
 
@@ -412,7 +427,7 @@ func (op *materializeOp) crunRestore(ctx context.Context, images, work string) e
 	if tcpClose {
 		criuConf = append(criuConf, forkopts.CRIUTCPClose)
 	}
-	if op.memory == forkopts.MemoryLazy {
+	if op.memory == forkopts.MemoryLazy || op.memory == forkopts.MemoryCow {
 		// CRIU connects to the plan's daemon at the socket in its work
 		// directory before it restores anything.
 		client, err := op.lazyDaemon(ctx, work)
@@ -421,6 +436,16 @@ func (op *materializeOp) crunRestore(ctx context.Context, images, work string) e
 		}
 		defer client.Close()
 		criuConf = append(criuConf, forkopts.CRIULazyPages)
+	}
+	if op.memory == forkopts.MemoryCow {
+		// At pre-resume, while CRIU holds the tasks stopped, the hook has
+		// the daemon map the snapshots' pages into them.
+		script, stats, err := lazy.WriteShareHook(op.siblingDir, e.lazyPaths(p.ID))
+		if err != nil {
+			return err
+		}
+		criuConf = append(criuConf, forkopts.CRIUActionScript+" "+script)
+		op.shareStats = stats
 	}
 	if len(criuConf) > 0 {
 		conf, err := forkopts.CRIUConfig(op.siblingDir, criuConf...)
@@ -542,20 +567,63 @@ func (e *Engine) undoMaterialize(ctx context.Context, r journal.Record) error {
 
 // lazyDaemon has the plan's lazy-pages daemon, started if none runs, wait
 // for this restore's CRIU at the work directory's socket. The daemon stays
-// while the returned client is open, and while the sibling fills.
+// while the returned client is open, and while the sibling fills. A
+// copy-on-write plan's daemon holds the plan's memory: it is never started
+// here, and without it the sibling cannot be made.
 func (op *materializeOp) lazyDaemon(ctx context.Context, work string) (*lazy.Client, error) {
+	cow := op.p.Memory == forkopts.MemoryCow
 	// What to do is the same whatever went wrong with the daemon.
 	advise := func(err error) error {
+		if cow {
+			return fmt.Errorf("%w; sibling %s was not made: fork again", err, op.req.ID)
+		}
 		return fmt.Errorf("%w; sibling %s was not made: fork again, or with --memory copy to have its memory copied before it runs", err, op.req.ID)
 	}
-	client, err := lazy.Ensure(ctx, op.e.lazyPaths(op.p.ID), plan.ImagesDir(op.dir))
+	paths := op.e.lazyPaths(op.p.ID)
+	var client *lazy.Client
+	var err error
+	if cow {
+		client, err = lazy.Connect(paths)
+	} else {
+		client, err = lazy.Ensure(ctx, paths, plan.ImagesDir(op.dir))
+	}
 	if err != nil {
 		return nil, advise(err)
 	}
-	if err := client.Listen(filepath.Join(work, lazypages.SocketName)); err != nil {
+	listen := client.Listen
+	if cow && op.memory != forkopts.MemoryCow {
+		listen = client.ListenCopying
+	}
+	if err := listen(filepath.Join(work, lazypages.SocketName)); err != nil {
 		client.Close()
 		return nil, advise(err)
 	}
 	op.log.phase("lazy-pages", nil)
 	return client, nil
+}
+
+// readShare reports what the share hook did. A share that failed leaves
+// the sibling running on copies of the pages, except when an area was
+// left without its memory: the daemon then killed the sibling, and the
+// sibling is not made.
+func (op *materializeOp) readShare(ctx context.Context, m *Materialized) error {
+	r, err := lazy.ReadShareResult(op.shareStats)
+	if err != nil {
+		return err
+	}
+	if r == nil {
+		logrus.Warnf("sibling %s: its copy-on-write share did not run: it gets copies of the source's pages", op.req.ID)
+		r = &lazy.ShareResult{Error: "the share hook did not run"}
+	}
+	m.Share = r
+	if r.Error != "" {
+		if st, err := op.e.Crun.State(ctx, op.req.ID); err != nil || st.Status != "running" {
+			return fmt.Errorf("sibling %s lost its memory while it was shared (%s), and was killed; fork again", op.req.ID, r.Error)
+		}
+		logrus.Warnf("sibling %s: copy-on-write share failed (%s): it gets copies of the source's pages", op.req.ID, r.Error)
+	} else if r.Refused > 0 {
+		logrus.Infof("sibling %s: %d areas shared, %d copied instead (%s)", op.req.ID, r.Areas, r.Refused, r.Reason)
+	}
+	op.log.phase("share", logrus.Fields{"share": r})
+	return nil
 }

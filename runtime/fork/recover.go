@@ -40,6 +40,10 @@ type Recovered struct {
 	// OrphanCRIUs is how many CRIU processes working in a plan that is
 	// gone were killed.
 	OrphanCRIUs int `json:"orphan_criu,omitempty"`
+	// SnapshotsHeld are not cleaned up: the copy-on-write snapshots live
+	// plans' daemons hold, by plan ID, with the memory they keep. Each is
+	// released once its plan is used up, removed or expired.
+	SnapshotsHeld map[string]lazy.Info `json:"snapshots_held,omitempty"`
 }
 
 // RemovedPlan is a plan the sweep removed.
@@ -75,7 +79,9 @@ func (e *Engine) Recover(ctx context.Context) (*Recovered, error) {
 	daemons, derr := lazy.Collect(e.Store.Layout)
 	r.LazyDaemons = daemons
 	r.OrphanCRIUs = e.killOrphanCRIUs()
-	return r, errors.Join(err, serr, lerr, derr, ierr)
+	held, herr := lazy.Holders(e.Store.Layout)
+	r.SnapshotsHeld = held
+	return r, errors.Join(err, serr, lerr, derr, ierr, herr)
 }
 
 // recoverOperations undoes operations whose process died and sweeps plans:

@@ -89,6 +89,8 @@ func (c Capture) CrunArgs() crun.Args {
 const (
 	CRIUTCPClose  = "tcp-close"
 	CRIULazyPages = "lazy-pages"
+	// CRIUActionScript, followed by a path, adds an action script.
+	CRIUActionScript = "action-script"
 )
 
 // CRIUConfig writes a CRIU configuration file with options into dir and

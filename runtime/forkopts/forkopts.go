@@ -35,8 +35,9 @@ type Fork struct {
 	Capture
 	// Identity says how siblings differ from the source.
 	Identity Identity `json:"identity"`
-	// Memory is how siblings get the source's memory; empty means lazy
-	// where this host can, copy elsewhere.
+	// Memory is how siblings get the source's memory; empty means auto:
+	// copy-on-write where the vma_cherrypick module is loaded, else lazy
+	// where this host can, else copy.
 	Memory Memory `json:"memory,omitempty"`
 	// Uses is how many siblings the plan serves, or Unlimited; 0 means 1.
 	Uses int `json:"uses"`
@@ -177,23 +178,68 @@ const (
 	// source's (marked likewise) are shared again. For hosts without the
 	// vma_cherrypick module.
 	MemoryKSM Memory = "ksm"
+	// MemoryCow shares the source's memory copy-on-write, as fork() does:
+	// the capture takes a vma_cherrypick snapshot of each process while
+	// the tree is held, instead of having CRIU copy its pages, and each
+	// sibling maps the snapshots' pages. It needs the module, and lazy
+	// restores (the pages reach the sibling through the plan's lazy-pages
+	// daemon, which holds the snapshots).
+	MemoryCow Memory = "cow"
+	// MemoryAuto is cow where the module is loaded, else the default.
+	MemoryAuto Memory = "auto"
 )
 
-// ParseMemory validates a memory mode; empty means "lazy where possible"
-// and stays empty.
+// ParseMemory validates a memory mode; empty means auto and stays empty.
 func ParseMemory(s string) (Memory, error) {
 	switch Memory(s) {
-	case "", MemoryLazy, MemoryCopy, MemoryKSM:
+	case "", MemoryLazy, MemoryCopy, MemoryKSM, MemoryCow, MemoryAuto:
 		return Memory(s), nil
 	}
-	return "", fmt.Errorf("unknown memory mode %q (use lazy, copy or ksm)", s)
+	return "", fmt.Errorf("unknown memory mode %q (use auto, cow, lazy, copy or ksm)", s)
+}
+
+// Capture decides whether a capture asked for m takes copy-on-write
+// snapshots of the source's memory: cowOK and why are what the host can do
+// (the module loaded with snapshots, and lazy restores). It returns the
+// memory mode the plan records: cow, or what was asked with auto made the
+// default ("").
+func (m Memory) Capture(cowOK bool, why string) (Memory, error) {
+	switch m {
+	case MemoryCow:
+		if !cowOK {
+			return "", fmt.Errorf("--memory cow: %s; load the vma_cherrypick module (kernel/vma_cherrypick), or fork with --memory lazy or copy", why)
+		}
+		return MemoryCow, nil
+	case "", MemoryAuto:
+		if cowOK {
+			return MemoryCow, nil
+		}
+		return "", nil
+	}
+	return m, nil
 }
 
 // Resolve decides the memory mode of one restore: asked is what the
-// restore or the plan asked for ("" for lazy where possible); lazyOK and
-// why are what the host can do.
-func (m Memory) Resolve(lazyOK bool, why string) (Memory, error) {
+// restore or the plan asked for ("" or auto for the best the plan and the
+// host allow), planned the plan's own mode; lazyOK and why are what the
+// host can do. A copy-on-write plan holds no page images: its siblings map
+// the snapshots' pages (cow) or get copies of them (lazy), both through its
+// lazy-pages daemon.
+func (m Memory) Resolve(planned Memory, lazyOK bool, why string) (Memory, error) {
+	if planned == MemoryCow {
+		switch {
+		case m == MemoryCopy || m == MemoryKSM:
+			return "", fmt.Errorf("--memory %s: the plan was captured copy-on-write and holds no page images; restore it with --memory cow or lazy, or fork again with --memory %s", m, m)
+		case !lazyOK:
+			return "", fmt.Errorf("this host cannot restore memory lazily (%s), which a copy-on-write plan needs; fork with --memory copy", why)
+		case m == MemoryLazy:
+			return MemoryLazy, nil
+		}
+		return MemoryCow, nil
+	}
 	switch {
+	case m == MemoryCow:
+		return "", errors.New("--memory cow: the plan was captured without copy-on-write snapshots (the vma_cherrypick module was not loaded, or another mode was asked); fork with --memory cow")
 	case m == MemoryCopy:
 		return MemoryCopy, nil
 	case lazyOK:

@@ -154,3 +154,75 @@ func TestNormalizeVolumes(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+func TestMemoryCaptureAndResolve(t *testing.T) {
+	captures := []struct {
+		asked Memory
+		cowOK bool
+		want  Memory
+		err   string
+	}{
+		{"", true, MemoryCow, ""},
+		{MemoryAuto, true, MemoryCow, ""},
+		{"", false, "", ""},
+		{MemoryAuto, false, "", ""},
+		{MemoryCow, true, MemoryCow, ""},
+		{MemoryCow, false, "", "load the vma_cherrypick module"},
+		{MemoryLazy, true, MemoryLazy, ""},
+		{MemoryCopy, true, MemoryCopy, ""},
+		{MemoryKSM, true, MemoryKSM, ""},
+	}
+	for _, c := range captures {
+		got, err := c.asked.Capture(c.cowOK, "no module here")
+		if c.err != "" {
+			if err == nil || !strings.Contains(err.Error(), c.err) || !strings.Contains(err.Error(), "no module here") {
+				t.Errorf("Capture(%q, %v) = %q, %v; want an error saying why and %q", c.asked, c.cowOK, got, err, c.err)
+			}
+			continue
+		}
+		if err != nil || got != c.want {
+			t.Errorf("Capture(%q, %v) = %q, %v; want %q", c.asked, c.cowOK, got, err, c.want)
+		}
+	}
+
+	restores := []struct {
+		asked, planned Memory
+		lazyOK         bool
+		want           Memory
+		err            string
+	}{
+		{"", "", true, MemoryLazy, ""},
+		{"", "", false, MemoryCopy, ""},
+		{MemoryAuto, "", true, MemoryLazy, ""},
+		{MemoryLazy, "", false, "", "--memory copy"},
+		{MemoryCopy, "", true, MemoryCopy, ""},
+		{MemoryKSM, "", true, MemoryLazy, ""},
+		{MemoryCow, "", true, "", "fork with --memory cow"},
+		{MemoryCow, MemoryCow, true, MemoryCow, ""},
+		{MemoryAuto, MemoryCow, true, MemoryCow, ""},
+		{MemoryLazy, MemoryCow, true, MemoryLazy, ""},
+		{MemoryCopy, MemoryCow, true, "", "holds no page images"},
+		{MemoryKSM, MemoryCow, true, "", "holds no page images"},
+		{MemoryCow, MemoryCow, false, "", "cannot restore memory lazily"},
+	}
+	for _, c := range restores {
+		got, err := c.asked.Resolve(c.planned, c.lazyOK, "no userfaultfd")
+		if c.err != "" {
+			if err == nil || !strings.Contains(err.Error(), c.err) {
+				t.Errorf("Resolve(%q, plan %q, %v) = %q, %v; want an error with %q", c.asked, c.planned, c.lazyOK, got, err, c.err)
+			}
+			continue
+		}
+		if err != nil || got != c.want {
+			t.Errorf("Resolve(%q, plan %q, %v) = %q, %v; want %q", c.asked, c.planned, c.lazyOK, got, err, c.want)
+		}
+	}
+	for _, s := range []string{"cow", "auto", ""} {
+		if _, err := ParseMemory(s); err != nil {
+			t.Errorf("ParseMemory(%q): %v", s, err)
+		}
+	}
+	if _, err := ParseMemory("share"); err == nil || !strings.Contains(err.Error(), "auto, cow, lazy, copy or ksm") {
+		t.Errorf("ParseMemory of an unknown mode: %v", err)
+	}
+}

@@ -42,10 +42,16 @@ func Ensure(ctx context.Context, p Paths, planImages string) (*Client, error) {
 	}
 	// None answers: a socket left is a dead daemon's.
 	os.Remove(p.Control)
-	cmd, err := spawn(p, planImages)
+	cmd, err := spawn(p, daemonConfig{PlanImages: planImages}, nil)
 	if err != nil {
 		return nil, err
 	}
+	return waitAnswer(ctx, p, cmd)
+}
+
+// waitAnswer waits for a daemon just started to answer at its control
+// socket, and kills it if it does not in time.
+func waitAnswer(ctx context.Context, p Paths, cmd *exec.Cmd) (*Client, error) {
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
 	deadline := time.NewTimer(startWait)
@@ -68,19 +74,22 @@ func Ensure(ctx context.Context, p Paths, planImages string) (*Client, error) {
 	}
 }
 
-// spawn starts a daemon, detached from the caller's session and cgroup.
-func spawn(p Paths, planImages string) (*exec.Cmd, error) {
+// spawn starts a daemon, detached from the caller's session and cgroup,
+// with extra descriptors from 3 on.
+func spawn(p Paths, cfg daemonConfig, extra []*os.File) (*exec.Cmd, error) {
+	cfg.Paths, cfg.Idle = p, IdleExit
+	cfg.ChunkPause, _ = time.ParseDuration(os.Getenv(EnvChunkPause))
 	self, err := os.Executable()
 	if err != nil {
 		return nil, err
 	}
-	pause, _ := time.ParseDuration(os.Getenv(EnvChunkPause))
-	cfg, err := json.Marshal(daemonConfig{Paths: p, PlanImages: planImages, Idle: IdleExit, ChunkPause: pause})
+	b, err := json.Marshal(cfg)
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(self, DaemonCommand, string(cfg))
+	cmd := exec.Command(self, DaemonCommand, string(b))
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	cmd.ExtraFiles = extra
 	// Stdio is /dev/null: a descriptor of the caller's (conmon's pipes)
 	// held by the daemon would keep its reader waiting.
 	if err := cmd.Start(); err != nil {
@@ -101,24 +110,46 @@ func dial(path string) (*Client, error) {
 }
 
 // Listen has the daemon accept a restore at socket, the lazy-pages.socket of
-// the restore's work directory.
-func (c *Client) Listen(socket string) error {
-	if strings.ContainsAny(socket, "\n") {
-		return errors.New("lazy pages: a socket path with a newline")
+// the restore's work directory. A copy-on-write plan's daemon shares its
+// snapshots' pages with the sibling when its restore's pre-resume hook asks
+// (ShareHook).
+func (c *Client) Listen(socket string) error { return c.listen("listen", socket) }
+
+// ListenCopying is Listen for a sibling that gets copies of the pages.
+func (c *Client) ListenCopying(socket string) error { return c.listen("listen-copy", socket) }
+
+func (c *Client) listen(verb, socket string) error {
+	if _, err := c.request(verb + " " + socket); err != nil {
+		return fmt.Errorf("lazy pages: the daemon refused %s: %w", socket, err)
+	}
+	return nil
+}
+
+// request sends one request and returns the answer after "ok".
+func (c *Client) request(req string) (string, error) {
+	if strings.ContainsAny(req, "\n") {
+		return "", errors.New("lazy pages: a request with a newline")
 	}
 	c.conn.SetDeadline(time.Now().Add(startWait))
 	defer c.conn.SetDeadline(time.Time{})
-	if _, err := fmt.Fprintf(c.conn, "listen %s\n", socket); err != nil {
-		return fmt.Errorf("lazy pages: asking the daemon to listen: %w", err)
+	if _, err := fmt.Fprintf(c.conn, "%s\n", req); err != nil {
+		return "", fmt.Errorf("lazy pages: asking the daemon: %w", err)
 	}
 	line, err := c.rd.ReadString('\n')
 	if err != nil {
-		return fmt.Errorf("lazy pages: the daemon did not answer: %w", err)
+		return "", fmt.Errorf("lazy pages: the daemon did not answer: %w", err)
 	}
-	if line = strings.TrimSpace(line); line != "ok" {
-		return fmt.Errorf("lazy pages: the daemon refused %s: %s", socket, strings.TrimPrefix(line, "error "))
+	line = strings.TrimSpace(line)
+	if rest, ok := strings.CutPrefix(line, "error "); ok {
+		return "", errors.New(rest)
 	}
-	return nil
+	if line == "ok" {
+		return "", nil
+	}
+	if rest, ok := strings.CutPrefix(line, "ok "); ok {
+		return rest, nil
+	}
+	return "", fmt.Errorf("lazy pages: the daemon answered %q", line)
 }
 
 // Close lets the daemon go: once no restore is connected and no sibling

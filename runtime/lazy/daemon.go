@@ -3,10 +3,13 @@ package lazy
 import (
 	"bufio"
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -27,12 +30,15 @@ type daemonConfig struct {
 	Idle time.Duration `json:"idle"`
 	// ChunkPause slows the background fill (EnvChunkPause).
 	ChunkPause time.Duration `json:"chunk_pause,omitempty"`
+	// Cow is set for a copy-on-write plan's daemon (Hold).
+	Cow *cowConfig `json:"cow,omitempty"`
 }
 
 // RunDaemonIfAsked runs a plan's daemon and exits when argv asks for it.
 func RunDaemonIfAsked() {
 	var cfg daemonConfig
-	if !fds.HelperArgs(DaemonCommand, &cfg, 2) {
+	// A copy-on-write plan's daemon is passed its snapshots from 3 on.
+	if !fds.HelperArgsKeeping(DaemonCommand, &cfg, func() int { return 2 + cfg.Cow.count() }) {
 		return
 	}
 	if f, err := os.OpenFile(cfg.Log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600); err == nil {
@@ -62,8 +68,18 @@ func serve(cfg daemonConfig) error {
 		return err
 	}
 	s := &server{cfg: cfg, change: time.Now()}
+	opts := lazypages.Options{ImagesDir: cfg.Images, OnEvent: s.event, ChunkPause: cfg.ChunkPause}
+	if cfg.Cow != nil {
+		snaps, err := cfg.Cow.files()
+		if err != nil {
+			return err
+		}
+		// Released when the daemon exits: the plan is gone or expired.
+		defer closeAll(snaps)
+		opts.Snapshots, opts.ShareWait = snaps, cfg.Cow.ShareWait
+	}
 	var err error
-	s.d, err = lazypages.Start(lazypages.Options{ImagesDir: cfg.Images, OnEvent: s.event, ChunkPause: cfg.ChunkPause})
+	s.d, err = lazypages.Start(opts)
 	if err != nil {
 		return err
 	}
@@ -151,17 +167,50 @@ func (s *server) handle(conn *net.UnixConn) {
 	}()
 	sc := bufio.NewScanner(conn)
 	for sc.Scan() {
-		path, ok := strings.CutPrefix(sc.Text(), "listen ")
-		if !ok {
-			fmt.Fprintf(conn, "error unknown request %q\n", sc.Text())
-			continue
-		}
-		if err := s.d.Listen(path); err != nil {
+		verb, arg, _ := strings.Cut(sc.Text(), " ")
+		reply, err := s.request(verb, arg)
+		if err != nil {
 			fmt.Fprintf(conn, "error %s\n", strings.ReplaceAll(err.Error(), "\n", " "))
 			continue
 		}
-		fmt.Fprintln(conn, "ok")
+		fmt.Fprintln(conn, strings.TrimSpace("ok "+reply))
 	}
+}
+
+// request answers one control request:
+//
+//	listen PATH       accept a restore at PATH (its pages shared, for a
+//	                  copy-on-write plan's daemon; copied otherwise)
+//	listen-copy PATH  accept a restore at PATH that gets copies only
+//	share PID         share the snapshots' pages with the sibling whose
+//	                  task PID is (its restore's pre-resume hook asks);
+//	                  answers what was shared, as JSON
+//	info              what the daemon holds, as JSON (Info)
+func (s *server) request(verb, arg string) (string, error) {
+	switch verb {
+	case "listen":
+		return "", s.d.Listen(arg)
+	case "listen-copy":
+		return "", s.d.ListenCopying(arg)
+	case "share":
+		pid, err := strconv.Atoi(arg)
+		if err != nil || pid <= 0 {
+			return "", fmt.Errorf("share: want a pid, got %q", arg)
+		}
+		if s.cfg.Cow == nil {
+			return "", errors.New("share: this plan was not captured copy-on-write")
+		}
+		st, err := s.d.Share(pid)
+		if err != nil {
+			return "", err
+		}
+		b, err := json.Marshal(st)
+		return string(b), err
+	case "info":
+		b, err := json.Marshal(s.info())
+		return string(b), err
+	}
+	return "", fmt.Errorf("unknown request %q", verb)
 }
 
 // waitIdle returns once nothing has been connected or filling for
@@ -173,6 +222,11 @@ func (s *server) waitIdle() {
 		time.Sleep(min(time.Second, s.cfg.Idle/4))
 		s.mu.Lock()
 		idle := s.conns == 0 && s.fills == 0 && time.Since(s.change) >= s.cfg.Idle
+		if c := s.cfg.Cow; c != nil {
+			// Its snapshots are the plan's memory: kept until the plan
+			// is gone or expired, then released at once.
+			idle = s.conns == 0 && s.fills == 0 && c.planEnded()
+		}
 		s.mu.Unlock()
 		if !idle {
 			continue

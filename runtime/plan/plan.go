@@ -57,6 +57,8 @@ type Plan struct {
 	// Memory is how the siblings get the source's memory ("": lazy where
 	// the host can).
 	Memory forkopts.Memory `json:"memory,omitempty"`
+	// Snapshots describe a copy-on-write plan's memory (Memory cow).
+	Snapshots *Snapshots `json:"snapshots,omitempty"`
 	// TCP is what every sibling does with its copies of the source's
 	// established TCP connections. It is a restore option, but Podman's
 	// restore call cannot carry it, so the plan does.
@@ -64,6 +66,24 @@ type Plan struct {
 	Timings Timings            `json:"timings"`
 	Pages   PageStats          `json:"pages"`
 	Criu    string             `json:"criu_version"`
+}
+
+// Snapshots are a copy-on-write plan's memory: a vma_cherrypick snapshot
+// of each of its processes, taken while CRIU held the tree, and held by the
+// plan's lazy-pages daemon until the plan is gone or expired.
+type Snapshots struct {
+	// Processes is how many snapshots there are (processes without
+	// memory of their own, zombies, have none).
+	Processes int `json:"processes"`
+	// AnonPages and SwapEntries are the pages they held when taken,
+	// resident and swapped out: what they keep from being freed while the
+	// source rewrites them.
+	AnonPages   uint64 `json:"anon_pages"`
+	SwapEntries uint64 `json:"swap_entries"`
+	// TookMs is what taking them added to the source's pause.
+	TookMs float64 `json:"took_ms"`
+	// HolderPid is the daemon that holds them.
+	HolderPid int `json:"holder_pid"`
 }
 
 // Volume is a volume's copy in a plan.

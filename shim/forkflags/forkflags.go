@@ -59,8 +59,9 @@ func Sibling() []cli.Flag {
 
 // MemoryFlag is --memory.
 func MemoryFlag() cli.Flag {
-	return &cli.StringFlag{Name: Memory, Usage: "how a sibling gets the source's memory: lazy (it runs at once and receives its memory while it runs; " +
-		"the default where CRIU and the kernel support it), copy (every page is copied before it runs), or ksm (as the default, and the sibling is " +
+	return &cli.StringFlag{Name: Memory, Usage: "how a sibling gets the source's memory: auto (the default: cow where the vma_cherrypick module is loaded, else lazy where CRIU " +
+		"and the kernel support it, else copy), cow (shared copy-on-write, as fork() shares it: the source is held for page-table copies only, and siblings map its pages), " +
+		"lazy (it runs at once and receives copies of its memory while it runs), copy (every page is copied before it runs), or ksm (as lazy, and the sibling is " +
 		"mergeable: with a source run with the annotation " + forkopts.AnnotationMerge + "=true, ksmd shares their identical pages again)"}
 }
 

@@ -17,6 +17,7 @@ import (
 
 	"github.com/tclone/tclone/runtime/branch"
 	"github.com/tclone/tclone/runtime/calls"
+	"github.com/tclone/tclone/runtime/forkopts"
 	"github.com/tclone/tclone/runtime/journal"
 	"github.com/tclone/tclone/runtime/plan"
 	"github.com/tclone/tclone/runtime/rootfs"
@@ -80,6 +81,10 @@ func CreateBranch(ctx context.Context, source, name string, opts BranchOptions) 
 	// The branch's labels are its own, not its siblings'.
 	fo := Options{VolumeModes: opts.VolumeModes}
 	fo.FileLocks = opts.FileLocks
+	// A branch keeps page images: never a copy-on-write capture, whose
+	// memory lives only as long as its plan. Its starts choose their own
+	// memory mode.
+	fo.Memory = forkopts.MemoryLazy
 	if err := fo.normalize(); err != nil {
 		return nil, ofKind(ErrInvalidOption, err)
 	}
@@ -195,6 +200,9 @@ func StartBranch(ctx context.Context, ref string, opts Options) (*Stats, error) 
 	start := time.Now()
 	if err := opts.normalize(); err != nil {
 		return nil, ofKind(ErrInvalidOption, err)
+	}
+	if opts.Memory == forkopts.MemoryCow {
+		return nil, ofKind(ErrInvalidOption, fmt.Errorf("--memory cow: branch %s holds its memory as page images, which its containers get copies of; start it with --memory lazy or copy", ref))
 	}
 	store := branch.DefaultStore()
 	r, err := store.Open(ref)
@@ -336,9 +344,9 @@ func (f *forker) planFromBranch(ctx context.Context, r *branch.Reader) (*plan.Pl
 	p.Volumes = slices.Clone(p.Volumes)
 	now := time.Now().UTC()
 	p.ID, p.CreatedAt, p.ExpiresAt = id, now, now.Add(f.opts.TTL)
-	if f.opts.Memory != "" {
-		p.Memory = f.opts.Memory
-	}
+	// The start's own choice (StartBranch refused cow): a branch holds
+	// page images whatever its capture was.
+	p.Memory = f.opts.Memory
 	if p.Rootfs != nil {
 		snap := *p.Rootfs
 		if snap.Kind == rootfs.KindOverlay && !allExist(snap.LowerDirs) {

@@ -38,12 +38,19 @@ func CloseInherited(keep int) {
 // decode exits with status 2. It then closes the descriptors the helper
 // inherited above keep.
 func HelperArgs(command string, cfg any, keep int) bool {
+	return HelperArgsKeeping(command, cfg, func() int { return keep })
+}
+
+// HelperArgsKeeping is HelperArgs for a helper passed descriptors of its
+// own from 3 on, as many as its configuration says: keep is asked once
+// the configuration is decoded.
+func HelperArgsKeeping(command string, cfg any, keep func() int) bool {
 	if len(os.Args) < 3 || os.Args[1] != command {
 		return false
 	}
 	if err := json.Unmarshal([]byte(os.Args[2]), cfg); err != nil {
 		os.Exit(2)
 	}
-	CloseInherited(keep)
+	CloseInherited(keep())
 	return true
 }

@@ -1,0 +1,113 @@
+package fork
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/checkpoint-restore/go-criu/v7/rpc"
+
+	"github.com/tclone/tclone/criuhooks"
+	"github.com/tclone/tclone/kernel/cherrypick"
+	"github.com/tclone/tclone/runtime/criucheck"
+	"github.com/tclone/tclone/runtime/lazy"
+	"github.com/tclone/tclone/runtime/plan"
+)
+
+// A copy-on-write capture (forkopts.MemoryCow): CRIU makes a --lazy-pages
+// dump that copies no page, and in post-dump, while the tree is still
+// held, each process's private anonymous memory is taken as a
+// vma_cherrypick snapshot (page tables only, as fork() copies them). The
+// plan's lazy-pages daemon then holds the snapshots for the plan's life
+// (lazy.Hold), and each sibling maps their pages.
+
+// cowAvailable says whether this host can capture copy-on-write, and why
+// (not).
+func cowAvailable(check *criucheck.Result) (bool, string) {
+	v, err := cherrypick.Probe()
+	if err != nil {
+		return false, fmt.Sprintf("vma_cherrypick: %v", err)
+	}
+	if !v.Has(cherrypick.FeatureSnapshot | cherrypick.FeatureAnon) {
+		return false, fmt.Sprintf("the loaded vma_cherrypick (features %#x) takes no snapshots: load this version of the module", uint64(v.Features))
+	}
+	if !check.LazyPages {
+		return false, fmt.Sprintf("siblings get a copy-on-write plan's memory through lazy restores, which this host cannot do (%s)", check.NoLazyPages)
+	}
+	return true, fmt.Sprintf("vma_cherrypick %d is loaded with snapshots (features %#x)", v.ABI, uint64(v.Features))
+}
+
+// cowCapture is a copy-on-write capture's memory in the making.
+type cowCapture struct {
+	dev   *cherrypick.Device
+	snaps *criuhooks.Snapshots
+	// endDump undoes what criuhooks.LazyDump set up for CRIU.
+	endDump func()
+}
+
+// begin opens the module and makes opts a lazy dump that ends at once.
+func (c *cowCapture) begin(opts *rpc.CriuOpts, workDir string) error {
+	var err error
+	if c.dev, err = cherrypick.Open(); err != nil {
+		return fmt.Errorf("--memory cow: %w", err)
+	}
+	if c.endDump, err = criuhooks.LazyDump(opts, workDir); err != nil {
+		c.dev.Close()
+		c.dev = nil
+		return err
+	}
+	return nil
+}
+
+// dumpDone closes what the dump needed; the snapshots stay.
+func (c *cowCapture) dumpDone() {
+	if c.endDump != nil {
+		c.endDump()
+		c.endDump = nil
+	}
+	if c.dev != nil {
+		c.dev.Close()
+		c.dev = nil
+	}
+}
+
+// take snapshots every process of the tree whose root is host pid root,
+// which CRIU holds (post-dump).
+func (c *cowCapture) take(root int) error {
+	tasks, err := criuhooks.TreeTasks(root)
+	if err != nil {
+		return fmt.Errorf("copy-on-write snapshot: %w", err)
+	}
+	if c.snaps, err = criuhooks.SnapshotTree(c.dev, tasks); err != nil {
+		return fmt.Errorf("copy-on-write snapshot: %w", err)
+	}
+	return nil
+}
+
+// release closes this process's snapshots (the daemon has its own once
+// they are handed over) and whatever the dump left open.
+func (c *cowCapture) release() {
+	c.dumpDone()
+	if c.snaps != nil {
+		c.snaps.Close()
+	}
+}
+
+// hold hands the snapshots to the plan's daemon, started for it, and
+// records them in the plan.
+func (op *captureOp) holdSnapshots(ctx context.Context, p *plan.Plan) error {
+	c := op.cow
+	defer c.release()
+	start := time.Now()
+	pid, err := lazy.Hold(ctx, op.e.lazyPaths(op.id), op.dir, p.ExpiresAt, c.snaps)
+	if err != nil {
+		return fmt.Errorf("handing the copy-on-write snapshots to the plan's lazy-pages daemon: %w", err)
+	}
+	p.Snapshots = &plan.Snapshots{
+		Processes: len(c.snaps.Files), AnonPages: c.snaps.AnonPages, SwapEntries: c.snaps.SwapEntries,
+		TookMs: ms(c.snaps.Took), HolderPid: pid,
+	}
+	op.log.phase("snapshots", map[string]any{"processes": p.Snapshots.Processes, "anon_pages": c.snaps.AnonPages,
+		"took_ms": p.Snapshots.TookMs, "holder": pid, "hand_over_ms": ms(time.Since(start))})
+	return nil
+}
