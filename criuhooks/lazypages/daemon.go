@@ -85,7 +85,8 @@ type Daemon struct {
 
 	mu        sync.Mutex
 	listeners []*net.UnixListener
-	paths     []string // of listeners
+	paths     []string        // of listeners
+	copying   map[string]bool // paths whose siblings get copies, not shares
 	siblings  map[int]*sibling
 	nextID    int
 	closing   bool
@@ -141,7 +142,14 @@ func (d *Daemon) guardLost(err error) {
 // Listen accepts restores on a unix socket at path: the lazy-pages.socket
 // of a restore's work directory. A daemon may listen at several paths, one
 // per work directory.
-func (d *Daemon) Listen(path string) error {
+func (d *Daemon) Listen(path string) error { return d.listen(path, false) }
+
+// ListenCopying is Listen for siblings that get copies of the snapshots'
+// pages, never the pages themselves, whatever Options.ShareWait says: they
+// fill at once, with no Share to wait for.
+func (d *Daemon) ListenCopying(path string) error { return d.listen(path, true) }
+
+func (d *Daemon) listen(path string, copying bool) error {
 	l, err := listenUnix(path)
 	if err != nil {
 		return err
@@ -163,6 +171,12 @@ func (d *Daemon) Listen(path string) error {
 	}
 	d.listeners = append(d.listeners, l)
 	d.paths = append(d.paths, path)
+	if copying {
+		if d.copying == nil {
+			d.copying = map[string]bool{}
+		}
+		d.copying[path] = true
+	}
 	d.conns.Add(1)
 	d.mu.Unlock()
 	go d.accept(l, path)
@@ -249,7 +263,8 @@ func (d *Daemon) newSibling(socket string) *sibling {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.nextID++
-	s := &sibling{id: d.nextID, d: d, socket: socket, uffds: map[*uffd]bool{}, restore: -1, shareExpired: make(chan struct{})}
+	s := &sibling{id: d.nextID, d: d, socket: socket, uffds: map[*uffd]bool{}, restore: -1, shareExpired: make(chan struct{}),
+		copying: d.copying[socket]}
 	s.stats.Connected = time.Now()
 	d.siblings[s.id] = s
 	d.live.Add(1)

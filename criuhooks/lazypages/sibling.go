@@ -75,6 +75,8 @@ type sibling struct {
 	// closes ShareWait after restore-finished.
 	shares       []*shareState
 	shareExpired chan struct{}
+	// copying: it was accepted by ListenCopying, and shares nothing.
+	copying bool
 }
 
 func (s *sibling) phase() phase        { return phase(s.state.Load()) }
@@ -117,7 +119,7 @@ func (s *sibling) addTask(cc *criuConn, msg criuMsg) error {
 // shareFor is a task's pending share, or nil when its pages are copied.
 func (s *sibling) shareFor(msg criuMsg, img *taskImage, src pageSource) *shareState {
 	snap, ok := src.(snapshotPages)
-	if s.d.dev == nil || !ok || snap.f == nil || len(img.areas) == 0 {
+	if s.d.dev == nil || s.copying || !ok || snap.f == nil || len(img.areas) == 0 {
 		return nil
 	}
 	s.mu.Lock()
