@@ -142,6 +142,7 @@ func (e *Engine) captureSource(ctx context.Context, src *source, req CaptureRequ
 		if err := op.holdSnapshots(ctx, p); err != nil {
 			return op.fail(err)
 		}
+		crashPoint(CrashSnapshotsHeld)
 	}
 	p.Timings.TotalMs = ms(time.Since(start))
 	if err := p.Write(op.dir); err != nil {

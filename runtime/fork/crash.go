@@ -27,6 +27,11 @@ const (
 	CrashBeforeReport    = "before-report"    // sibling complete, tclone has not yet exited 0
 )
 
+// CrashSnapshotsHeld is a copy-on-write capture's own crash point: the
+// plan's daemon holds the snapshots, the plan is not yet complete. Not in
+// CrashPoints, which every fork passes.
+const CrashSnapshotsHeld = "snapshots-held"
+
 // CrashPoints lists every crash point, for the tests.
 var CrashPoints = []string{
 	CrashCaptureStarted, CrashSourceSeized, CrashSnapshotTaken, CrashWithCriu, CrashDumpDone, CrashRootfsFilled, CrashSiblingRestored, CrashBeforeReport,
