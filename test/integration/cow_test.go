@@ -3,6 +3,7 @@ package integration
 import (
 	"encoding/json"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -147,6 +148,10 @@ func TestBundleForkCow(t *testing.T) {
 		t.Errorf("the copy-on-write dump wrote %d pages: the memory was copied", p.Pages.PagesWritten)
 	}
 	t.Logf("pause %.0f ms, snapshots %.1f ms, %d pages written", p.Timings.SourcePauseMs, s.TookMs, p.Pages.PagesWritten)
+	// The module cannot go while a plan holds its snapshots.
+	if out, err := exec.Command("rmmod", "vma_cherrypick").CombinedOutput(); err == nil {
+		t.Fatalf("rmmod vma_cherrypick succeeded while a plan holds snapshots: %s", out)
+	}
 	mutated := workloadCmd(t, srcExec, "mutate", "--tag", "after-fork", "--mem")
 	if mutated.MemSHA256 == hash0 {
 		t.Fatal("the source's memory did not change")
