@@ -440,11 +440,12 @@ func (op *materializeOp) crunRestore(ctx context.Context, images, work string) e
 	if op.memory == forkopts.MemoryCow {
 		// At pre-resume, while CRIU holds the tasks stopped, the hook has
 		// the daemon map the snapshots' pages into them.
-		script, stats, err := lazy.WriteShareHook(op.siblingDir, e.lazyPaths(p.ID))
+		script, hookEnv, stats, err := lazy.ShareHook(op.siblingDir, e.lazyPaths(p.ID))
 		if err != nil {
 			return err
 		}
 		criuConf = append(criuConf, forkopts.CRIUActionScript+" "+script)
+		env = append(env, hookEnv)
 		op.shareStats = stats
 	}
 	if len(criuConf) > 0 {

@@ -17,6 +17,7 @@ import (
 // The test binary is the daemon too, as tclone is.
 func TestMain(m *testing.M) {
 	RunDaemonIfAsked()
+	RunShareHookIfAsked()
 	os.Exit(m.Run())
 }
 

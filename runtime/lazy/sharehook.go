@@ -5,18 +5,14 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 
 	"github.com/tclone/tclone/criuhooks/lazypages"
-	"github.com/tclone/tclone/runtime/internal/fds"
 )
 
-// ShareHookCommand is the hidden argv[1] under which the tclone binary runs
-// as a copy-on-write restore's CRIU action script (WriteShareHook).
-const ShareHookCommand = "__tclone-lazy-share"
-
-// shareHookName is the script CRIU runs, in the sibling's directory.
-const shareHookName = "tclone-share-hook"
+// EnvShareHook, in the environment of a copy-on-write restore's CRIU,
+// holds the share hook's configuration: the tclone binary, run by CRIU as
+// its action script (ShareHook), then acts as the hook.
+const EnvShareHook = "TCLONE_SHARE_HOOK"
 
 // shareHookConfig is what the hook is started with.
 type shareHookConfig struct {
@@ -36,29 +32,23 @@ type ShareResult struct {
 	Error string `json:"error,omitempty"`
 }
 
-// WriteShareHook writes, in dir, the action script a copy-on-write
-// restore gives CRIU: at pre-resume, while CRIU holds the restored tasks
-// stopped, it asks the plan's daemon (whose paths are p) to share the
-// snapshots' pages with them. It returns the script's path and the file
-// the hook's ShareResult goes to. CRIU runs action scripts itself, with
-// no argument, so the script names the tclone binary and its
-// configuration.
-func WriteShareHook(dir string, p Paths) (script, stats string, err error) {
-	self, err := os.Executable()
-	if err != nil {
-		return "", "", err
+// ShareHook sets up the action script a copy-on-write restore gives CRIU:
+// at pre-resume, while CRIU holds the restored tasks stopped, it asks the
+// plan's daemon (whose paths are p) to share the snapshots' pages with
+// them. The script is the tclone binary itself (no file is written, so
+// that a noexec mount cannot stop it), told what to do by env, which the
+// restore's CRIU must inherit. The hook's ShareResult goes to a file in
+// dir, returned as stats.
+func ShareHook(dir string, p Paths) (script, env, stats string, err error) {
+	if script, err = os.Executable(); err != nil {
+		return "", "", "", err
 	}
 	stats = filepath.Join(dir, "tclone-share.json")
 	cfg, err := json.Marshal(shareHookConfig{Control: p.Control, Stats: stats})
 	if err != nil {
-		return "", "", err
+		return "", "", "", err
 	}
-	script = filepath.Join(dir, shareHookName)
-	body := fmt.Sprintf("#!/bin/sh\nexec %s %s %s\n", shellQuote(self), ShareHookCommand, shellQuote(string(cfg)))
-	if err := os.WriteFile(script, []byte(body), 0o700); err != nil {
-		return "", "", fmt.Errorf("writing the copy-on-write restore's hook: %w", err)
-	}
-	return script, stats, nil
+	return script, EnvShareHook + "=" + string(cfg), stats, nil
 }
 
 // ReadShareResult reads what a sibling's share hook wrote; nil when it
@@ -78,20 +68,27 @@ func ReadShareResult(path string) (*ShareResult, error) {
 	return &r, nil
 }
 
-// RunShareHookIfAsked runs the share hook and exits when argv asks for it.
-// CRIU names the action in CRTOOLS_SCRIPT_ACTION, and the restored tree's
-// root in CRTOOLS_INIT_PID; every action but pre-resume is nothing to do.
-// A failed share exits 1, which CRIU logs and ignores: the daemon's guard
-// kills a sibling left without memory, and the restore reads the result.
+// RunShareHookIfAsked runs the share hook and exits when CRIU runs tclone
+// as a copy-on-write restore's action script. CRIU names the action in
+// CRTOOLS_SCRIPT_ACTION, and the restored tree's root in CRTOOLS_INIT_PID;
+// every action but pre-resume is nothing to do. A failed share exits 1,
+// which CRIU logs and ignores: the daemon's guard kills a sibling left
+// without memory, and the restore reads the result.
 func RunShareHookIfAsked() {
-	var cfg shareHookConfig
-	if !fds.HelperArgs(ShareHookCommand, &cfg, 2) {
+	conf, action := os.Getenv(EnvShareHook), os.Getenv("CRTOOLS_SCRIPT_ACTION")
+	if conf == "" || action == "" {
 		return
 	}
-	if os.Getenv("CRTOOLS_SCRIPT_ACTION") != "pre-resume" {
+	if action != "pre-resume" {
 		os.Exit(0)
 	}
+	var cfg shareHookConfig
 	var r ShareResult
+	err := json.Unmarshal([]byte(conf), &cfg)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "tclone: copy-on-write share: %s: %v\n", EnvShareHook, err)
+		os.Exit(1)
+	}
 	answer, err := Ask(Paths{Control: cfg.Control}, "share "+os.Getenv("CRTOOLS_INIT_PID"))
 	if err == nil {
 		err = json.Unmarshal([]byte(answer), &r.ShareStats)
@@ -105,9 +102,4 @@ func RunShareHookIfAsked() {
 		os.Exit(1)
 	}
 	os.Exit(0)
-}
-
-// shellQuote quotes s for sh.
-func shellQuote(s string) string {
-	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
