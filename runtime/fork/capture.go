@@ -127,7 +127,7 @@ func (e *Engine) captureSource(ctx context.Context, src *source, req CaptureRequ
 		op.cow = &cowCapture{}
 	}
 	if !req.Fork.FilesOnly {
-		op.log.phase("memory", logrus.Fields{"asked": req.Fork.Memory, "memory": memory, "why": why})
+		logrus.WithFields(logrus.Fields{"source": src.id, "asked": req.Fork.Memory, "memory": memory}).Infof("memory: %s", why)
 	}
 	crashPoint(CrashCaptureStarted)
 	capture := op.capture

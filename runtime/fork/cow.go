@@ -79,7 +79,7 @@ func (c *cowCapture) take(root int) error {
 		return fmt.Errorf("copy-on-write snapshot: %w", err)
 	}
 	if c.snaps, err = criuhooks.SnapshotTree(c.dev, tasks); err != nil {
-		return fmt.Errorf("copy-on-write snapshot: %w", err)
+		return fmt.Errorf("copy-on-write snapshot: %w; the source runs on: fork with --memory lazy or copy to capture without the module", err)
 	}
 	return nil
 }
