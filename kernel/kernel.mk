@@ -29,7 +29,7 @@ kernel-test-debug: kernel-unit-test
 	set -e; out=$$($(KERNEL_DIR)/vmtest/build-debug-kernel.sh); \
 	root=$$(echo "$$out" | sed -n 1p); release=$$(echo "$$out" | sed -n 2p); \
 	VCP_ROOT=$$root VCP_SLOW=$(KERNEL_DEBUG_SLOW) VCP_TIMEOUT=$$((300 * $(KERNEL_DEBUG_SLOW))) \
-	VCP_TESTS="$(KERNEL_DEBUG_SKIP)" VCP_CRIU_TESTS= GO="$(GO)" $(KERNEL_DIR)/vmtest/run.sh $$release
+	VCP_TESTS="$(KERNEL_DEBUG_SKIP)" VCP_CRIU_TESTS= VCP_STACK_TESTS= GO="$(GO)" $(KERNEL_DIR)/vmtest/run.sh $$release
 
 # The copy-on-write figures in the VM, on each kernel: the module's
 # snapshot and cherrypick of 1 GiB beside fork(), and BenchmarkCRIUCow
@@ -38,7 +38,7 @@ kernel-test-debug: kernel-unit-test
 # Not part of make test: figures, not checks. See kernel/README.md.
 kernel-bench:
 	KVERS="$(KERNEL_VERSIONS)" GO="$(GO)" VCP_TESTS="version benchmark-1g snapshot-benchmark-1g" \
-	VCP_CRIU_TESTS='^$$' VCP_CRIU_BENCH=CRIUCow VCP_TIMEOUT=600 $(KERNEL_DIR)/vmtest/run.sh
+	VCP_CRIU_TESTS='^$$' VCP_STACK_TESTS= VCP_CRIU_BENCH=CRIUCow VCP_TIMEOUT=600 $(KERNEL_DIR)/vmtest/run.sh
 
 # Only the trixie build root (kernel/_build/trixie-root).
 kernel-root:

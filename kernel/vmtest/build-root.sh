@@ -2,9 +2,19 @@
 # Makes the Debian trixie root the vma_cherrypick module is built in, and
 # that the kernels qemu boots come from: gcc-14, make, and for each kernel
 # its headers and its boot image, installed by apt inside the root; and
-# criu, which run.sh copies into the guest with the libraries it needs, for
-# the copy-on-write tests with CRIU (trixie's 4.1.1: enough for processes
-# without inet sockets on every kernel here, see ENVIRONMENT.md).
+# criu, crun, libcriu2, iproute2 and iptables, which run.sh copies into the
+# guest with the libraries they need, for the copy-on-write tests with CRIU
+# and the runtime-level forks (the stack stage).
+#
+# criu and libcriu2 come from forky (4.2.1), as on the hosts
+# (hack/setup-host.sh): tclone refuses CRIU < 4.2 on kernels >= 6.16
+# (runtime/criucheck: CRIU issue #2705), so trixie's 4.1.1 could not fork a
+# container on 7.x. Forky is only a source for what is asked of it by name
+# (criu/forky): trixie is the default release, and apt takes from forky just
+# the libraries that criu needs newer (libnl, libcompel). A testing suite's
+# Release file is valid for a week only, and mirrors here serve forky's past
+# that date (apt then refuses the whole update), so forky's, and only
+# forky's, is taken without that check: its signature is still checked.
 #
 # Nothing is installed into the host. Trixie's kernel headers and kbuild need
 # trixie's libelf1t64, which conflicts with the libelf1 that a bookworm host's
@@ -34,7 +44,7 @@ die() { printf 'kernel-root: error: %s\n' "$*" >&2; exit 1; }
 . "$top/hack/lib/mmdebstrap.sh"
 
 # Bump when the recipe below changes in a way the package list does not show.
-recipe=1
+recipe=2
 root=$build/trixie-root
 stamp=$build/trixie-root.stamp
 
@@ -51,7 +61,7 @@ image_pkg() {
 	esac
 }
 
-pkgs=(make gcc-14 criu)
+pkgs=(make gcc-14 criu/forky libcriu2/forky crun iproute2 iptables)
 for v in $KVERS; do
 	pkgs+=("linux-headers-$v")
 	read -ra image <<<"$(image_pkg "$v")"
@@ -59,7 +69,7 @@ for v in $KVERS; do
 	case "$v" in 6.*) pkgs+=(tiny-initramfs) ;; esac
 done
 mapfile -t pkgs < <(printf '%s\n' "${pkgs[@]}" | sort -u)
-sources=("deb $mirror trixie main" "deb $mirror trixie-backports main")
+sources=("deb $mirror trixie main" "deb $mirror trixie-backports main" "deb [check-valid-until=no] $mirror forky main")
 want=$(printf 'recipe %s\n' "$recipe"; printf 'source %s\n' "${sources[@]}"; printf 'package %s\n' "${pkgs[@]}")
 
 mkdir -p "$build"
@@ -90,7 +100,7 @@ log "making the trixie build root (${pkgs[*]}); about a minute and a half"
 start=$SECONDS
 rm -f "$stamp"
 remove_root "$root.new"
-tclone_mmdebstrap --quiet --variant=required --include="$(IFS=,; echo "${pkgs[*]}")" \
+tclone_mmdebstrap --quiet --variant=required --aptopt='APT::Default-Release "trixie"' --include="$(IFS=,; echo "${pkgs[*]}")" \
 	trixie "$root.new" "${sources[@]}" ||
 	die "mmdebstrap could not make the trixie root in $root.new (see its messages above; is $mirror reachable?)"
 remove_root "$root"

@@ -2,11 +2,26 @@
 # PID 1 of the vma_cherrypick test VM. Loads the module, runs the suite,
 # checks the kernel log, prints one verdict line and stops the VM. The host
 # (kernel/vmtest/run.sh) reads the verdict and the log from the serial console.
+# First, the initramfs moves to a tmpfs and becomes the root there: crun
+# cannot pivot_root away from the initramfs's rootfs, which is no mount.
+if [ ! -e /.vcp-switched ]; then
+	/bin/busybox mkdir -p /newroot
+	/bin/busybox mount -t tmpfs -o size=90% tmpfs /newroot
+	for f in /*; do
+		[ "$f" = /newroot ] || /bin/busybox cp -a "$f" /newroot/
+	done
+	/bin/busybox touch /newroot/.vcp-switched
+	exec /bin/busybox switch_root /newroot /init
+fi
 /bin/busybox --install -s /bin
 export PATH=/bin
 mount -t proc proc /proc || exit 1
 mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev
+# Pseudo-terminals, which criu check (tclone's fork runs it) wants to open.
+mkdir -p /dev/pts
+mount -t devpts -o ptmxmode=0666 devpts /dev/pts
+[ -e /dev/ptmx ] || ln -s pts/ptmx /dev/ptmx
 mount -t tmpfs tmpfs /tmp
 
 # Stops the VM: run.sh starts qemu with -no-reboot, so a reboot ends it. Not
@@ -71,19 +86,24 @@ fi
 /vcptest
 rc=$?
 
-# The CRIU stage (run.sh): copy-on-write dumps and lazy restores with the
-# root's criu and the module still loaded. Its output is indented, for
-# run.sh's summary; a failure fails the run.
-if [ -x /lazypages.test ]; then
+# What the CRIU and the stack stages (run.sh) need: the network modules
+# CRIU's feature detection and its dump of a network namespace use, and
+# loopback up (CRIU's feature detection connects over it: TCP repair).
+if [ -d /criu-modules ]; then
 	mkdir -p /dev/shm /run
 	mount -t tmpfs tmpfs /dev/shm
 	mount -t tmpfs tmpfs /run
-	# CRIU's feature detection connects over loopback (TCP repair).
 	ip link set lo up
 	for m in $(cat /criu-modules/list); do
 		insmod "/criu-modules/$m.ko" || echo "VCP-CRIU: insmod $m failed"
 	done
 	echo "VCP-CRIU: $(PATH=/usr/sbin:/bin criu --version | head -1)"
+fi
+
+# The CRIU stage: copy-on-write dumps and lazy restores with the root's criu
+# and the module still loaded. Its output is indented, for run.sh's summary;
+# a failure fails the run.
+if [ -x /lazypages.test ]; then
 	bench=$(cat /criu-bench)
 	PATH=/usr/sbin:/bin TCLONE_REQUIRE_INTEGRATION=1 TCLONE_REQUIRE_MODULE=1 \
 		TCLONE_LAZYPAGES_HELPERS=/helpers \
@@ -93,6 +113,29 @@ if [ -x /lazypages.test ]; then
 	sed 's/^/  criu: /' /tmp/criu.out
 	if [ "$crc" != 0 ]; then
 		echo "VCP-CRIU: the CRIU stage failed (exit $crc)"
+		rc=1
+	fi
+fi
+
+# The stack stage: runtime-level forks of bare bundles through the tclone
+# binary, crun and CRIU, on pure cgroup v2. A failure fails the run; the
+# CRIU logs tclone kept of a failed dump or restore are shown (their end).
+if [ -x /integration.test ]; then
+	[ -e /sys/fs/cgroup/cgroup.procs ] || mount -t cgroup2 cgroup2 /sys/fs/cgroup
+	echo "+cpu +memory +pids" >/sys/fs/cgroup/cgroup.subtree_control ||
+		echo "VCP-STACK: could not enable the cpu, memory and pids controllers"
+	mkdir -p /var/tmp /var/lib /etc
+	PATH=/usr/bin:/usr/sbin:/bin TCLONE_REQUIRE_INTEGRATION=1 TCLONE_BINDIR=/stack/bin \
+		TCLONE_TEST_ROOTFS=/stack/rootfs \
+		/integration.test -test.v -test.timeout 600s -test.run "$(cat /stack-tests)" >/tmp/stack.out 2>&1
+	src=$?
+	sed 's/^/  stack: /' /tmp/stack.out
+	if [ "$src" != 0 ]; then
+		echo "VCP-STACK: the stack stage failed (exit $src)"
+		for log in $(find /var/log/tclone -name '*.log' 2>/dev/null | head -3); do
+			echo "VCP-STACK: kept CRIU log $log (its last 60 lines):"
+			tail -60 "$log" | sed 's/^/  stack-log: /'
+		done
 		rc=1
 	fi
 fi

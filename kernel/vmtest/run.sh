@@ -22,6 +22,11 @@
 #                  and a lazy restore of a tree); empty skips the stage
 #   VCP_CRIU_BENCH the CRIU stage's benchmarks, a go test -bench pattern
 #                  (default none; make kernel-bench sets it)
+#   VCP_STACK_TESTS the stack stage's tests, a go test -run pattern over
+#                  test/integration's runtime-level bundle forks, run with
+#                  crun, CRIU and tclone on pure cgroup v2 (default: a fork
+#                  that continues and diverges, a plan with several
+#                  siblings); empty skips the stage
 #   VCP_SRC        module sources to test (default: kernel/vma_cherrypick)
 #   VCP_ROOT       a build root that already holds the kernels and their
 #                  build trees (build-debug-kernel.sh's); default: make the
@@ -48,6 +53,16 @@ src=${VCP_SRC:-$top/kernel/vma_cherrypick}
 log() { printf 'kernel-test: %s\n' "$*"; }
 die() { printf 'kernel-test: error: %s\n' "$*" >&2; exit 1; }
 
+# root_libs LDD DIR: copies every library an ldd listing names from the
+# root into DIR, at the same paths.
+root_libs() {
+	local lib
+	for lib in $(awk '$2 == "=>" { print $3 } $1 ~ /^\// { print $1 }' "$1"); do
+		mkdir -p "$2$(dirname "$lib")"
+		cp -L "$root$lib" "$2$lib"
+	done
+}
+
 "$here/install-deps.sh"
 if [ -n "${VCP_ROOT:-}" ]; then
 	root=$VCP_ROOT
@@ -69,10 +84,24 @@ CGO_ENABLED=0 "$GO" build -trimpath -o "$build/vcptest" "$top/kernel/vmtest/gues
 # they dump and restore, run in the guest with the module loaded and the
 # root's criu (TestCRIUCow* need both).
 criu_tests=${VCP_CRIU_TESTS-TestCRIUCow|TestCRIULazyRestoreTree}
+# The stack stage: test/integration's runtime-level bundle forks through the
+# tclone binary, with the root's crun (and the libcriu it loads) and criu.
+stack_tests=${VCP_STACK_TESTS-TestBundleForkContinuesAndDiverges|TestPlanServesSeveralSiblings}
 stage=$build/criu-stage
 rm -rf "$stage"
+if [ -n "$criu_tests" ] || [ -n "$stack_tests" ]; then
+	[ -x "$root/usr/sbin/criu" ] ||
+		die "the CRIU and stack stages need criu in $root (VCP_CRIU_TESTS= VCP_STACK_TESTS= skip them)"
+	# criu and every library it loads, at their paths in the root. ldd runs
+	# inside the root, with a /proc of its own as the module build has.
+	mkdir -p "$stage/root/usr/sbin"
+	unshare --mount --pid --fork --mount-proc="$root/proc" \
+		chroot "$root" /usr/bin/ldd /usr/sbin/criu >"$stage/ldd.txt" ||
+		die "ldd of the root's criu failed"
+	cp "$root/usr/sbin/criu" "$stage/root/usr/sbin/criu"
+	root_libs "$stage/ldd.txt" "$stage/root"
+fi
 if [ -n "$criu_tests" ]; then
-	[ -x "$root/usr/sbin/criu" ] || die "the CRIU stage needs criu in $root (VCP_CRIU_TESTS= skips the stage)"
 	log "building the CRIU stage (criuhooks/lazypages tests, memfill, lazypagesd)"
 	mkdir -p "$stage/helpers"
 	(cd "$top" && CGO_ENABLED=0 "$GO" test -c -trimpath -o "$stage/lazypages.test" ./criuhooks/lazypages)
@@ -81,17 +110,42 @@ if [ -n "$criu_tests" ]; then
 	done
 	printf '%s\n' "$criu_tests" >"$stage/criu-tests"
 	printf '%s\n' "${VCP_CRIU_BENCH:-}" >"$stage/criu-bench"
-	# criu and every library it loads, at their paths in the root. ldd runs
-	# inside the root, with a /proc of its own as the module build has.
-	unshare --mount --pid --fork --mount-proc="$root/proc" \
-		chroot "$root" /usr/bin/ldd /usr/sbin/criu >"$stage/ldd.txt" ||
-		die "ldd of the root's criu failed"
-	mkdir -p "$stage/root/usr/sbin"
-	cp "$root/usr/sbin/criu" "$stage/root/usr/sbin/criu"
-	for lib in $(awk '$2 == "=>" { print $3 } $1 ~ /^\// { print $1 }' "$stage/ldd.txt"); do
-		mkdir -p "$stage/root$(dirname "$lib")"
-		cp -L "$root$lib" "$stage/root$lib"
+fi
+if [ -n "$stack_tests" ]; then
+	log "building the stack stage (tclone, test/integration, a busybox root)"
+	tags="remote exclude_graphdriver_btrfs exclude_graphdriver_devicemapper containers_image_openpgp"
+	mkdir -p "$stage/stack/bin" "$stage/root/usr/bin"
+	(cd "$top" && CGO_ENABLED=0 "$GO" build -trimpath -tags "$tags" -o "$stage/stack/bin/tclone" ./shim)
+	(cd "$top" && CGO_ENABLED=0 "$GO" test -c -trimpath -tags "$tags" -o "$stage/integration.test" ./test/integration)
+	printf '%s\n' "$stack_tests" >"$stage/stack-tests"
+	cp "$root/usr/bin/crun" "$stage/root/usr/bin/crun"
+	# GNU tar and iproute2's ip too: CRIU archives a container's tmpfs
+	# mounts with tar, with options busybox's has not, and saves its
+	# network namespace's addresses and routes with ip.
+	cp "$root/usr/bin/tar" "$stage/root/usr/bin/tar"
+	cp "$root/usr/bin/ip" "$stage/root/usr/bin/ip"
+	# And iptables-save/-restore (nft flavour), which CRIU runs on the
+	# container's network namespace.
+	cp "$root/usr/sbin/xtables-nft-multi" "$stage/root/usr/sbin/"
+	for t in iptables ip6tables iptables-save ip6tables-save iptables-restore ip6tables-restore; do
+		ln -sf xtables-nft-multi "$stage/root/usr/sbin/$t"
 	done
+	for bin in /usr/bin/crun /usr/lib/x86_64-linux-gnu/libcriu.so.2 /usr/bin/tar /usr/bin/ip /usr/sbin/xtables-nft-multi; do
+		unshare --mount --pid --fork --mount-proc="$root/proc" \
+			chroot "$root" /usr/bin/ldd "$bin" >"$stage/ldd-stack.txt" || die "ldd of the root's $bin failed"
+		root_libs "$stage/ldd-stack.txt" "$stage/root"
+	done
+	mkdir -p "$stage/root/usr/lib/x86_64-linux-gnu"
+	cp -L "$root/usr/lib/x86_64-linux-gnu/libcriu.so.2" "$stage/root/usr/lib/x86_64-linux-gnu/"
+	# A busybox root for the containers, every applet a link.
+	rootfs=$stage/stack/rootfs
+	mkdir -p "$rootfs/bin" "$rootfs/proc" "$rootfs/sys" "$rootfs/dev" "$rootfs/tmp" "$rootfs/etc"
+	cp /bin/busybox "$rootfs/bin/busybox"
+	for applet in $(/bin/busybox --list); do
+		[ "$applet" = busybox ] || ln -sf busybox "$rootfs/bin/$applet"
+	done
+	echo 'root:x:0:0:root:/:/bin/sh' >"$rootfs/etc/passwd"
+	echo 'root:x:0:' >"$rootfs/etc/group"
 fi
 
 vmlinuz_of() {
@@ -108,12 +162,15 @@ vmlinuz_of() {
 
 # The modules CRIU's feature detection needs, which the cloud kernels build
 # as modules: nf_tables (CRIU 4.1 fails without it), the socket diag
-# modules, tun. criu_modules KERNEL DIR decompresses them, each after what it
+# modules, tun; and nf_conntrack_netlink for the stack stage: CRIU dumps
+# every network namespace's conntrack table, and without ctnetlink the
+# kernel (which cannot load it by itself here: no modprobe) answers EINVAL
+# ("-22 reported by netlink"). criu_modules KERNEL DIR decompresses them, each after what it
 # depends on (modules.dep), into DIR and lists them in DIR/list in load order;
 # a module built in is not there, and needs no loading.
 criu_modules() {
 	local v=$1 out=$2 mods=$root/usr/lib/modules/$1
-	local want="nf_tables tcp_diag udp_diag unix_diag netlink_diag af_packet_diag tun veth"
+	local want="nf_tables tcp_diag udp_diag unix_diag netlink_diag af_packet_diag tun veth nf_conntrack_netlink"
 	[ -f "$mods/modules.dep" ] || die "$v: no modules.dep in $mods (the root lacks this kernel's modules package)"
 	mkdir -p "$out"
 	: >"$out/list"
@@ -172,8 +229,14 @@ run_one() {
 	cp "$here/logcheck.sh" "$initrd/logcheck.sh"
 	if [ -d "$stage" ]; then
 		cp -a "$stage/root/." "$initrd/"
-		cp "$stage/lazypages.test" "$stage/criu-tests" "$stage/criu-bench" "$initrd/"
-		cp -a "$stage/helpers" "$initrd/helpers"
+		if [ -f "$stage/lazypages.test" ]; then
+			cp "$stage/lazypages.test" "$stage/criu-tests" "$stage/criu-bench" "$initrd/"
+			cp -a "$stage/helpers" "$initrd/helpers"
+		fi
+		if [ -d "$stage/stack" ]; then
+			cp -a "$stage/stack" "$initrd/stack"
+			cp "$stage/integration.test" "$stage/stack-tests" "$initrd/"
+		fi
 		criu_modules "$v" "$initrd/criu-modules"
 	fi
 	if [ -n "${VCP_TESTS:-}" ]; then
@@ -214,7 +277,7 @@ run_one() {
 	done
 	local took=$((SECONDS - start))
 
-	grep -E '^(PASS|FAIL|TIMING|PSS|THP|stress:|vcptest:|VCP-(ALLOWLIST|SWAP|BTF|KMEMLEAK|CRIU|UNLOAD)|  )' "$console.txt" | sed "s/^/  [$v] /" || true
+	grep -E '^(PASS|FAIL|TIMING|PSS|THP|stress:|vcptest:|VCP-(ALLOWLIST|SWAP|BTF|KMEMLEAK|CRIU|UNLOAD|STACK)|  )' "$console.txt" | sed "s/^/  [$v] /" || true
 	if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
 		tail -40 "$console.txt" >&2
 		log "$v: FAIL: the VM did not finish within ${timeout_s}s (log: $console.txt)"
