@@ -125,7 +125,7 @@ if [ -x /integration.test ]; then
 	echo "+cpu +memory +pids" >/sys/fs/cgroup/cgroup.subtree_control ||
 		echo "VCP-STACK: could not enable the cpu, memory and pids controllers"
 	mkdir -p /var/tmp /var/lib /etc
-	PATH=/usr/bin:/usr/sbin:/bin TCLONE_REQUIRE_INTEGRATION=1 TCLONE_BINDIR=/stack/bin \
+	PATH=/usr/bin:/usr/sbin:/bin TCLONE_REQUIRE_INTEGRATION=1 TCLONE_REQUIRE_MODULE=1 TCLONE_BINDIR=/stack/bin \
 		TCLONE_TEST_ROOTFS=/stack/rootfs \
 		/integration.test -test.v -test.timeout 600s -test.run "$(cat /stack-tests)" >/tmp/stack.out 2>&1
 	src=$?

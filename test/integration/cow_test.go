@@ -102,7 +102,10 @@ func requireNoSnapshots(t *testing.T) {
 func TestBundleForkCow(t *testing.T) {
 	requireBundleStack(t)
 	requireNoLeftovers(t)
-	src, hash0, srcExec := cowSource(t, "cow", 128)
+	start := time.Now()
+	step := func(what string) { t.Logf("%6.1fs %s", time.Since(start).Seconds(), what) }
+	src, hash0, srcExec := cowSource(t, "cow", 48)
+	step("source up")
 
 	if !cowLoaded(t) {
 		r := run(t, time.Minute, tcloneBin(), "fork", "--plan-only", "--file-locks", "--memory", "cow", src.id)
@@ -138,8 +141,8 @@ func TestBundleForkCow(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := p.Snapshots
-	if p.Memory != "cow" || s == nil || s.Processes < 1 || s.AnonPages < 128<<20/4096 || s.HolderPid <= 0 {
-		t.Fatalf("the plan's memory: %q, snapshots %+v; want cow with the 128 MiB held", p.Memory, s)
+	if p.Memory != "cow" || s == nil || s.Processes < 1 || s.AnonPages < 48<<20/4096 || s.HolderPid <= 0 {
+		t.Fatalf("the plan's memory: %q, snapshots %+v; want cow with the 48 MiB held", p.Memory, s)
 	}
 	if syscall.Kill(s.HolderPid, 0) != nil {
 		t.Fatalf("the snapshots' holder %d does not run", s.HolderPid)
@@ -152,6 +155,7 @@ func TestBundleForkCow(t *testing.T) {
 	if out, err := exec.Command("rmmod", "vma_cherrypick").CombinedOutput(); err == nil {
 		t.Fatalf("rmmod vma_cherrypick succeeded while a plan holds snapshots: %s", out)
 	}
+	step("captured")
 	mutated := workloadCmd(t, srcExec, "mutate", "--tag", "after-fork", "--mem")
 	if mutated.MemSHA256 == hash0 {
 		t.Fatal("the source's memory did not change")
@@ -163,6 +167,7 @@ func TestBundleForkCow(t *testing.T) {
 	if res.code != 0 {
 		t.Fatalf("restore of a copy-on-write plan: exit %d: %s", res.code, res.stderr)
 	}
+	step("first sibling restored")
 	var m fork.Materialized
 	if err := json.Unmarshal([]byte(res.stdout), &m); err != nil {
 		t.Fatalf("--print-stats: %v: %q", err, res.stdout)
@@ -173,6 +178,7 @@ func TestBundleForkCow(t *testing.T) {
 	if got := workloadCmd(t, sibExec, "probe", "--hash").MemSHA256; got != hash0 {
 		t.Fatalf("the sibling's memory hash %s, want the fork instant's %s", got, hash0)
 	}
+	step("first sibling's hash")
 	st, err := memuse.Tree(crunPid(t, sib.id))
 	if err != nil {
 		t.Fatal(err)
@@ -181,6 +187,7 @@ func TestBundleForkCow(t *testing.T) {
 	if st.PssKiB*100 > st.RssKiB*55 {
 		t.Errorf("sibling PSS %d KiB over 0.55 × RSS %d KiB: its pages are not shared", st.PssKiB, st.RssKiB)
 	}
+	step("first sibling's PSS")
 	if got := workloadCmd(t, sibExec, "mutate", "--tag", "sibling", "--mem").MemSHA256; got == hash0 {
 		t.Fatal("the sibling's memory did not change")
 	}
@@ -188,6 +195,7 @@ func TestBundleForkCow(t *testing.T) {
 		t.Fatalf("a sibling's write reached the source: hash %s, want %s", got, mutated.MemSHA256)
 	}
 
+	step("first sibling checked")
 	// The second gets copies, and the plan is used up.
 	sib2, sib2Exec := cowSibling(t, src, "cowsib")
 	res = runDetached(t, nil, tcloneBin(), "restore", "--detach", "--memory", "lazy", "--image-path", planDir, "--bundle", sib2.dir, sib2.id)
@@ -197,7 +205,9 @@ func TestBundleForkCow(t *testing.T) {
 	if got := workloadCmd(t, sib2Exec, "probe", "--hash").MemSHA256; got != hash0 {
 		t.Fatalf("the second sibling's memory hash %s, want the fork instant's %s", got, hash0)
 	}
+	step("second sibling checked")
 	requireNoSnapshots(t)
+	step("snapshots released")
 	g := run(t, time.Minute, tcloneBin(), "gc")
 	if g.code != 0 || strings.Contains(g.stdout, "snapshots_held") {
 		t.Fatalf("tclone gc after the plan was used up: exit %d %s %s", g.code, g.stdout, g.stderr)
@@ -215,7 +225,7 @@ func TestBundleForkCowKilled(t *testing.T) {
 		t.Skip("needs the vma_cherrypick module: the kernel VM's stack stage runs it (TestBundleForkCow checks the refusal here)")
 	}
 	requireNoLeftovers(t)
-	src, _, srcExec := cowSource(t, "cowk", 64)
+	src, _, srcExec := cowSource(t, "cowk", 16)
 	for _, point := range []string{fork.CrashSnapshotTaken, fork.CrashSnapshotsHeld} {
 		sib, _ := cowSibling(t, src, "cowksib")
 		r := forkBundle(t, src, sib, []string{fork.EnvCrashAt + "=" + point}, "--file-locks", "--memory", "cow")
