@@ -12,9 +12,12 @@ import (
 // BenchmarkCRIUCow measures, at each size, what issue-level targets are
 // about: the source's pause across a copy-on-write dump and across a
 // copying one (the longest wait of its 1 ms loop), fork(2) of the same
-// process, the time from the restore's start to the sibling's first answer,
-// and the sibling's PSS over RSS once its pages are shared. One process,
-// one round per size (-benchtime 1x); make kernel-bench runs it in the VM.
+// process, the time from the restore's start to the sibling's first answer
+// for each memory mode (copy: CRIU restores every page first; lazy: the
+// daemon serves the copying dump's images; cow: the snapshots' pages are
+// shared at pre-resume), and the copy-on-write sibling's PSS over RSS. One
+// process, one round per size (-benchtime 1x); then the pause's growth
+// with the number of processes. make kernel-bench runs it in the VM.
 func BenchmarkCRIUCow(b *testing.B) {
 	for _, mib := range []int{1, 1024} {
 		b.Run(fmt.Sprintf("%dMiB", mib), func(b *testing.B) {
@@ -23,6 +26,72 @@ func BenchmarkCRIUCow(b *testing.B) {
 			}
 		})
 	}
+	b.Run("slope", func(b *testing.B) {
+		for range b.N {
+			cowSlope(b)
+		}
+	})
+}
+
+// cowSlope is the copy-on-write pause of a 1 MiB process alone and with 15
+// children, per extra process.
+func cowSlope(b *testing.B) {
+	requireModule(b)
+	e := requireCRIU(b)
+	const children = 15
+	var pauses [2]float64
+	for i, n := range []int{0, children} {
+		src, _ := e.startSource(b, 1, n)
+		pauses[i] = cowPause(b, e, src, fmt.Sprintf("slope-%d", n))
+		src.kill()
+	}
+	b.ReportMetric(pauses[0], "cow-pause-1-ms")
+	b.ReportMetric(pauses[1], fmt.Sprintf("cow-pause-%d-ms", children+1))
+	b.ReportMetric((pauses[1]-pauses[0])/children, "slope-ms/proc")
+}
+
+// cowPause is the source's longest wait across a copy-on-write dump.
+func cowPause(b *testing.B, e *criuEnv, src memProc, name string) float64 {
+	gap := sourceGap(b, src)
+	images := filepath.Join(e.scratch, name)
+	os.MkdirAll(images, 0o755)
+	defer os.RemoveAll(images)
+	gap()
+	d := e.startDaemon(b, images, nil, 0, "-dump", strconv.Itoa(src.pid), "-criu", e.criu)
+	defer d.cmd.Process.Kill()
+	return gap()
+}
+
+// sourceGap returns a function that reads, and resets, the source's
+// longest wait in its 1 ms loop.
+func sourceGap(b *testing.B, src memProc) func() float64 {
+	return func() float64 {
+		g, err := src.ask("gap", time.Minute)
+		if err != nil {
+			b.Fatal(err)
+		}
+		us, _ := strconv.ParseFloat(g, 64)
+		return us / 1000
+	}
+}
+
+// firstAnswer restores a sibling from images and times the restore's
+// start to its first answer.
+func firstAnswer(b *testing.B, e *criuEnv, images, work string, lazy bool, want string, extra ...string) time.Duration {
+	start := time.Now()
+	sib, err := e.restore(images, work, lazy, extra...)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer sib.kill()
+	if _, err := sib.ask("ping", time.Minute); err != nil {
+		b.Fatal(err)
+	}
+	took := time.Since(start)
+	if got, err := sib.ask("hash", 2*time.Minute); err != nil || got != want {
+		b.Fatalf("sibling: hash %q, %v; want %q", got, err, want)
+	}
+	return took
 }
 
 func cowRound(b *testing.B, mib int) {
@@ -33,14 +102,7 @@ func cowRound(b *testing.B, mib int) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	gap := func() float64 {
-		g, err := src.ask("gap", time.Minute)
-		if err != nil {
-			b.Fatal(err)
-		}
-		us, _ := strconv.ParseFloat(g, 64)
-		return us / 1000
-	}
+	gap := sourceGap(b, src)
 	gap()
 	copyImages := filepath.Join(e.scratch, "bench-copy")
 	os.MkdirAll(copyImages, 0o755)
@@ -49,6 +111,12 @@ func cowRound(b *testing.B, mib int) {
 		b.Fatalf("criu dump: %v: %s", err, out)
 	}
 	copyPause := gap()
+	copyFirst := firstAnswer(b, e, copyImages, filepath.Join(e.scratch, "bench-copy-work"), false, want)
+	lazyWork := filepath.Join(e.scratch, "bench-lazy-work")
+	os.MkdirAll(lazyWork, 0o755)
+	ld := e.startDaemon(b, copyImages, []string{filepath.Join(lazyWork, SocketName)}, 0)
+	lazyFirst := firstAnswer(b, e, copyImages, lazyWork, true, want)
+	ld.cmd.Process.Kill()
 	os.RemoveAll(copyImages)
 
 	ctl := filepath.Join(e.scratch, "bench.sock")
@@ -79,7 +147,9 @@ func cowRound(b *testing.B, mib int) {
 	b.ReportMetric(cowPause, "cow-pause-ms")
 	b.ReportMetric(copyPause, "copy-pause-ms")
 	b.ReportMetric(fork/1e6, "fork-ms")
-	b.ReportMetric(float64(first.Microseconds())/1000, "first-answer-ms")
+	b.ReportMetric(float64(first.Microseconds())/1000, "cow-first-answer-ms")
+	b.ReportMetric(float64(lazyFirst.Microseconds())/1000, "lazy-first-answer-ms")
+	b.ReportMetric(float64(copyFirst.Microseconds())/1000, "copy-first-answer-ms")
 	b.ReportMetric(float64(pss)/float64(rss), "pss/rss")
 	d.cmd.Process.Kill()
 }

@@ -435,6 +435,10 @@ func writeMarkdown(r *Results, path, outDir string) error {
 	p("\n")
 
 	// What was not measured.
+	// make kernel-bench writes its section into the file; it is kept.
+	if kept := vmSection(path); kept != "" {
+		p("%s\n\n", kept)
+	}
 	p("## Not measured, failures\n\n")
 	listed := false
 	for _, w := range r.Workloads {
@@ -465,6 +469,29 @@ func writeMarkdown(r *Results, path, outDir string) error {
 		return err
 	}
 	return os.WriteFile(path, []byte(b.String()), 0o644)
+}
+
+// The section make kernel-bench writes (kernel/vmtest/bench-md.sh), which
+// a bench run keeps as it is.
+const (
+	vmSectionBegin = "<!-- kernel-bench: begin -->"
+	vmSectionEnd   = "<!-- kernel-bench: end -->"
+)
+
+// vmSection is the kernel-bench section of the markdown file at path, or
+// "" when it has none.
+func vmSection(path string) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return ""
+	}
+	s := string(b)
+	i := strings.Index(s, vmSectionBegin)
+	j := strings.Index(s, vmSectionEnd)
+	if i < 0 || j < i {
+		return ""
+	}
+	return s[i : j+len(vmSectionEnd)]
 }
 
 // runtimesOf lists the runtimes that restored a method's copies over the

@@ -304,3 +304,27 @@ func TestBranchTargets(t *testing.T) {
 		t.Errorf("a missing branches section not flagged: %s", p)
 	}
 }
+
+// The section make kernel-bench writes survives a bench run's rewrite of
+// the file, once, before the failures.
+func TestMarkdownKeepsKernelBenchSection(t *testing.T) {
+	dir := t.TempDir()
+	md := filepath.Join(dir, "BENCHMARKS.md")
+	section := vmSectionBegin + "\n## Copy-on-write in the VM\n\n| a | b |\n" + vmSectionEnd
+	if err := os.WriteFile(md, []byte("# Benchmarks\n\nold\n\n"+section+"\n\n## Notes\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if err := writeMarkdown(fakeRun(stockRuntime), md, dir); err != nil {
+			t.Fatal(err)
+		}
+	}
+	data, _ := os.ReadFile(md)
+	text := string(data)
+	if strings.Count(text, section) != 1 || strings.Index(text, section) > strings.Index(text, "## Not measured, failures") {
+		t.Fatalf("the kernel-bench section was not kept once, before the failures:\n%s", text)
+	}
+	if strings.Contains(text, "\nold\n") {
+		t.Fatal("the old report was kept")
+	}
+}

@@ -12,7 +12,9 @@ import (
 // fork instant with its own hostname, and the two diverge.
 func TestBundleForkContinuesAndDiverges(t *testing.T) {
 	requireBundleStack(t)
-	src := newBundle(t, "src", true, "sh", "-c", "echo before > /tmp/marker; "+counterScript)
+	// A child that lives as long as the source: the counter's sleeps
+	// come and go, and a dump may fall between two.
+	src := newBundle(t, "src", true, "sh", "-c", "echo before > /tmp/marker; sleep 1000000 & "+counterScript)
 	src.start(t)
 	src.counter(t)
 	sib := newBundle(t, "sib", false)
