@@ -64,7 +64,7 @@ func (e *criuEnv) cowDumpOf(t testing.TB, src memProc, name string, pause time.D
 func TestCRIUCowRestore(t *testing.T) {
 	requireModule(t)
 	e := requireCRIU(t)
-	const mib, children = 256, 2
+	const mib, children = 128, 2
 	src, want := e.startSource(t, mib, children)
 	forkNs, err := src.ask("forktime", 30*time.Second)
 	if err != nil {
@@ -153,7 +153,7 @@ func TestCRIUCowRestore(t *testing.T) {
 func TestCRIUCowShare(t *testing.T) {
 	requireModule(t)
 	e := requireCRIU(t)
-	const mib, children = 256, 2
+	const mib, children = 128, 2
 	src, want := e.startSource(t, mib, children)
 	ctl := filepath.Join(e.scratch, "control.sock")
 	d, images, work, _ := e.cowDumpOf(t, src, "share", 0, "-share-wait", "60s", "-control", ctl)

@@ -14,7 +14,7 @@
 # Environment:
 #   KVERS          kernel versions (default: the two supported series)
 #   VCP_BUILD      build directory (default: kernel/_build)
-#   VCP_TIMEOUT    seconds one VM may run (default: 480)
+#   VCP_TIMEOUT    seconds one VM may run (default: 600)
 #   VCP_MEM        guest memory (default: 3G)
 #   VCP_TESTS      run only these suite tests (space-separated names)
 #   VCP_CRIU_TESTS the CRIU stage's tests, a go test -run pattern over
@@ -47,7 +47,7 @@ KVERS=${KVERS:-$supported}
 # others.
 root_kvers=$(printf '%s\n' $supported $KVERS | sort -u | tr '\n' ' ')
 build=${VCP_BUILD:-$top/kernel/_build}
-timeout_s=${VCP_TIMEOUT:-480}
+timeout_s=${VCP_TIMEOUT:-600}
 mem=${VCP_MEM:-3G}
 GO=${GO:-go}
 src=${VCP_SRC:-$top/kernel/vma_cherrypick}

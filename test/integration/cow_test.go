@@ -104,7 +104,7 @@ func TestBundleForkCow(t *testing.T) {
 	requireNoLeftovers(t)
 	start := time.Now()
 	step := func(what string) { t.Logf("%6.1fs %s", time.Since(start).Seconds(), what) }
-	src, hash0, srcExec := cowSource(t, "cow", 48)
+	src, hash0, srcExec := cowSource(t, "cow", 24)
 	step("source up")
 
 	if !cowLoaded(t) {
@@ -141,8 +141,8 @@ func TestBundleForkCow(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := p.Snapshots
-	if p.Memory != "cow" || s == nil || s.Processes < 1 || s.AnonPages < 48<<20/4096 || s.HolderPid <= 0 {
-		t.Fatalf("the plan's memory: %q, snapshots %+v; want cow with the 48 MiB held", p.Memory, s)
+	if p.Memory != "cow" || s == nil || s.Processes < 1 || s.AnonPages < 24<<20/4096 || s.HolderPid <= 0 {
+		t.Fatalf("the plan's memory: %q, snapshots %+v; want cow with the 24 MiB held", p.Memory, s)
 	}
 	if syscall.Kill(s.HolderPid, 0) != nil {
 		t.Fatalf("the snapshots' holder %d does not run", s.HolderPid)
