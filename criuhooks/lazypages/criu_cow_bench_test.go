@@ -75,23 +75,24 @@ func sourceGap(b *testing.B, src memProc) func() float64 {
 	}
 }
 
-// firstAnswer restores a sibling from images and times the restore's
-// start to its first answer.
-func firstAnswer(b *testing.B, e *criuEnv, images, work string, lazy bool, want string, extra ...string) time.Duration {
+// firstAnswer restores a sibling from images, times the restore's start to
+// its first answer, and checks its memory; the caller kills it.
+func firstAnswer(b *testing.B, e *criuEnv, images, work string, lazy bool, want string, extra ...string) (memProc, time.Duration) {
 	start := time.Now()
 	sib, err := e.restore(images, work, lazy, extra...)
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer sib.kill()
 	if _, err := sib.ask("ping", time.Minute); err != nil {
+		sib.kill()
 		b.Fatal(err)
 	}
 	took := time.Since(start)
 	if got, err := sib.ask("hash", 2*time.Minute); err != nil || got != want {
+		sib.kill()
 		b.Fatalf("sibling: hash %q, %v; want %q", got, err, want)
 	}
-	return took
+	return sib, took
 }
 
 func cowRound(b *testing.B, mib int) {
@@ -111,11 +112,13 @@ func cowRound(b *testing.B, mib int) {
 		b.Fatalf("criu dump: %v: %s", err, out)
 	}
 	copyPause := gap()
-	copyFirst := firstAnswer(b, e, copyImages, filepath.Join(e.scratch, "bench-copy-work"), false, want)
+	sib, copyFirst := firstAnswer(b, e, copyImages, filepath.Join(e.scratch, "bench-copy-work"), false, want)
+	sib.kill()
 	lazyWork := filepath.Join(e.scratch, "bench-lazy-work")
 	os.MkdirAll(lazyWork, 0o755)
 	ld := e.startDaemon(b, copyImages, []string{filepath.Join(lazyWork, SocketName)}, 0)
-	lazyFirst := firstAnswer(b, e, copyImages, lazyWork, true, want)
+	sib, lazyFirst := firstAnswer(b, e, copyImages, lazyWork, true, want)
+	sib.kill()
 	ld.cmd.Process.Kill()
 	os.RemoveAll(copyImages)
 
@@ -128,20 +131,8 @@ func cowRound(b *testing.B, mib int) {
 	d := e.startDaemon(b, images, []string{filepath.Join(work, SocketName)}, 0, "-dump", strconv.Itoa(src.pid), "-criu", e.criu,
 		"-share-wait", "60s", "-control", ctl)
 	cowPause := gap()
-	hook := e.shareHook(b, ctl, "")
-	start := time.Now()
-	sib, err := e.restore(images, work, true, "--action-script", hook)
-	if err != nil {
-		b.Fatal(err)
-	}
+	sib, first := firstAnswer(b, e, images, work, true, want, "--action-script", e.shareHook(b, ctl, ""))
 	defer sib.kill()
-	if _, err := sib.ask("ping", time.Minute); err != nil {
-		b.Fatal(err)
-	}
-	first := time.Since(start)
-	if got, err := sib.ask("hash", 2*time.Minute); err != nil || got != want {
-		b.Fatalf("sibling: hash %q, %v; want %q", got, err, want)
-	}
 	rss, pss := areaUse(b, sib.pid, checkChildren(b, sib, want))
 	fork, _ := strconv.ParseFloat(forkNs, 64)
 	b.ReportMetric(cowPause, "cow-pause-ms")
