@@ -55,13 +55,19 @@ src=${VCP_SRC:-$top/kernel/vma_cherrypick}
 log() { printf 'kernel-test: %s\n' "$*"; }
 die() { printf 'kernel-test: error: %s\n' "$*" >&2; exit 1; }
 
-# root_libs LDD DIR: copies every library an ldd listing names from the
-# root into DIR, at the same paths.
-root_libs() {
-	local lib
-	for lib in $(awk '$2 == "=>" { print $3 } $1 ~ /^\// { print $1 }' "$1"); do
-		mkdir -p "$2$(dirname "$lib")"
-		cp -L "$root$lib" "$2$lib"
+# root_copy FILE...: copies each file of the root, and every library it
+# loads, into the guest's stage at the same paths. ldd runs inside the
+# root, with a /proc of its own as the module build has.
+root_copy() {
+	local file lib
+	mkdir -p "$stage"
+	for file in "$@"; do
+		unshare --mount --pid --fork --mount-proc="$root/proc" \
+			chroot "$root" /usr/bin/ldd "$file" >"$stage/ldd.txt" || die "ldd of the root's $file failed"
+		for lib in "$file" $(awk '$2 == "=>" { print $3 } $1 ~ /^\// { print $1 }' "$stage/ldd.txt"); do
+			mkdir -p "$stage/root$(dirname "$lib")"
+			cp -L "$root$lib" "$stage/root$lib"
+		done
 	done
 }
 
@@ -94,14 +100,7 @@ rm -rf "$stage"
 if [ -n "$criu_tests" ] || [ -n "$stack_tests" ]; then
 	[ -x "$root/usr/sbin/criu" ] ||
 		die "the CRIU and stack stages need criu in $root (VCP_CRIU_TESTS= VCP_STACK_TESTS= skip them)"
-	# criu and every library it loads, at their paths in the root. ldd runs
-	# inside the root, with a /proc of its own as the module build has.
-	mkdir -p "$stage/root/usr/sbin"
-	unshare --mount --pid --fork --mount-proc="$root/proc" \
-		chroot "$root" /usr/bin/ldd /usr/sbin/criu >"$stage/ldd.txt" ||
-		die "ldd of the root's criu failed"
-	cp "$root/usr/sbin/criu" "$stage/root/usr/sbin/criu"
-	root_libs "$stage/ldd.txt" "$stage/root"
+	root_copy /usr/sbin/criu
 fi
 if [ -n "$criu_tests" ]; then
 	log "building the CRIU stage (criuhooks/lazypages tests, memfill, lazypagesd)"
@@ -116,31 +115,21 @@ fi
 if [ -n "$stack_tests" ]; then
 	log "building the stack stage (tclone, test/integration, a busybox root)"
 	tags="remote exclude_graphdriver_btrfs exclude_graphdriver_devicemapper containers_image_openpgp"
-	mkdir -p "$stage/stack/bin" "$stage/root/usr/bin"
+	mkdir -p "$stage/stack/bin"
 	(cd "$top" && CGO_ENABLED=0 "$GO" build -trimpath -tags "$tags" -o "$stage/stack/bin/tclone" ./shim)
 	# The fidelity workload, static, which the copy-on-write tests run.
 	(cd "$top" && CGO_ENABLED=0 "$GO" build -trimpath -o "$stage/stack/bin/workload" ./test/workload)
 	(cd "$top" && CGO_ENABLED=0 "$GO" test -c -trimpath -tags "$tags" -o "$stage/integration.test" ./test/integration)
 	printf '%s\n' "$stack_tests" >"$stage/stack-tests"
-	cp "$root/usr/bin/crun" "$stage/root/usr/bin/crun"
-	# GNU tar and iproute2's ip too: CRIU archives a container's tmpfs
-	# mounts with tar, with options busybox's has not, and saves its
-	# network namespace's addresses and routes with ip.
-	cp "$root/usr/bin/tar" "$stage/root/usr/bin/tar"
-	cp "$root/usr/bin/ip" "$stage/root/usr/bin/ip"
-	# And iptables-save/-restore (nft flavour), which CRIU runs on the
+	# crun and the libcriu it loads; GNU tar and iproute2's ip too: CRIU
+	# archives a container's tmpfs mounts with tar, with options busybox's
+	# has not, and saves its network namespace's addresses and routes with
+	# ip; and iptables-save/-restore (nft flavour), which CRIU runs on the
 	# container's network namespace.
-	cp "$root/usr/sbin/xtables-nft-multi" "$stage/root/usr/sbin/"
+	root_copy /usr/bin/crun /usr/lib/x86_64-linux-gnu/libcriu.so.2 /usr/bin/tar /usr/bin/ip /usr/sbin/xtables-nft-multi
 	for t in iptables ip6tables iptables-save ip6tables-save iptables-restore ip6tables-restore; do
 		ln -sf xtables-nft-multi "$stage/root/usr/sbin/$t"
 	done
-	for bin in /usr/bin/crun /usr/lib/x86_64-linux-gnu/libcriu.so.2 /usr/bin/tar /usr/bin/ip /usr/sbin/xtables-nft-multi; do
-		unshare --mount --pid --fork --mount-proc="$root/proc" \
-			chroot "$root" /usr/bin/ldd "$bin" >"$stage/ldd-stack.txt" || die "ldd of the root's $bin failed"
-		root_libs "$stage/ldd-stack.txt" "$stage/root"
-	done
-	mkdir -p "$stage/root/usr/lib/x86_64-linux-gnu"
-	cp -L "$root/usr/lib/x86_64-linux-gnu/libcriu.so.2" "$stage/root/usr/lib/x86_64-linux-gnu/"
 	# A busybox root for the containers, every applet a link.
 	rootfs=$stage/stack/rootfs
 	mkdir -p "$rootfs/bin" "$rootfs/proc" "$rootfs/sys" "$rootfs/dev" "$rootfs/tmp" "$rootfs/etc"

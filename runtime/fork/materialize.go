@@ -613,7 +613,6 @@ func (op *materializeOp) readShare(ctx context.Context, m *Materialized) error {
 		return err
 	}
 	if r == nil {
-		logrus.Warnf("sibling %s: its copy-on-write share did not run: it gets copies of the source's pages", op.req.ID)
 		r = &lazy.ShareResult{Error: "the share hook did not run"}
 	}
 	m.Share = r

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"sort"
 	"strings"
 	"time"
 
@@ -94,7 +93,7 @@ type Info struct {
 	AnonPages uint64 `json:"anon_pages,omitempty"`
 	// SwapEntries are pages of the snapshots that were swapped out.
 	SwapEntries uint64    `json:"swap_entries,omitempty"`
-	ExpiresAt   time.Time `json:"expires_at,omitempty"`
+	ExpiresAt   time.Time `json:"expires_at"`
 	// Restores are restores connected; Filling, siblings still filling.
 	Restores int `json:"restores"`
 	Filling  int `json:"filling"`
@@ -128,15 +127,10 @@ func Hold(ctx context.Context, p Paths, planDir string, expires time.Time, snaps
 	os.Remove(p.Control)
 	cow := &cowConfig{Snapshots: map[int32]int{}, PlanDir: planDir, ExpiresAt: expires,
 		AnonPages: snaps.AnonPages, SwapEntries: snaps.SwapEntries, ShareWait: ShareWait}
-	pids := make([]int32, 0, len(snaps.Files))
-	for pid := range snaps.Files {
-		pids = append(pids, pid)
-	}
-	sort.Slice(pids, func(i, j int) bool { return pids[i] < pids[j] })
 	var extra []*os.File
-	for _, pid := range pids {
+	for pid, f := range snaps.Files {
 		cow.Snapshots[pid] = 3 + len(extra)
-		extra = append(extra, snaps.Files[pid])
+		extra = append(extra, f)
 	}
 	cmd, err := spawn(p, daemonConfig{PlanImages: plan.ImagesDir(planDir), Cow: cow}, extra)
 	if err != nil {
