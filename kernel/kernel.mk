@@ -5,7 +5,7 @@ KERNEL_DIR := kernel
 # The kernels the module is built and tested against (see kernel/README.md).
 KERNEL_VERSIONS ?= 6.12.117+deb13-cloud-amd64 7.3.4+deb13-cloud-amd64
 
-.PHONY: kernel-test kernel-test-debug kernel-bench kernel-root kernel-module kernel-unit-test kernel-clean
+.PHONY: kernel-test vm-test kernel-test-debug kernel-bench kernel-root kernel-module kernel-unit-test kernel-clean
 
 # Boots each kernel under qemu with the module and the Go suite. The module is
 # built in a Debian trixie root under kernel/_build (made once by mmdebstrap,
@@ -13,6 +13,15 @@ KERNEL_VERSIONS ?= 6.12.117+deb13-cloud-amd64 7.3.4+deb13-cloud-amd64
 # only gets qemu, busybox-static, cpio and mmdebstrap from its own suite (root).
 kernel-test: kernel-unit-test
 	KVERS="$(KERNEL_VERSIONS)" GO="$(GO)" $(KERNEL_DIR)/vmtest/run.sh
+
+# The whole-stack VM harness alone: kernel-test's stack stage, where the
+# tclone binary forks bare bundles through crun and CRIU on pure cgroup v2
+# with the module loaded (the fidelity suite, copy-on-write forks and their
+# kill -9). kernel-test runs the same stage after the module's suite and the
+# CRIU stage, so make test runs it with each kernel booted once; this target
+# is for working on the stack without the rest.
+vm-test:
+	KVERS="$(KERNEL_VERSIONS)" GO="$(GO)" VCP_TESTS=version VCP_CRIU_TESTS= $(KERNEL_DIR)/vmtest/run.sh
 
 # The suite on a kernel built from Debian's 6.12 linux-source with lockdep,
 # KASAN, kmemleak, DEBUG_VM and DEBUG_PAGEALLOC

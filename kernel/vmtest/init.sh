@@ -126,7 +126,7 @@ if [ -x /integration.test ]; then
 		echo "VCP-STACK: could not enable the cpu, memory and pids controllers"
 	mkdir -p /var/tmp /var/lib /etc
 	PATH=/usr/bin:/usr/sbin:/bin TCLONE_REQUIRE_INTEGRATION=1 TCLONE_REQUIRE_MODULE=1 TCLONE_BINDIR=/stack/bin \
-		TCLONE_TEST_ROOTFS=/stack/rootfs \
+		TCLONE_TEST_ROOTFS=/stack/rootfs TCLONE_FIDELITY_MEM_MIB=32 \
 		/integration.test -test.v -test.timeout 600s -test.run "$(cat /stack-tests)" >/tmp/stack.out 2>&1
 	src=$?
 	sed 's/^/  stack: /' /tmp/stack.out

@@ -72,8 +72,10 @@ func (c *cowCapture) dumpDone() {
 }
 
 // take snapshots every process of the tree whose root is host pid root,
-// which CRIU holds (post-dump).
+// which CRIU holds (post-dump). The time it records covers finding the
+// tree's processes in /proc too: both are in the source's pause.
 func (c *cowCapture) take(root int) error {
+	start := time.Now()
 	tasks, err := criuhooks.TreeTasks(root)
 	if err != nil {
 		return fmt.Errorf("copy-on-write snapshot: %w", err)
@@ -81,6 +83,7 @@ func (c *cowCapture) take(root int) error {
 	if c.snaps, err = criuhooks.SnapshotTree(c.dev, tasks); err != nil {
 		return fmt.Errorf("copy-on-write snapshot: %w; the source runs on: fork with --memory lazy or copy to capture without the module", err)
 	}
+	c.snaps.Took = time.Since(start)
 	return nil
 }
 

@@ -185,6 +185,9 @@ func (e *Engine) prepareMaterialize(ctx context.Context, req MaterializeRequest,
 	if op.check, err = e.CheckCriu(ctx); err != nil {
 		return nil, err
 	}
+	if err := p.CheckMemory(); err != nil {
+		return nil, err
+	}
 	asked := req.Memory
 	if asked == "" {
 		asked = p.Memory
@@ -200,9 +203,6 @@ func (e *Engine) prepareMaterialize(ctx context.Context, req MaterializeRequest,
 				return nil, fmt.Errorf("--memory ksm: %w; fork with --memory lazy or copy", err)
 			}
 		}
-	}
-	if p.Memory == forkopts.MemoryCow && p.Snapshots == nil {
-		return nil, fmt.Errorf("plan %s says copy-on-write but records no snapshots: it is damaged; fork again", p.ID)
 	}
 	if asked == "" && op.memory == forkopts.MemoryCopy {
 		logrus.Debugf("memory is copied before sibling %s runs: %s", req.ID, op.check.NoLazyPages)

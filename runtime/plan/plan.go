@@ -80,10 +80,25 @@ type Snapshots struct {
 	// source rewrites them.
 	AnonPages   uint64 `json:"anon_pages"`
 	SwapEntries uint64 `json:"swap_entries"`
-	// TookMs is what taking them added to the source's pause.
+	// TookMs is what taking them added to the source's pause: finding the
+	// tree's processes in /proc and the snapshots themselves.
 	TookMs float64 `json:"took_ms"`
 	// HolderPid is the daemon that holds them.
 	HolderPid int `json:"holder_pid"`
+}
+
+// CheckMemory refuses a plan whose memory record contradicts itself: a
+// copy-on-write plan records the snapshots its daemon holds, and only such a
+// plan records any.
+func (p *Plan) CheckMemory() error {
+	cow := p.Memory == forkopts.MemoryCow
+	switch {
+	case cow && p.Snapshots == nil:
+		return fmt.Errorf("plan %s says copy-on-write but records no snapshots: it is damaged; fork the source again", p.ID)
+	case !cow && p.Snapshots != nil:
+		return fmt.Errorf("plan %s records snapshots but its memory is %q, not cow: it is damaged; fork the source again", p.ID, p.Memory)
+	}
+	return nil
 }
 
 // Volume is a volume's copy in a plan.

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -336,5 +337,29 @@ func TestRemoveSnapshotsRemovesVolumeCopies(t *testing.T) {
 	}
 	if _, err := os.Stat(s.VolumesDir(id)); !errors.Is(err, os.ErrNotExist) {
 		t.Fatal("volume copies kept")
+	}
+}
+
+func TestCheckMemoryRefusesContradictions(t *testing.T) {
+	held := &Snapshots{Processes: 2, HolderPid: 42}
+	for _, c := range []struct {
+		memory    forkopts.Memory
+		snapshots *Snapshots
+		want      string
+	}{
+		{forkopts.MemoryCow, held, ""},
+		{forkopts.MemoryLazy, nil, ""},
+		{"", nil, ""},
+		{forkopts.MemoryCow, nil, "records no snapshots"},
+		{forkopts.MemoryCopy, held, `"copy", not cow`},
+	} {
+		p := &Plan{ID: "p1", Memory: c.memory, Snapshots: c.snapshots}
+		err := p.CheckMemory()
+		switch {
+		case c.want == "" && err != nil:
+			t.Errorf("memory %q, snapshots %v: %v", c.memory, c.snapshots != nil, err)
+		case c.want != "" && (err == nil || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), "fork the source again")):
+			t.Errorf("memory %q, snapshots %v: got %v, want an error naming %q and what to do", c.memory, c.snapshots != nil, err, c.want)
+		}
 	}
 }

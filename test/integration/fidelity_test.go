@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/tclone/tclone/runtime/fork"
 )
 
 // report is the part of `workload probe`'s JSON the fidelity tests compare.
@@ -166,16 +168,18 @@ func requireDiverged(t *testing.T, srcExec, sibExec execer) {
 
 // The fidelity suite on a bare bundle: busybox plus the static workload,
 // bind-mounted from the host (an external mount the sibling remaps to its
-// own copy).
+// own copy). It needs no Podman, so the kernel VM's stack stage runs it too:
+// there, with vma_cherrypick loaded, the fork is copy-on-write, and the
+// sibling's memory comes from the snapshots.
 func TestFidelityBundle(t *testing.T) {
-	requireStack(t)
+	requireBundleStack(t)
 	if _, err := os.Stat(workloadBin()); err != nil {
 		t.Fatalf("workload binary: %v (make build)", err)
 	}
 	srcBin, sibBin := t.TempDir(), t.TempDir()
 	copyWorkload(t, srcBin)
 	copyWorkload(t, sibBin)
-	args := []string{"/opt/wl/workload", "serve", "--mem-mib", "256", "--tcp-port", "8080"}
+	args := []string{"/opt/wl/workload", "serve", "--mem-mib", fidelityMemMiB(), "--tcp-port", "8080"}
 	src := newBundle(t, "src", true, args...)
 	src.spec.Mounts = append(src.spec.Mounts, mountBind("/opt/wl", srcBin))
 	src.save(t)
@@ -185,10 +189,38 @@ func TestFidelityBundle(t *testing.T) {
 	src.start(t)
 	srcExec := func(t *testing.T, a ...string) result { return src.exec(t, rewriteWorkload(a)...) }
 	sibExec := func(t *testing.T, a ...string) result { return sib.exec(t, rewriteWorkload(a)...) }
-	forkAndCompare(t, srcExec, sibExec, func() result { return forkBundle(t, src, sib, nil, "--file-locks") })
+	memory := "auto"
+	if cowLoaded(t) {
+		memory = "cow"
+	}
+	forkAndCompare(t, srcExec, sibExec, func() result {
+		r := forkBundle(t, src, sib, nil, "--file-locks", "--memory", memory, "--print-stats")
+		if r.code == 0 {
+			var stats fork.Report
+			if err := json.Unmarshal([]byte(r.stdout), &stats); err != nil || stats.Sibling == nil {
+				t.Fatalf("--print-stats: %v: %q", err, r.stdout)
+			}
+			got := stats.Sibling.Memory
+			if memory == "cow" && (got != "cow" || stats.Sibling.Share == nil || stats.Sibling.Share.Areas == 0) {
+				t.Fatalf("the sibling's memory %q, share %+v: want the snapshots' pages", got, stats.Sibling.Share)
+			}
+			t.Logf("sibling memory: %s", got)
+		}
+		return r
+	})
 	if h := sib.mustExec(t, "hostname"); h != "sib" {
 		t.Errorf("sibling hostname %q", h)
 	}
+}
+
+// fidelityMemMiB is the bundle workload's memory: 256 MiB, or
+// TCLONE_FIDELITY_MEM_MIB (the kernel VM, where the emulated CPU hashes and
+// checks 256 MiB in about a minute, sets 32).
+func fidelityMemMiB() string {
+	if v := os.Getenv("TCLONE_FIDELITY_MEM_MIB"); v != "" {
+		return v
+	}
+	return "256"
 }
 
 // The fidelity suite through Podman on the Debian workspace image, where the
@@ -220,19 +252,24 @@ func TestFidelityPodmanWorkspace(t *testing.T) {
 // fork, write another, then compare, check continuity and divergence.
 func forkAndCompare(t *testing.T, srcExec, sibExec execer, doFork func() result) {
 	t.Helper()
+	start := time.Now()
+	step := func(what string) { t.Logf("%6.1fs %s", time.Since(start).Seconds(), what) }
 	workloadCmd(t, srcExec, "probe") // waits until serve is up
 	if r := srcExec(t, "sh", "-c", "echo before > /var/tmp/workload/before"); r.code != 0 {
 		t.Fatalf("write before fork: %s", r.stderr)
 	}
 	pre := workloadCmd(t, srcExec, "probe", "--hash", "--reset-gap")
+	step("source observed")
 	if r := doFork(); r.code != 0 {
 		t.Fatalf("fork: exit %d: %s", r.code, r.stderr)
 	}
+	step("forked")
 	if r := srcExec(t, "sh", "-c", "echo after > /var/tmp/workload/after"); r.code != 0 {
 		t.Fatalf("write after fork: %s", r.stderr)
 	}
 	sib := workloadCmd(t, sibExec, "probe", "--hash")
 	src := workloadCmd(t, srcExec, "probe", "--hash")
+	step("both observed")
 	// The memory of both is the memory of the fork instant.
 	requireSameState(t, pre, sib)
 	requireSameState(t, pre, src)
