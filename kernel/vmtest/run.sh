@@ -14,7 +14,7 @@
 # Environment:
 #   KVERS          kernel versions (default: the two supported series)
 #   VCP_BUILD      build directory (default: kernel/_build)
-#   VCP_TIMEOUT    seconds one VM may run (default: 600)
+#   VCP_TIMEOUT    seconds one VM may run (default: 900)
 #   VCP_MEM        guest memory (default: 3G)
 #   VCP_TESTS      run only these suite tests (space-separated names)
 #   VCP_CRIU_TESTS the CRIU stage's tests, a go test -run pattern over
@@ -48,7 +48,7 @@ KVERS=${KVERS:-$supported}
 # others.
 root_kvers=$(printf '%s\n' $supported $KVERS | sort -u | tr '\n' ' ')
 build=${VCP_BUILD:-$top/kernel/_build}
-timeout_s=${VCP_TIMEOUT:-600}
+timeout_s=${VCP_TIMEOUT:-900}
 mem=${VCP_MEM:-3G}
 GO=${GO:-go}
 src=${VCP_SRC:-$top/kernel/vma_cherrypick}
@@ -118,8 +118,11 @@ if [ -n "$stack_tests" ]; then
 	tags="remote exclude_graphdriver_btrfs exclude_graphdriver_devicemapper containers_image_openpgp"
 	mkdir -p "$stage/stack/bin"
 	(cd "$top" && CGO_ENABLED=0 "$GO" build -trimpath -tags "$tags" -o "$stage/stack/bin/tclone" ./shim)
-	# The fidelity workload, static, which the copy-on-write tests run.
+	# The fidelity workload, static, which the copy-on-write tests run, and
+	# the CRIU tests' memory filler, which answers fork(2)'s time (the 1 GiB
+	# copy-on-write fork).
 	(cd "$top" && CGO_ENABLED=0 "$GO" build -trimpath -o "$stage/stack/bin/workload" ./test/workload)
+	(cd "$top" && CGO_ENABLED=0 "$GO" build -trimpath -o "$stage/stack/bin/memfill" ./criuhooks/lazypages/internal/memfill)
 	(cd "$top" && CGO_ENABLED=0 "$GO" test -c -trimpath -tags "$tags" -o "$stage/integration.test" ./test/integration)
 	printf '%s\n' "$stack_tests" >"$stage/stack-tests"
 	# crun and the libcriu it loads; GNU tar and iproute2's ip too: CRIU

@@ -98,7 +98,8 @@ func requireNoSnapshots(t *testing.T) {
 // rewrites its memory after the fork, and each sibling still gets the
 // memory of the fork instant, mapping the source's pages (PSS well under
 // RSS) or, with --memory lazy, copies; a sibling's writes reach no one
-// else; and the snapshots are released when the plan is used up.
+// else; and the snapshots are released when the plan is used up. Then the
+// same source forked with --memory copy: page images and unshared pages.
 func TestBundleForkCow(t *testing.T) {
 	requireBundleStack(t)
 	requireNoLeftovers(t)
@@ -187,6 +188,12 @@ func TestBundleForkCow(t *testing.T) {
 	if st.PssKiB*100 > st.RssKiB*55 {
 		t.Errorf("sibling PSS %d KiB over 0.55 × RSS %d KiB: its pages are not shared", st.PssKiB, st.RssKiB)
 	}
+	// The workload's 24 MiB are the source's pages: none is the sibling's
+	// alone (a copying fork's sibling owns them all, below).
+	cowOwn := privateDirtyKiB(t, crunPid(t, sib.id))
+	if cowOwn > 12<<10 {
+		t.Errorf("the sibling owns %d KiB of dirty memory: its 24 MiB were copied", cowOwn)
+	}
 	step("first sibling's PSS")
 	if got := workloadCmd(t, sibExec, "mutate", "--tag", "sibling", "--mem").MemSHA256; got == hash0 {
 		t.Fatal("the sibling's memory did not change")
@@ -212,6 +219,32 @@ func TestBundleForkCow(t *testing.T) {
 	if g.code != 0 || strings.Contains(g.stdout, "snapshots_held") {
 		t.Fatalf("tclone gc after the plan was used up: exit %d %s %s", g.code, g.stdout, g.stderr)
 	}
+
+	// The same source forked with --memory copy, beside the copy-on-write
+	// fork: page images, no snapshots, and a sibling whose pages are its own.
+	sib3, sib3Exec := cowSibling(t, src, "copysib")
+	res = forkBundle(t, src, sib3, nil, "--file-locks", "--memory", "copy", "--print-stats")
+	if res.code != 0 {
+		t.Fatalf("fork --memory copy: exit %d: %s", res.code, res.stderr)
+	}
+	var rep fork.Report
+	if err := json.Unmarshal([]byte(res.stdout), &rep); err != nil || rep.Plan == nil || rep.Sibling == nil {
+		t.Fatalf("--print-stats: %v: %q", err, res.stdout)
+	}
+	if rep.Plan.Memory == "cow" || rep.Plan.Snapshots != nil || rep.Sibling.Memory != "copy" || rep.Plan.Pages.PagesWritten < 24<<20/4096 {
+		t.Fatalf("--memory copy: plan memory %q, snapshots %+v, sibling %q, %d pages written; want page images of the 24 MiB",
+			rep.Plan.Memory, rep.Plan.Snapshots, rep.Sibling.Memory, rep.Plan.Pages.PagesWritten)
+	}
+	if got := workloadCmd(t, sib3Exec, "probe", "--hash").MemSHA256; got != mutated.MemSHA256 {
+		t.Fatalf("the copying fork's sibling has memory hash %s, want the source's %s", got, mutated.MemSHA256)
+	}
+	copyOwn := privateDirtyKiB(t, crunPid(t, sib3.id))
+	t.Logf("pages written: copy-on-write %d, copy %d; the sibling's own dirty memory: copy-on-write %d KiB, copy %d KiB",
+		p.Pages.PagesWritten, rep.Plan.Pages.PagesWritten, cowOwn, copyOwn)
+	if copyOwn < 23<<10 {
+		t.Errorf("the copying fork's sibling owns %d KiB of dirty memory: its 24 MiB are shared", copyOwn)
+	}
+	step("copying fork checked")
 	cowRunning(t, src, srcExec)
 	requireNoLeftovers(t)
 }
@@ -242,4 +275,148 @@ func TestBundleForkCowKilled(t *testing.T) {
 			t.Fatalf("%s: sibling %s still known to crun (%s)", point, sib.id, st)
 		}
 	}
+}
+
+// privateDirtyKiB is the dirty memory process pid alone maps (smaps_rollup's
+// Private_Dirty): pages no other address space maps, snapshots included.
+func privateDirtyKiB(t *testing.T, pid int) int {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "smaps_rollup"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == "Private_Dirty:" {
+			n, err := strconv.Atoi(f[1])
+			if err != nil {
+				t.Fatalf("smaps_rollup of %d: %q", pid, line)
+			}
+			return n
+		}
+	}
+	t.Fatalf("smaps_rollup of %d has no Private_Dirty: %s", pid, b)
+	return 0
+}
+
+// memfillBin is the CRIU tests' memory filler (criuhooks/lazypages/internal/
+// memfill), which the kernel VM's stack stage puts beside tclone.
+func memfillBin() string { return filepath.Join(binDir(), "memfill") }
+
+// memfillAsk leaves a request for the memfill running as pid 1 of a
+// container whose /io is dir, and returns its answer.
+func memfillAsk(t *testing.T, dir, request string, timeout time.Duration) string {
+	t.Helper()
+	resp := filepath.Join(dir, "1.resp")
+	os.Remove(resp)
+	tmp := filepath.Join(dir, "req.tmp")
+	if err := os.WriteFile(tmp, []byte(request), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, filepath.Join(dir, "1.req")); err != nil {
+		t.Fatal(err)
+	}
+	var answer string
+	eventually(t, timeout, "memfill's answer to "+request, func() error {
+		b, err := os.ReadFile(resp)
+		if err != nil {
+			return err
+		}
+		answer = strings.TrimSpace(string(b))
+		return nil
+	})
+	if strings.HasPrefix(answer, "error:") {
+		t.Fatalf("memfill %s: %s", request, answer)
+	}
+	return answer
+}
+
+// memfillBundle is a bundle running memfill over mib MiB, answering through
+// its own directory, mounted read-write at /io.
+func memfillBundle(t *testing.T, role string, populate bool, mib int) (*bundle, string) {
+	t.Helper()
+	bin, io := t.TempDir(), t.TempDir()
+	if out, err := exec.Command("cp", memfillBin(), filepath.Join(bin, "memfill")).CombinedOutput(); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	b := newBundle(t, role, populate, "/opt/mf/memfill", "-mib", strconv.Itoa(mib), "-dir", "/io")
+	b.spec.Mounts = append(b.spec.Mounts, mountBind("/opt/mf", bin),
+		specsMount{Destination: "/io", Source: io, Type: "bind", Options: []string{"rbind", "rw"}})
+	b.save(t)
+	return b, io
+}
+
+// A copy-on-write fork of a 1 GiB source (the kernel VM's stack stage): the
+// sibling answers with the fork instant's memory, mapping the source's
+// pages, so that its PSS and the source's are about a half of their RSS or
+// less. The source's pause is logged beside fork(2) of the same process in
+// the same VM, and the time the snapshots took: figures, not bounds (make
+// kernel-bench has them with repetitions).
+func TestBundleForkCowGiB(t *testing.T) {
+	requireBundleStack(t)
+	if !cowLoaded(t) {
+		t.Skip("needs the vma_cherrypick module: the kernel VM's stack stage runs it (make vm-test)")
+	}
+	if _, err := os.Stat(memfillBin()); err != nil {
+		t.Fatalf("memfill: %v (the kernel VM's stack stage puts it in TCLONE_BINDIR)", err)
+	}
+	requireNoLeftovers(t)
+	const mib = 1024
+	start := time.Now()
+	step := func(what string) { t.Logf("%6.1fs %s", time.Since(start).Seconds(), what) }
+	src, srcIO := memfillBundle(t, "gibsrc", true, mib)
+	src.start(t)
+	var hash string
+	eventually(t, 5*time.Minute, "the source's fill", func() error {
+		b, err := os.ReadFile(filepath.Join(srcIO, "source.hash"))
+		hash = strings.TrimSpace(string(b))
+		return err
+	})
+	step("source filled")
+	forkNs, err := strconv.ParseInt(memfillAsk(t, srcIO, "forktime", time.Minute), 10, 64)
+	if err != nil {
+		t.Fatalf("forktime: %v", err)
+	}
+	sib, sibIO := memfillBundle(t, "gibsib", false, mib)
+	r := forkBundle(t, src, sib, nil, "--memory", "cow", "--print-stats")
+	if r.code != 0 {
+		t.Fatalf("fork --memory cow of %d MiB: exit %d: %s", mib, r.code, r.stderr)
+	}
+	step("forked")
+	var rep fork.Report
+	if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil || rep.Plan == nil || rep.Sibling == nil {
+		t.Fatalf("--print-stats: %v: %q", err, r.stdout)
+	}
+	s, sh := rep.Plan.Snapshots, rep.Sibling.Share
+	if rep.Plan.Memory != "cow" || s == nil || s.AnonPages < mib<<20/4096 {
+		t.Fatalf("the plan's memory %q, snapshots %+v: want cow holding the %d MiB", rep.Plan.Memory, s, mib)
+	}
+	if sh == nil || sh.Error != "" || sh.Areas == 0 || sh.Refused != 0 {
+		t.Fatalf("the sibling's share %+v: want every area shared", sh)
+	}
+	if w := rep.Plan.Pages.PagesWritten; w*4096 > 16<<20 {
+		t.Errorf("the copy-on-write dump wrote %d pages: the memory was copied", w)
+	}
+	if got := memfillAsk(t, sibIO, "hash", 3*time.Minute); got != hash {
+		t.Fatalf("the sibling's memory hash %s, want the source's %s", got, hash)
+	}
+	step("sibling's hash")
+	for _, b := range []*bundle{src, sib} {
+		st, err := memuse.Tree(crunPid(t, b.id))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("%s: RSS %d KiB, PSS %d KiB (%.2f)", b.id, st.RssKiB, st.PssKiB, float64(st.PssKiB)/float64(st.RssKiB))
+		if st.RssKiB < mib<<10 || st.PssKiB*100 > st.RssKiB*55 {
+			t.Errorf("%s: PSS %d KiB of RSS %d KiB: want at least %d MiB resident, PSS at most 0.55 of it", b.id, st.PssKiB, st.RssKiB, mib)
+		}
+	}
+	t.Logf("TIMING %d MiB: source pause %.0f ms (snapshots %.1f ms, %d pages written by CRIU); fork(2) of the same process %.1f ms",
+		mib, rep.SourcePauseMs, s.TookMs, rep.Plan.Pages.PagesWritten, float64(forkNs)/1e6)
+	if got := memfillAsk(t, srcIO, "ping", time.Minute); got != "pong" {
+		t.Fatalf("the source answers %q after the fork", got)
+	}
+	sib.remove(t)
+	src.remove(t)
+	requireNoSnapshots(t)
+	requireNoLeftovers(t)
 }
