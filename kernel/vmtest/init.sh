@@ -35,6 +35,17 @@ verdict() {
 
 . /logcheck.sh
 echo "VCP-KERNEL: $(uname -r)"
+# One per-task perf event held for the whole run: the kernel switches its
+# perf_sched_events static key on now, while nothing else runs, and never
+# again (vcptest's holdPerfEvent says why: CRIU's ptrace breakpoints would
+# switch it on and off around every restore, each time patching __schedule
+# through int3, which two TCG vCPUs sometimes turn into an Oops).
+/vcptest hold-perf-event /tmp/perf-held &
+for i in $(seq 50); do
+	[ -e /tmp/perf-held ] && break
+	sleep 0.1
+done
+[ -e /tmp/perf-held ] || echo "VCP-PERF: the perf event holder did not start; int3 Oopses are likelier"
 # hugetlb areas must exist for their refusal to be tested.
 echo 4 >/proc/sys/vm/nr_hugepages
 echo always >/sys/kernel/mm/transparent_hugepage/enabled

@@ -277,7 +277,7 @@ run_one() {
 	done
 	local took=$((SECONDS - start))
 
-	grep -E '^(PASS|FAIL|TIMING|PSS|THP|stress:|vcptest:|VCP-(ALLOWLIST|SWAP|BTF|KMEMLEAK|CRIU|UNLOAD|STACK)|  )' "$console.txt" | sed "s/^/  [$v] /" || true
+	grep -E '^(PASS|FAIL|TIMING|PSS|THP|stress:|vcptest:|VCP-(ALLOWLIST|SWAP|BTF|KMEMLEAK|CRIU|UNLOAD|STACK|PERF)|  )' "$console.txt" | sed "s/^/  [$v] /" || true
 	if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
 		tail -40 "$console.txt" >&2
 		log "$v: FAIL: the VM did not finish within ${timeout_s}s (log: $console.txt)"

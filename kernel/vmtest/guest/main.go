@@ -70,6 +70,9 @@ func main() {
 	if len(os.Args) > 2 && os.Args[1] == "hold-snapshot" {
 		os.Exit(holdSnapshot(os.Args[2]))
 	}
+	if len(os.Args) > 2 && os.Args[1] == "hold-perf-event" {
+		os.Exit(holdPerfEvent(os.Args[2]))
+	}
 	os.Exit(runSuite(os.Args[1:]))
 }
 
