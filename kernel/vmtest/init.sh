@@ -34,6 +34,14 @@ verdict() {
 }
 
 . /logcheck.sh
+# wait_file FILE: waits up to 10 s for FILE to exist.
+wait_file() {
+	for i in $(seq 100); do
+		[ -e "$1" ] && return 0
+		sleep 0.1
+	done
+	return 1
+}
 echo "VCP-KERNEL: $(uname -r)"
 # One per-task perf event held for the whole run: the kernel switches its
 # perf_sched_events static key on now, while nothing else runs, and never
@@ -41,11 +49,7 @@ echo "VCP-KERNEL: $(uname -r)"
 # switch it on and off around every restore, each time patching __schedule
 # through int3, which two TCG vCPUs sometimes turn into an Oops).
 /vcptest hold-perf-event /tmp/perf-held &
-for i in $(seq 50); do
-	[ -e /tmp/perf-held ] && break
-	sleep 0.1
-done
-[ -e /tmp/perf-held ] || echo "VCP-PERF: the perf event holder did not start; int3 Oopses are likelier"
+wait_file /tmp/perf-held || echo "VCP-PERF: the perf event holder did not start; int3 Oopses are likelier"
 # hugetlb areas must exist for their refusal to be tested.
 echo 4 >/proc/sys/vm/nr_hugepages
 echo always >/sys/kernel/mm/transparent_hugepage/enabled
@@ -155,11 +159,7 @@ fi
 # holder has closed the device, and its source is gone), rmmod must refuse.
 /vcptest hold-snapshot /tmp/snapshot-held &
 holder=$!
-for i in $(seq 100); do
-	[ -e /tmp/snapshot-held ] && break
-	sleep 0.1
-done
-if [ ! -e /tmp/snapshot-held ]; then
+if ! wait_file /tmp/snapshot-held; then
 	echo "VCP-UNLOAD: FAIL the snapshot holder did not start"
 	rc=1
 elif rmmod vma_cherrypick 2>/dev/null; then

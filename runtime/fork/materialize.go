@@ -163,6 +163,9 @@ func (e *Engine) Materialize(ctx context.Context, req MaterializeRequest) (*Mate
 // its watchdog.
 func (e *Engine) prepareMaterialize(ctx context.Context, req MaterializeRequest, sib *sibling, dir string, p *plan.Plan) (*materializeOp, error) {
 	spec := sib.spec
+	if err := p.CheckMemory(); err != nil {
+		return nil, err
+	}
 	if p.Source.NetNSPath != "" {
 		if path, _ := namespacePath(spec, "network"); path == "" {
 			return nil, fmt.Errorf("the source joined network namespace %s by path, so the sibling's config.json must name a network namespace path too (Podman does this); create one (ip netns add NAME) and set linux.namespaces[network].path", p.Source.NetNSPath)
@@ -183,9 +186,6 @@ func (e *Engine) prepareMaterialize(ctx context.Context, req MaterializeRequest,
 		return nil, err
 	}
 	if op.check, err = e.CheckCriu(ctx); err != nil {
-		return nil, err
-	}
-	if err := p.CheckMemory(); err != nil {
 		return nil, err
 	}
 	asked := req.Memory

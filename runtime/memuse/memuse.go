@@ -19,6 +19,9 @@ type Usage struct {
 	Processes int `json:"processes"`
 	RssKiB    int `json:"rss_kib"`
 	PssKiB    int `json:"pss_kib"`
+	// PrivateDirtyKiB is dirty memory no other address space maps (a
+	// copy-on-write snapshot counts as one): what a sibling owns alone.
+	PrivateDirtyKiB int `json:"private_dirty_kib"`
 	// KSMMergingPages are the tree's pages merged by KSM; KSMMergeAny
 	// counts its processes marked mergeable as a whole.
 	KSMMergingPages int `json:"ksm_merging_pages"`
@@ -30,21 +33,35 @@ type Usage struct {
 func Tree(pid int) (Usage, error) {
 	var u Usage
 	for _, p := range procfs.Tree(pid) {
-		rollup, err := os.ReadFile(fmt.Sprintf("/proc/%d/smaps_rollup", p))
+		one, err := Process(p)
 		if err != nil {
 			if p == pid {
-				return u, fmt.Errorf("reading the memory of process %d: %w", pid, err)
+				return u, err
 			}
 			continue
 		}
 		u.Processes++
-		u.RssKiB += field(string(rollup), "Rss:")
-		u.PssKiB += field(string(rollup), "Pss:")
-		if stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/ksm_stat", p)); err == nil {
-			u.KSMMergingPages += field(string(stat), "ksm_merging_pages")
-			if strings.Contains(string(stat), "ksm_merge_any: yes") {
-				u.KSMMergeAny++
-			}
+		u.RssKiB += one.RssKiB
+		u.PssKiB += one.PssKiB
+		u.PrivateDirtyKiB += one.PrivateDirtyKiB
+		u.KSMMergingPages += one.KSMMergingPages
+		u.KSMMergeAny += one.KSMMergeAny
+	}
+	return u, nil
+}
+
+// Process measures process pid alone.
+func Process(pid int) (Usage, error) {
+	rollup, err := os.ReadFile(fmt.Sprintf("/proc/%d/smaps_rollup", pid))
+	if err != nil {
+		return Usage{}, fmt.Errorf("reading the memory of process %d: %w", pid, err)
+	}
+	u := Usage{Processes: 1, RssKiB: field(string(rollup), "Rss:"), PssKiB: field(string(rollup), "Pss:"),
+		PrivateDirtyKiB: field(string(rollup), "Private_Dirty:")}
+	if stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/ksm_stat", pid)); err == nil {
+		u.KSMMergingPages = field(string(stat), "ksm_merging_pages")
+		if strings.Contains(string(stat), "ksm_merge_any: yes") {
+			u.KSMMergeAny = 1
 		}
 	}
 	return u, nil

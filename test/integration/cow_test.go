@@ -190,7 +190,7 @@ func TestBundleForkCow(t *testing.T) {
 	}
 	// The workload's 24 MiB are the source's pages: none is the sibling's
 	// alone (a copying fork's sibling owns them all, below).
-	cowOwn := privateDirtyKiB(t, crunPid(t, sib.id))
+	cowOwn := processUse(t, crunPid(t, sib.id)).PrivateDirtyKiB
 	if cowOwn > 12<<10 {
 		t.Errorf("the sibling owns %d KiB of dirty memory: its 24 MiB were copied", cowOwn)
 	}
@@ -227,10 +227,7 @@ func TestBundleForkCow(t *testing.T) {
 	if res.code != 0 {
 		t.Fatalf("fork --memory copy: exit %d: %s", res.code, res.stderr)
 	}
-	var rep fork.Report
-	if err := json.Unmarshal([]byte(res.stdout), &rep); err != nil || rep.Plan == nil || rep.Sibling == nil {
-		t.Fatalf("--print-stats: %v: %q", err, res.stdout)
-	}
+	rep := forkReport(t, res)
 	if rep.Plan.Memory == "cow" || rep.Plan.Snapshots != nil || rep.Sibling.Memory != "copy" || rep.Plan.Pages.PagesWritten < 24<<20/4096 {
 		t.Fatalf("--memory copy: plan memory %q, snapshots %+v, sibling %q, %d pages written; want page images of the 24 MiB",
 			rep.Plan.Memory, rep.Plan.Snapshots, rep.Sibling.Memory, rep.Plan.Pages.PagesWritten)
@@ -238,7 +235,7 @@ func TestBundleForkCow(t *testing.T) {
 	if got := workloadCmd(t, sib3Exec, "probe", "--hash").MemSHA256; got != mutated.MemSHA256 {
 		t.Fatalf("the copying fork's sibling has memory hash %s, want the source's %s", got, mutated.MemSHA256)
 	}
-	copyOwn := privateDirtyKiB(t, crunPid(t, sib3.id))
+	copyOwn := processUse(t, crunPid(t, sib3.id)).PrivateDirtyKiB
 	t.Logf("pages written: copy-on-write %d, copy %d; the sibling's own dirty memory: copy-on-write %d KiB, copy %d KiB",
 		p.Pages.PagesWritten, rep.Plan.Pages.PagesWritten, cowOwn, copyOwn)
 	if copyOwn < 23<<10 {
@@ -277,25 +274,25 @@ func TestBundleForkCowKilled(t *testing.T) {
 	}
 }
 
-// privateDirtyKiB is the dirty memory process pid alone maps (smaps_rollup's
-// Private_Dirty): pages no other address space maps, snapshots included.
-func privateDirtyKiB(t *testing.T, pid int) int {
+// forkReport is what tclone fork --print-stats printed: the plan and the
+// sibling.
+func forkReport(t *testing.T, r result) fork.Report {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "smaps_rollup"))
+	var rep fork.Report
+	if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil || rep.Plan == nil || rep.Sibling == nil {
+		t.Fatalf("--print-stats: %v: %q", err, r.stdout)
+	}
+	return rep
+}
+
+// processUse is the memory process pid maps, alone.
+func processUse(t *testing.T, pid int) memuse.Usage {
+	t.Helper()
+	u, err := memuse.Process(pid)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(line); len(f) >= 2 && f[0] == "Private_Dirty:" {
-			n, err := strconv.Atoi(f[1])
-			if err != nil {
-				t.Fatalf("smaps_rollup of %d: %q", pid, line)
-			}
-			return n
-		}
-	}
-	t.Fatalf("smaps_rollup of %d has no Private_Dirty: %s", pid, b)
-	return 0
+	return u
 }
 
 // memfillBin is the CRIU tests' memory filler (criuhooks/lazypages/internal/
@@ -335,9 +332,7 @@ func memfillAsk(t *testing.T, dir, request string, timeout time.Duration) string
 func memfillBundle(t *testing.T, role string, populate bool, mib int) (*bundle, string) {
 	t.Helper()
 	bin, io := t.TempDir(), t.TempDir()
-	if out, err := exec.Command("cp", memfillBin(), filepath.Join(bin, "memfill")).CombinedOutput(); err != nil {
-		t.Fatalf("%v: %s", err, out)
-	}
+	copyBinary(t, memfillBin(), bin)
 	b := newBundle(t, role, populate, "/opt/mf/memfill", "-mib", strconv.Itoa(mib), "-dir", "/io")
 	b.spec.Mounts = append(b.spec.Mounts, mountBind("/opt/mf", bin),
 		specsMount{Destination: "/io", Source: io, Type: "bind", Options: []string{"rbind", "rw"}})
@@ -382,10 +377,7 @@ func TestBundleForkCowGiB(t *testing.T) {
 		t.Fatalf("fork --memory cow of %d MiB: exit %d: %s", mib, r.code, r.stderr)
 	}
 	step("forked")
-	var rep fork.Report
-	if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil || rep.Plan == nil || rep.Sibling == nil {
-		t.Fatalf("--print-stats: %v: %q", err, r.stdout)
-	}
+	rep := forkReport(t, r)
 	s, sh := rep.Plan.Snapshots, rep.Sibling.Share
 	if rep.Plan.Memory != "cow" || s == nil || s.AnonPages < mib<<20/4096 {
 		t.Fatalf("the plan's memory %q, snapshots %+v: want cow holding the %d MiB", rep.Plan.Memory, s, mib)

@@ -8,8 +8,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/tclone/tclone/runtime/fork"
 )
 
 // report is the part of `workload probe`'s JSON the fidelity tests compare.
@@ -196,10 +194,7 @@ func TestFidelityBundle(t *testing.T) {
 	forkAndCompare(t, srcExec, sibExec, func() result {
 		r := forkBundle(t, src, sib, nil, "--file-locks", "--memory", memory, "--print-stats")
 		if r.code == 0 {
-			var stats fork.Report
-			if err := json.Unmarshal([]byte(r.stdout), &stats); err != nil || stats.Sibling == nil {
-				t.Fatalf("--print-stats: %v: %q", err, r.stdout)
-			}
+			stats := forkReport(t, r)
 			got := stats.Sibling.Memory
 			if memory == "cow" && (got != "cow" || stats.Sibling.Share == nil || stats.Sibling.Share.Areas == 0) {
 				t.Fatalf("the sibling's memory %q, share %+v: want the snapshots' pages", got, stats.Sibling.Share)

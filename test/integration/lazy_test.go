@@ -126,9 +126,12 @@ func TestLazyDaemonKilledWhileFilling(t *testing.T) {
 
 // copyWorkload puts the static workload binary in dir, for a bundle to
 // bind-mount at /opt/wl.
-func copyWorkload(t *testing.T, dir string) {
+func copyWorkload(t *testing.T, dir string) { copyBinary(t, workloadBin(), dir) }
+
+// copyBinary copies the program at bin into dir, under its own name.
+func copyBinary(t *testing.T, bin, dir string) {
 	t.Helper()
-	if out, err := exec.Command("cp", workloadBin(), filepath.Join(dir, "workload")).CombinedOutput(); err != nil {
+	if out, err := exec.Command("cp", bin, filepath.Join(dir, filepath.Base(bin))).CombinedOutput(); err != nil {
 		t.Fatalf("%v: %s", err, out)
 	}
 }

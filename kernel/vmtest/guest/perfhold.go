@@ -24,12 +24,12 @@ func holdPerfEvent(ready string) int {
 		Size:   uint32(unsafe.Sizeof(unix.PerfEventAttr{})),
 		Bits:   unix.PerfBitDisabled,
 	}
-	fd, err := unix.PerfEventOpen(&attr, 0, -1, -1, unix.PERF_FLAG_FD_CLOEXEC)
-	if err != nil {
+	// The event's descriptor stays open until the VM stops: this process
+	// never exits.
+	if _, err := unix.PerfEventOpen(&attr, 0, -1, -1, unix.PERF_FLAG_FD_CLOEXEC); err != nil {
 		fmt.Printf("hold-perf-event: perf_event_open: %v\n", err)
 		return 1
 	}
-	defer unix.Close(fd)
 	if err := os.WriteFile(ready, nil, 0o644); err != nil {
 		fmt.Printf("hold-perf-event: %v\n", err)
 		return 1
