@@ -16,7 +16,8 @@ var statsCommand = &cli.Command{
 	Usage:     "print what containers cost in memory (RSS, PSS, KSM), once or over time",
 	ArgsUsage: "ID...",
 	Description: `Prints one JSON line per container and sample: its processes' resident
-(rss_kib) and proportional (pss_kib) set sizes, the pages the kernel's
+(rss_kib) and proportional (pss_kib) set sizes, the dirty memory no other
+process maps (private_dirty_kib: what a sibling owns alone), the pages the kernel's
 samepage merging shares of them (ksm_merging_pages) and how many of its
 processes are mergeable as a whole (ksm_merge_any). A sibling's PSS falls
 below its RSS as it shares pages with its source: copy-on-write, or merged
