@@ -27,6 +27,7 @@ all: build
 build:
 	@mkdir -p $(BIN)
 	$(GOBUILD) -o $(BIN)/tclone ./shim
+	$(GOBUILD) -o $(BIN)/tclone-service ./shim/tclone-service
 	$(GOBUILD) -o $(BIN)/podman-fork ./shim/podman-fork
 	ln -sfn podman-fork $(BIN)/podman-branch
 	# The fidelity workload runs inside test containers: static, no libc.

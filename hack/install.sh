@@ -3,7 +3,7 @@
 #
 #   hack/install.sh BINDIR [PREFIX]
 #
-# BINDIR holds the built tclone and podman-fork. Idempotent: binaries are
+# BINDIR holds the built tclone, tclone-service and podman-fork. Idempotent: binaries are
 # replaced only when they changed, and configuration is written only when it
 # differs.
 set -euo pipefail
@@ -26,6 +26,8 @@ put() { # src dest
 
 install -d "$prefix/bin"
 put "$bindir/tclone" "$prefix/bin/tclone"
+# `tclone service` runs it from beside tclone.
+put "$bindir/tclone-service" "$prefix/bin/tclone-service"
 put "$bindir/podman-fork" "$prefix/bin/podman-fork"
 # `podman container branch` is podman-fork called by this name.
 if [ "$(readlink "$prefix/bin/podman-branch" 2>/dev/null)" != podman-fork ]; then

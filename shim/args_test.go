@@ -143,3 +143,12 @@ func TestGlobalFlagsReachCrun(t *testing.T) {
 		t.Fatalf("got %q want %q", got, want)
 	}
 }
+
+// `tclone service` runs tclone-service from beside tclone, and says how to
+// mend a tclone installed without it.
+func TestServiceBinaryMissing(t *testing.T) {
+	_, err := serviceBinary()
+	if err == nil || !strings.Contains(err.Error(), "tclone-service is missing beside") || !strings.Contains(err.Error(), "make install") {
+		t.Fatalf("serviceBinary beside the test binary: %v, want it missing with advice", err)
+	}
+}

@@ -11,7 +11,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/tclone/tclone/runtime/branch"
-	"github.com/tclone/tclone/shim/forkflags"
+	"github.com/tclone/tclone/shim/forkflags/podmanflags"
 	"github.com/tclone/tclone/shim/podmanfork"
 )
 
@@ -39,7 +39,7 @@ func (s *Service) routeBranches(w http.ResponseWriter, r *http.Request) bool {
 		if !allow(w, r, http.MethodPost) {
 			return true
 		}
-		name, opts, err := forkflags.BranchCreateFromQuery(r.URL.Query())
+		name, opts, err := podmanflags.BranchCreateFromQuery(r.URL.Query())
 		if err != nil {
 			writeError(w, http.StatusBadRequest, err)
 			return true
@@ -69,7 +69,7 @@ func (s *Service) routeBranches(w http.ResponseWriter, r *http.Request) bool {
 	// DELETE, so branches may be called prune or import too.
 	case ref == "prune" && verb == "" && r.Method == http.MethodPost:
 		answer(w, r, func() (any, error) {
-			rule, yes, err := forkflags.BranchPruneFromQuery(r.URL.Query())
+			rule, yes, err := podmanflags.BranchPruneFromQuery(r.URL.Query())
 			if err != nil {
 				return nil, badRequest(err)
 			}
@@ -118,7 +118,7 @@ func (s *Service) routeBranches(w http.ResponseWriter, r *http.Request) bool {
 		if !allow(w, r, http.MethodPost) {
 			break
 		}
-		opts, err := forkflags.BranchStartFromQuery(r.URL.Query())
+		opts, err := podmanflags.BranchStartFromQuery(r.URL.Query())
 		if err == nil {
 			err = opts.Validate()
 		}

@@ -27,7 +27,7 @@ import (
 	"github.com/containers/podman/v5/pkg/errorhandling"
 	"github.com/sirupsen/logrus"
 
-	"github.com/tclone/tclone/shim/forkflags"
+	"github.com/tclone/tclone/shim/forkflags/podmanflags"
 	"github.com/tclone/tclone/shim/podmanfork"
 )
 
@@ -106,7 +106,7 @@ func (s *Service) serveFork(w http.ResponseWriter, r *http.Request, source strin
 	if !allow(w, r, http.MethodPost) {
 		return
 	}
-	opts, err := forkflags.FromQuery(r.URL.Query())
+	opts, err := podmanflags.FromQuery(r.URL.Query())
 	if err == nil {
 		err = opts.Validate()
 	}

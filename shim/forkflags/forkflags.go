@@ -1,7 +1,9 @@
 // Package forkflags is the one table of a fork's command-line flags, shared
 // by `tclone fork`, `tclone restore`, `tclone checkpoint` and `podman
 // container fork`, and the one reader that turns them into a
-// forkopts.Fork. A flag is spelled, described and read here only.
+// forkopts.Fork. A flag is spelled, described and read here only: the flags
+// of Podman's fork and branch commands, which only those take, are in
+// podmanflags below, so that the runtime binary does not link Podman's client.
 package forkflags
 
 import (
@@ -113,18 +115,18 @@ func Read(c *cli.Context) (forkopts.Fork, error) {
 		return forkopts.Fork{}, fmt.Errorf("--files-only takes none of the source's processes: --memory and --tcp-established do not apply")
 	}
 	if c.IsSet(CaptureTimeout) && f.CaptureTimeout <= 0 {
-		return forkopts.Fork{}, &flagError{CaptureTimeout, f.CaptureTimeout.String(), "give a positive duration, such as 60s"}
+		return forkopts.Fork{}, &BadValue{Flag: CaptureTimeout, Value: f.CaptureTimeout.String(), Advice: "give a positive duration, such as 60s"}
 	}
 	if c.IsSet(Uses) && (f.Uses == 0 || f.Uses < forkopts.Unlimited) {
-		return forkopts.Fork{}, &flagError{Uses, fmt.Sprint(f.Uses), "give a number of siblings (1 or more), or -1 for any number until the plan expires"}
+		return forkopts.Fork{}, &BadValue{Flag: Uses, Value: fmt.Sprint(f.Uses), Advice: "give a number of siblings (1 or more), or -1 for any number until the plan expires"}
 	}
 	if c.IsSet(TTL) && f.TTL <= 0 {
-		return forkopts.Fork{}, &flagError{TTL, f.TTL.String(), "give how long an unused plan is kept, such as 10m"}
+		return forkopts.Fork{}, &BadValue{Flag: TTL, Value: f.TTL.String(), Advice: "give how long an unused plan is kept, such as 10m"}
 	}
 	return f, nil
 }
 
-// flagError names the flag a bad value was given to.
-type flagError struct{ flag, value, advice string }
+// BadValue names the flag a bad value was given to, and what to give.
+type BadValue struct{ Flag, Value, Advice string }
 
-func (e *flagError) Error() string { return "--" + e.flag + " " + e.value + ": " + e.advice }
+func (e *BadValue) Error() string { return "--" + e.Flag + " " + e.Value + ": " + e.Advice }

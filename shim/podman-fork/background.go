@@ -12,7 +12,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/tclone/tclone/runtime/branch"
-	"github.com/tclone/tclone/shim/forkflags"
+	"github.com/tclone/tclone/shim/forkflags/podmanflags"
 )
 
 // `branch create --wait runnable` hands the creation to a process of its
@@ -35,7 +35,7 @@ func createInBackground(c *cli.Context) error {
 	args = append(args, "create", "--wait=durable", fmt.Sprintf("--%s=3", notifyFlag))
 	// The writer gets every flag of the branch that was given, from the
 	// table both read.
-	for _, f := range forkflags.BranchCreate() {
+	for _, f := range podmanflags.BranchCreate() {
 		name := f.Names()[0]
 		if !c.IsSet(name) {
 			continue

@@ -14,7 +14,7 @@ import (
 
 	"github.com/tclone/tclone/runtime/branch"
 	"github.com/tclone/tclone/runtime/buildinfo"
-	"github.com/tclone/tclone/shim/forkflags"
+	"github.com/tclone/tclone/shim/forkflags/podmanflags"
 	"github.com/tclone/tclone/shim/podmanfork"
 )
 
@@ -57,7 +57,7 @@ run with --runtime tclone. Branches are kept in ` + branch.DefaultDir + `
 				OnUsageError: usageError,
 				Usage:        "capture a running container as a branch",
 				ArgsUsage:    "SOURCE NAME",
-				Flags: append(forkflags.BranchCreate(),
+				Flags: append(podmanflags.BranchCreate(),
 					&cli.StringFlag{Name: "wait", Value: "durable", Usage: "durable: return once the branch is on disk; runnable: once the source is captured and runs on, the branch being written in the background (ls shows it writing; a start waits for it)"},
 					&cli.IntFlag{Name: notifyFlag, Hidden: true},
 					&cli.BoolFlag{Name: "print-stats", Usage: "print the branch and its timings as JSON instead of its ID"},
@@ -90,7 +90,7 @@ run with --runtime tclone. Branches are kept in ` + branch.DefaultDir + `
 				Description: `Starts containers from the branch as podman container fork does from a
 running container, with the same options and the same all-or-nothing rule.
 They carry the label ` + podmanfork.LabelBranch + `=<branch ID>. Prints their IDs.`,
-				Flags: append(forkflags.PodmanBranchStart(),
+				Flags: append(podmanflags.PodmanBranchStart(),
 					&cli.BoolFlag{Name: "print-stats", Usage: "print the start's timings as JSON instead of the IDs"},
 					&cli.StringFlag{Name: "format", Usage: "json prints the new containers as a JSON array"},
 					debug),
@@ -113,7 +113,7 @@ They carry the label ` + podmanfork.LabelBranch + `=<branch ID>. Prints their ID
 removes those not among the --keep-last newest of their source and older
 than --older-than. Without --yes it only lists them, why, and the disk space
 they would free. A branch labelled ` + podmanfork.LabelKeep + `=true is never removed.`,
-				Flags: append(forkflags.BranchPrune(),
+				Flags: append(podmanflags.BranchPrune(),
 					&cli.StringFlag{Name: "format", Usage: "json prints the plan as JSON"},
 					debug,
 				),
@@ -178,7 +178,7 @@ func branchCreate(c *cli.Context) error {
 	if c.NArg() != 2 {
 		return fmt.Errorf("podman container branch create takes SOURCE and NAME; see --help")
 	}
-	opts, err := forkflags.ReadBranchCreate(c)
+	opts, err := podmanflags.ReadBranchCreate(c)
 	if err != nil {
 		return err
 	}
@@ -284,7 +284,7 @@ func branchStart(c *cli.Context) error {
 	if _, err := readFormat(c); err != nil {
 		return err
 	}
-	opts, err := forkflags.ReadBranchStart(c)
+	opts, err := podmanflags.ReadBranchStart(c)
 	if err != nil {
 		return err
 	}
@@ -329,7 +329,7 @@ func branchPrune(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	rule, yes, err := forkflags.ReadBranchPrune(c)
+	rule, yes, err := podmanflags.ReadBranchPrune(c)
 	if err != nil {
 		return err
 	}

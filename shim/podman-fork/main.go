@@ -18,7 +18,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/tclone/tclone/runtime/buildinfo"
-	"github.com/tclone/tclone/shim/forkflags"
+	"github.com/tclone/tclone/shim/forkflags/podmanflags"
 	"github.com/tclone/tclone/shim/podmanfork"
 )
 
@@ -53,7 +53,7 @@ Prints the new container IDs, one per line, like podman create.`,
 		HideHelpCommand: true,
 		// A hook or a label may hold commas: each flag is one value.
 		DisableSliceFlagSeparator: true,
-		Flags: append(forkflags.PodmanFork(),
+		Flags: append(podmanflags.PodmanFork(),
 			&cli.BoolFlag{Name: "print-stats", Usage: "print the fork's timings as JSON instead of the IDs (waits for each sibling's memory, as --wait-memory)"},
 			&cli.StringFlag{Name: "format", Usage: "output format: json prints the new containers as a JSON array"},
 			&cli.StringFlag{Name: "url", EnvVars: []string{"CONTAINER_HOST"}, Usage: "API service to fork through: tclone's (unix:///run/tclone/tclone.sock, ssh://USER@HOST/run/tclone/tclone.sock) " +
@@ -139,7 +139,7 @@ func readFormat(c *cli.Context) (string, error) {
 }
 
 func options(c *cli.Context) (podmanfork.Options, error) {
-	opts, err := forkflags.ReadPodmanFork(c)
+	opts, err := podmanflags.ReadPodmanFork(c)
 	// --print-stats reports when each sibling's memory was complete.
 	opts.WaitMemory = opts.WaitMemory || c.Bool("print-stats")
 	return opts, err

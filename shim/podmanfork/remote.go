@@ -74,7 +74,7 @@ func kindOfStatus(status int) error {
 }
 
 // Query is the options as the fork endpoint's query parameters, named as
-// `podman container fork`'s flags (forkflags.FromQuery reads them back).
+// `podman container fork`'s flags (podmanflags.FromQuery reads them back).
 // The plan's life (Uses, TTL) is the service's to decide and is not sent.
 func (o Options) Query() url.Values {
 	q := url.Values{}

@@ -1,4 +1,4 @@
-package forkflags
+package podmanflags
 
 import (
 	"errors"
@@ -7,6 +7,8 @@ import (
 	"slices"
 
 	"github.com/urfave/cli/v2"
+
+	"github.com/tclone/tclone/shim/forkflags"
 
 	"github.com/tclone/tclone/runtime/branch"
 	"github.com/tclone/tclone/shim/podmanfork"
@@ -30,7 +32,7 @@ func BranchCreate() []cli.Flag {
 		&cli.StringSliceFlag{Name: Label, Aliases: []string{"l"}, Usage: "label the branch KEY=VALUE (" + branch.KeepLabel + "=true: never pruned)"},
 		&cli.StringSliceFlag{Name: VolumeMode, Usage: "what containers started from the branch get of the source's named volumes: copy (default: the branch keeps a copy, " +
 			"and each container gets its own), share (the source's own), or NAME=copy|share for one volume"},
-		&cli.BoolFlag{Name: FileLocks, Usage: "capture file locks"},
+		&cli.BoolFlag{Name: forkflags.FileLocks, Usage: "capture file locks"},
 	}
 }
 
@@ -44,7 +46,7 @@ func ReadBranchCreate(c *cli.Context) (podmanfork.BranchOptions, error) {
 	if err != nil {
 		return podmanfork.BranchOptions{}, fmt.Errorf("--%s: %w", VolumeMode, err)
 	}
-	return podmanfork.BranchOptions{Labels: labels, VolumeModes: modes, FileLocks: c.Bool(FileLocks)}, nil
+	return podmanfork.BranchOptions{Labels: labels, VolumeModes: modes, FileLocks: c.Bool(forkflags.FileLocks)}, nil
 }
 
 // BranchCreateFromQuery reads the branch endpoint's query parameters: the
@@ -66,7 +68,7 @@ func BranchCreateFromQuery(q url.Values) (name string, opts podmanfork.BranchOpt
 
 // captureOnly names the fork flags that say how the source is captured: a
 // branch decides them when it is created, so its start refuses them.
-var captureOnly = []string{TCPEstablished, TCPClose, FileLocks, ExtUnixSk, ShellJob, FilesOnly, CaptureTimeout, VolumeMode}
+var captureOnly = []string{forkflags.TCPEstablished, forkflags.TCPClose, forkflags.FileLocks, forkflags.ExtUnixSk, forkflags.ShellJob, forkflags.FilesOnly, forkflags.CaptureTimeout, VolumeMode}
 
 // PodmanBranchStart is the flags of `podman container branch start`: a
 // fork's. Those of the capture are hidden, and refused by
@@ -137,10 +139,10 @@ func ReadBranchPrune(c *cli.Context) (rule branch.PruneRule, yes bool, err error
 		return rule, false, errors.New("say what to prune: give --keep-last N, --older-than DURATION, or both")
 	}
 	if c.IsSet(OlderThan) && rule.OlderThan <= 0 {
-		return rule, false, &flagError{OlderThan, rule.OlderThan.String(), "give a duration above zero, such as 72h"}
+		return rule, false, &forkflags.BadValue{Flag: OlderThan, Value: rule.OlderThan.String(), Advice: "give a duration above zero, such as 72h"}
 	}
 	if rule.KeepLastSet && rule.KeepLast < 0 {
-		return rule, false, &flagError{KeepLast, fmt.Sprint(rule.KeepLast), "give how many of the newest branches of each source to keep, 0 or more"}
+		return rule, false, &forkflags.BadValue{Flag: KeepLast, Value: fmt.Sprint(rule.KeepLast), Advice: "give how many of the newest branches of each source to keep, 0 or more"}
 	}
 	return rule, c.Bool(Yes), nil
 }

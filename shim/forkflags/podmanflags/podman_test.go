@@ -1,4 +1,4 @@
-package forkflags
+package podmanflags
 
 import (
 	"net/url"

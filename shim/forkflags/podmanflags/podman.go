@@ -1,4 +1,8 @@
-package forkflags
+// Package podmanflags is the table of the flags of `podman container fork`
+// and `podman container branch` beyond the fork flags of forkflags, and
+// their readers, from a command line or from the query of a request to
+// tclone's API service.
+package podmanflags
 
 import (
 	"fmt"
@@ -9,6 +13,8 @@ import (
 	"strings"
 
 	"github.com/urfave/cli/v2"
+
+	"github.com/tclone/tclone/shim/forkflags"
 
 	"github.com/tclone/tclone/shim/podmanfork"
 )
@@ -34,8 +40,8 @@ const (
 // API service (see FromQuery). How the command prints its result and where
 // it connects are the command's own.
 func PodmanFork() []cli.Flag {
-	return slices.Concat(Capture(), Sibling(), []cli.Flag{
-		Timeout(),
+	return slices.Concat(forkflags.Capture(), forkflags.Sibling(), []cli.Flag{
+		forkflags.Timeout(),
 		&cli.StringSliceFlag{Name: Name, Usage: "name of the new container (with --count N: NAME-1..NAME-N, or give N names); default SOURCE-fork-<n>"},
 		&cli.IntFlag{Name: Count, Value: 1, Usage: fmt.Sprintf("number of siblings, 1..%d, all or nothing", podmanfork.MaxCount)},
 		&cli.IntFlag{Name: Parallel, Usage: fmt.Sprintf("restore this many siblings at once, 1..%d (default: one per CPU, up to 4)", podmanfork.MaxCount)},
@@ -66,16 +72,16 @@ func ReadPodmanFork(c *cli.Context) (podmanfork.Options, error) {
 	}
 	count := c.Int(Count)
 	if count < 1 || count > podmanfork.MaxCount {
-		return podmanfork.Options{}, &flagError{Count, fmt.Sprint(count), fmt.Sprintf("out of range: fork 1 to %d siblings at a time", podmanfork.MaxCount)}
+		return podmanfork.Options{}, &forkflags.BadValue{Flag: Count, Value: fmt.Sprint(count), Advice: fmt.Sprintf("out of range: fork 1 to %d siblings at a time", podmanfork.MaxCount)}
 	}
 	// 0 is the default (one per CPU, up to 4), but only when not given.
 	if p := c.Int(Parallel); c.IsSet(Parallel) && (p < 1 || p > podmanfork.MaxCount) {
-		return podmanfork.Options{}, &flagError{Parallel, fmt.Sprint(p), fmt.Sprintf("out of range: restore 1 to %d siblings at a time", podmanfork.MaxCount)}
+		return podmanfork.Options{}, &forkflags.BadValue{Flag: Parallel, Value: fmt.Sprint(p), Advice: fmt.Sprintf("out of range: restore 1 to %d siblings at a time", podmanfork.MaxCount)}
 	}
 	if d := c.Duration(ReadyTimeout); d <= 0 {
-		return podmanfork.Options{}, &flagError{ReadyTimeout, d.String(), "give a duration above zero, such as 30s"}
+		return podmanfork.Options{}, &forkflags.BadValue{Flag: ReadyTimeout, Value: d.String(), Advice: "give a duration above zero, such as 30s"}
 	}
-	fork, err := Read(c)
+	fork, err := forkflags.Read(c)
 	if err != nil {
 		return podmanfork.Options{}, err
 	}
@@ -117,7 +123,7 @@ func siblingNames(given []string, count int) ([]string, error) {
 		}
 		return names, nil
 	case len(given) > 1 && len(given) != count:
-		return nil, &flagError{Name, strings.Join(given, ","), fmt.Sprintf("%d names for %d siblings: give one name (NAME-1..NAME-N), or one per sibling", len(given), count)}
+		return nil, &forkflags.BadValue{Flag: Name, Value: strings.Join(given, ","), Advice: fmt.Sprintf("%d names for %d siblings: give one name (NAME-1..NAME-N), or one per sibling", len(given), count)}
 	}
 	return given, nil
 }
