@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/sirupsen/logrus"
 	"golang.org/x/sys/unix"
 
 	"github.com/tclone/tclone/runtime/internal/atomicfile"
@@ -82,6 +83,10 @@ type Result struct {
 	// not.
 	LazyPages   bool   `json:"lazy_pages"`
 	NoLazyPages string `json:"no_lazy_pages,omitempty"`
+	// NoKerndatCache says why CRIU's kernel probe cache could not be kept
+	// where /run is not a tmpfs (see keepKerndat); it is not tried again
+	// until CRIU is checked anew.
+	NoKerndatCache string `json:"no_kerndat_cache,omitempty"`
 }
 
 // Error is a failed check. It always says what to do.
@@ -160,7 +165,7 @@ type cacheKey struct {
 }
 
 // cacheFormat is the version of the cached Result.
-const cacheFormat = 2
+const cacheFormat = 3
 
 type cacheEntry struct {
 	Key    cacheKey `json:"key"`
@@ -197,6 +202,14 @@ func Check(ctx context.Context, cacheFile string) (*Result, error) {
 	useCache := keyErr == nil && cacheFile != ""
 	if useCache {
 		if r, ok := readCache(cacheFile, key); ok {
+			if r.NoKerndatCache == "" && kerndatNeeded() {
+				// Made when CRIU was checked; only an unmount undoes it.
+				if err := keepKerndat(ctx, path, r.Env(), filepath.Dir(cacheFile), kerndatFile, false); err != nil {
+					logrus.Warnf("CRIU probes the kernel anew in every dump and restore (/run is not a tmpfs, and keeping its cache failed: %v)", err)
+					r.NoKerndatCache = err.Error()
+					writeCache(cacheFile, cacheEntry{Key: key, Result: *r})
+				}
+			}
 			return r, nil
 		}
 	}
@@ -205,6 +218,12 @@ func Check(ctx context.Context, cacheFile string) (*Result, error) {
 		return nil, err
 	}
 	if useCache {
+		if kerndatNeeded() {
+			if err := keepKerndat(ctx, path, r.Env(), filepath.Dir(cacheFile), kerndatFile, true); err != nil {
+				logrus.Warnf("CRIU probes the kernel anew in every dump and restore (/run is not a tmpfs, and keeping its cache failed: %v)", err)
+				r.NoKerndatCache = err.Error()
+			}
+		}
 		writeCache(cacheFile, cacheEntry{Key: key, Result: *r})
 	}
 	return r, nil

@@ -1,6 +1,15 @@
 package criucheck
 
-import "testing"
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
 
 func TestParseVersion(t *testing.T) {
 	for in, want := range map[string]Version{
@@ -59,4 +68,63 @@ func TestLastErrors(t *testing.T) {
 	if got := lastErrors(out); got != "Error (criu/cr-check.c:1): boom" {
 		t.Errorf("got %q", got)
 	}
+}
+
+// Where /run is not a tmpfs, tclone has CRIU probe the kernel once in a
+// namespace of its own and mounts the cache it wrote; a fresh check makes
+// it again, and never stacks a second mount.
+func TestKeepKerndat(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("needs root (mounts, CRIU); run the unit tests as root, as make test does")
+	}
+	criu, err := Find()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	target := filepath.Join(dir, "criu.kdat")
+	t.Cleanup(func() {
+		for kerndatMounted(target) {
+			if unix.Unmount(target, unix.MNT_DETACH) != nil {
+				break
+			}
+		}
+	})
+	store := filepath.Join(dir, "store")
+	if err := keepKerndat(context.Background(), criu, nil, store, target, false); err != nil {
+		t.Fatal(err)
+	}
+	if !kerndatMounted(target) {
+		t.Fatal("the cache is not mounted")
+	}
+	made, err := os.ReadFile(target)
+	if err != nil || len(made) < 64 {
+		t.Fatalf("the mounted cache holds %d bytes (%v), want CRIU's kdat", len(made), err)
+	}
+	// The cache CRIU reads is the one it wrote in its tmpfs.
+	if kept, _ := os.ReadFile(filepath.Join(store, "criu.kdat")); !bytes.Equal(kept, made) {
+		t.Error("the mounted file is not the kept cache")
+	}
+	for _, fresh := range []bool{false, true} {
+		if err := keepKerndat(context.Background(), criu, nil, store, target, fresh); err != nil {
+			t.Fatalf("fresh=%v: %v", fresh, err)
+		}
+		if n := mountsAt(t, target); n != 1 {
+			t.Errorf("fresh=%v: %d mounts at %s, want 1", fresh, n, target)
+		}
+	}
+}
+
+func mountsAt(t *testing.T, target string) int {
+	data, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, line := range strings.Split(string(data), "\n") {
+		if f := strings.Fields(line); len(f) > 4 && f[4] == target {
+			n++
+		}
+	}
+	return n
 }

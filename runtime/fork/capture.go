@@ -356,6 +356,7 @@ func (op *captureOp) dump(ctx context.Context, opts forkopts.Dumped) (*dumped, e
 		}
 		return snap, err
 	})
+	hooks.lockSkipped = criuOpts.GetNetworkLock() == rpc.CriuNetworkLockMethod_SKIP
 	logPath := filepath.Join(plan.WorkDir(dir), dumpLogName)
 	err = criuhooks.Dump(ctx, criuhooks.Request{
 		CriuPath: op.check.Path, Env: op.check.Env(), Opts: criuOpts, LogPath: logPath,
@@ -469,6 +470,10 @@ type captureNotify struct {
 	entry *journal.Entry
 	snap  *rootfs.Snapshot
 
+	// lockSkipped says CRIU was told not to lock the source's network: it
+	// still announces the lock, and then takes none.
+	lockSkipped bool
+
 	criuPid    int
 	seizeStart time.Time
 	// From CRIU's statistics, once it returned.
@@ -502,8 +507,14 @@ func newCaptureNotify(ctx context.Context, src *source, entry *journal.Entry, sn
 }
 
 // NetworkLock implements criu.Notify; CRIU calls it just before it locks the
-// source's network namespace.
+// source's network namespace. Only a lock CRIU takes is recorded, for
+// releaseSource to look for: one skipped leaves nothing to remove, and
+// looking costs seven iptables and nft runs before the first sibling can
+// be restored.
 func (n *captureNotify) NetworkLock() error {
+	if n.lockSkipped {
+		return nil
+	}
 	return n.entry.Update(func(r *journal.Record) {
 		if r.Capture.Source != nil {
 			r.Capture.Source.NetworkLocked = true

@@ -98,3 +98,25 @@ func TestReleaseBeforeSeizingIsANoOp(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// CRIU announces a network lock even when told to take none; only a lock it
+// takes is recorded, since recording one makes every capture look for it
+// afterwards (seven iptables and nft runs before the sibling's restore).
+func TestNetworkLockRecordedOnlyWhenTaken(t *testing.T) {
+	e := testEngine(t)
+	for _, skipped := range []bool{true, false} {
+		entry, err := e.journal().Begin(journal.Record{Kind: journal.Capture, Phase: journal.CaptureSeized,
+			Capture: &journal.CaptureRecord{SourceID: "src", Source: &journal.SourceRefs{NetNS: "/proc/self/ns/net"}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := &captureNotify{entry: entry, lockSkipped: skipped}
+		if err := n.NetworkLock(); err != nil {
+			t.Fatal(err)
+		}
+		if got := entry.Rec.Capture.Source.NetworkLocked; got == skipped {
+			t.Errorf("lock skipped %v: recorded as locked %v", skipped, got)
+		}
+		entry.End()
+	}
+}
