@@ -282,10 +282,7 @@ func (f *filler) fill(s span, pages counter) error {
 		if onePage {
 			n = pageSize
 		}
-		if uint64(cap(f.buf)) < n {
-			f.buf = make([]byte, max(n, minChunk))
-		}
-		data, err := f.src.at(f.buf[:n], s.src)
+		data, err := f.src.at(&f.buf, n, s.src)
 		if err != nil {
 			f.miss.put(s)
 			return fmt.Errorf("read %d bytes of memory for %#x: %w", n, s.start, err)

@@ -183,11 +183,17 @@ func TestSnapshotSourceReadsWhole(t *testing.T) {
 	if _, err := f.WriteAt(data, 0x3000); err != nil {
 		t.Fatal(err)
 	}
-	got, err := snapshotPages{f}.at(make([]byte, 100), 0x3000+5)
+	var buf []byte
+	got, err := snapshotPages{f}.at(&buf, 100, 0x3000+5)
 	if err != nil || string(got) != string(data[5:105]) {
 		t.Fatalf("at = %q, %v", got, err)
 	}
-	if _, err := (snapshotPages{f}).at(make([]byte, 100), 0x3000+uint64(len(data))); err == nil {
+	if _, err := (snapshotPages{f}).at(&buf, 100, 0x3000+uint64(len(data))); err == nil {
 		t.Fatal("a read past the end succeeded")
+	}
+	// A mapping is sliced, and leaves the buffer alone.
+	var none []byte
+	if got, _ := mappedPages(data).at(&none, 16, 32); string(got) != string(data[32:48]) || none != nil {
+		t.Fatalf("mapped at = %q, buffer %d bytes", got, len(none))
 	}
 }
