@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/tclone/tclone/runtime/internal/atomicfile"
+	"github.com/tclone/tclone/runtime/internal/flock"
 )
 
 // Every CRIU process starts by probing the kernel ("kerndat"): a dozen
@@ -58,7 +59,10 @@ func keepKerndat(ctx context.Context, criu string, env []string, dir, target str
 	if kerndatMounted(target) && !fresh {
 		return nil
 	}
-	unlock, err := lockFile(filepath.Join(dir, "criu.kdat.lock"))
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	unlock, err := flock.Lock(ctx, filepath.Join(dir, "criu.kdat.lock"))
 	if err != nil {
 		return err
 	}
@@ -108,20 +112,4 @@ func probeKerndat(ctx context.Context, criu string, env []string) ([]byte, error
 		return nil, errors.New("CRIU wrote no kernel probe cache in a namespace whose /run is a tmpfs")
 	}
 	return out.Bytes(), nil
-}
-
-// lockFile takes an exclusive lock on path, made if need be.
-func lockFile(path string) (func(), error) {
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-		return nil, err
-	}
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
-	if err != nil {
-		return nil, err
-	}
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("locking %s: %w", path, err)
-	}
-	return func() { f.Close() }, nil
 }
