@@ -12,6 +12,7 @@ import (
 
 	"github.com/containers/podman/v5/libpod/define"
 	"github.com/containers/podman/v5/pkg/api/handlers"
+	"github.com/containers/podman/v5/pkg/bindings"
 	"github.com/containers/podman/v5/pkg/bindings/containers"
 	dockerContainer "github.com/docker/docker/api/types/container"
 )
@@ -45,9 +46,14 @@ func execIn(ctx context.Context, id string, argv []string) (*execResult, error) 
 	var buf syncBuffer
 	var w io.Writer = &buf
 	attach := true
+	actx, release, err := attachConnection(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("connecting to run %q: %w", argv[0], err)
+	}
 	done := make(chan error, 1)
 	go func() {
-		done <- containers.ExecStartAndAttach(ctx, session, &containers.ExecStartAndAttachOptions{
+		defer release()
+		done <- containers.ExecStartAndAttach(actx, session, &containers.ExecStartAndAttachOptions{
 			OutputStream: &w, ErrorStream: &w, AttachOutput: &attach, AttachError: &attach,
 		})
 	}()
@@ -81,6 +87,37 @@ func execIn(ctx context.Context, id string, argv []string) (*execResult, error) 
 		return nil, &missingCommandError{command: argv[0], code: info.ExitCode}
 	}
 	return &execResult{code: info.ExitCode, output: out}, nil
+}
+
+// attachConnection is the connection one exec's attach stream uses, and
+// what to call once the stream ended. The bindings' ExecStartAndAttach
+// swaps its connection's transport to catch the socket it dials: two at
+// once on one connection race, and one of them then reads from no socket
+// and panics (seen with hooks in siblings restored in parallel). So each
+// attach gets a connection of its own, whose idle sockets are closed after
+// it. A fork runs its execs where Podman's service is local (a fork through
+// ssh runs in tclone's service, on that host): a connection over ssh,
+// which cannot be opened again without its key, is used as it is.
+func attachConnection(ctx context.Context) (context.Context, func(), error) {
+	conn, err := bindings.GetClient(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	if s := conn.URI.Scheme; s != "unix" && s != "tcp" {
+		return ctx, func() {}, nil
+	}
+	actx, err := bindings.NewConnection(ctx, conn.URI.String())
+	if err != nil {
+		return nil, nil, err
+	}
+	own, err := bindings.GetClient(actx)
+	if err != nil {
+		return nil, nil, err
+	}
+	// The connection's check of the service left a socket idle in the
+	// transport the attach replaces.
+	own.Client.CloseIdleConnections()
+	return actx, own.Client.CloseIdleConnections, nil
 }
 
 // attachGrace is how long the attach stream may stay open after the
