@@ -214,7 +214,7 @@ func testSnapshotFrees(s *suite) error {
 	if held < freed+size/kib*9/10 {
 		return fmt.Errorf("closing a snapshot whose %d MiB the source had rewritten freed only %d kB", size/mib, held-min(held, freed))
 	}
-	after, err := kernelMemory()
+	after, err := settledKernelMemory(base)
 	if err != nil {
 		return err
 	}
