@@ -202,13 +202,9 @@ func Check(ctx context.Context, cacheFile string) (*Result, error) {
 	useCache := keyErr == nil && cacheFile != ""
 	if useCache {
 		if r, ok := readCache(cacheFile, key); ok {
-			if r.NoKerndatCache == "" && kerndatNeeded() {
-				// Made when CRIU was checked; only an unmount undoes it.
-				if err := keepKerndat(ctx, path, r.Env(), filepath.Dir(cacheFile), kerndatFile, false); err != nil {
-					logrus.Warnf("CRIU probes the kernel anew in every dump and restore (/run is not a tmpfs, and keeping its cache failed: %v)", err)
-					r.NoKerndatCache = err.Error()
-					writeCache(cacheFile, cacheEntry{Key: key, Result: *r})
-				}
+			// Made when CRIU was checked; only an unmount undoes it.
+			if kerndatFailed(ctx, r, filepath.Dir(cacheFile), false) {
+				writeCache(cacheFile, cacheEntry{Key: key, Result: *r})
 			}
 			return r, nil
 		}
@@ -218,15 +214,27 @@ func Check(ctx context.Context, cacheFile string) (*Result, error) {
 		return nil, err
 	}
 	if useCache {
-		if kerndatNeeded() {
-			if err := keepKerndat(ctx, path, r.Env(), filepath.Dir(cacheFile), kerndatFile, true); err != nil {
-				logrus.Warnf("CRIU probes the kernel anew in every dump and restore (/run is not a tmpfs, and keeping its cache failed: %v)", err)
-				r.NoKerndatCache = err.Error()
-			}
-		}
+		kerndatFailed(ctx, r, filepath.Dir(cacheFile), true)
 		writeCache(cacheFile, cacheEntry{Key: key, Result: *r})
 	}
 	return r, nil
+}
+
+// kerndatFailed keeps CRIU's kernel probe cache where /run is not a tmpfs
+// (keepKerndat, in dir), unless that failed before for this CRIU. A new
+// failure is logged and recorded in r, so that it is not tried again on
+// every call; kerndatFailed reports it.
+func kerndatFailed(ctx context.Context, r *Result, dir string, fresh bool) bool {
+	if r.NoKerndatCache != "" || !kerndatNeeded() {
+		return false
+	}
+	err := keepKerndat(ctx, r.Path, r.Env(), dir, kerndatFile, fresh)
+	if err == nil {
+		return false
+	}
+	logrus.Warnf("CRIU probes the kernel anew in every dump and restore (/run is not a tmpfs, and keeping its cache failed: %v)", err)
+	r.NoKerndatCache = err.Error()
+	return true
 }
 
 func check(ctx context.Context, path, release string) (*Result, error) {
