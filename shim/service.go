@@ -7,7 +7,9 @@ import (
 	"path/filepath"
 	"syscall"
 
+	"github.com/sirupsen/logrus"
 	"github.com/urfave/cli/v2"
+	"golang.org/x/sys/unix"
 )
 
 // ServiceBinary is the program `tclone service` runs, installed beside
@@ -28,6 +30,13 @@ var serviceCommand = &cli.Command{
 		args := []string{ServiceBinary}
 		if c.Bool("debug") {
 			args = append(args, "--debug")
+		}
+		// --log, which configureLogging opened for tclone, becomes the
+		// service's stderr, where it logs.
+		if f, ok := logrus.StandardLogger().Out.(*os.File); ok && !logToStderr {
+			if err := unix.Dup2(int(f.Fd()), 2); err != nil {
+				return fmt.Errorf("sending the service's log to --log %s: %w", c.String("log"), err)
+			}
 		}
 		// The service takes this process's place, PID included, so that a
 		// pid file and systemd's socket activation (LISTEN_PID) still name

@@ -232,7 +232,7 @@ func kerndatFailed(ctx context.Context, r *Result, dir string, fresh bool) bool 
 	if err == nil {
 		return false
 	}
-	logrus.Warnf("CRIU probes the kernel anew in every dump and restore (/run is not a tmpfs, and keeping its cache failed: %v)", err)
+	logrus.Warnf("CRIU probes the kernel anew in every dump and restore, which slows each fork by tens of milliseconds: /run is not a tmpfs, and keeping CRIU's cache failed: %v (forks still work; a tmpfs on /run, as systemd mounts it, makes CRIU keep the cache itself)", err)
 	r.NoKerndatCache = err.Error()
 	return true
 }

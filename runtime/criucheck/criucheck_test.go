@@ -128,3 +128,12 @@ func mountsAt(t *testing.T, target string) int {
 	}
 	return n
 }
+
+// A cache that could not be kept is recorded, and not tried again on every
+// call until CRIU is checked anew.
+func TestKerndatFailureNotRetried(t *testing.T) {
+	r := &Result{Path: "/nonexistent/criu", NoKerndatCache: "mounting: permission denied"}
+	if kerndatFailed(context.Background(), r, t.TempDir(), false) || r.NoKerndatCache != "mounting: permission denied" {
+		t.Fatalf("a recorded failure was tried again: %+v", r)
+	}
+}
