@@ -74,6 +74,11 @@ type filler struct {
 	niced bool
 	// noNice: the thread's priority cannot be changed; leave it alone.
 	noNice bool
+	// slots, if set, bound the fillers that copy in the background at once.
+	slots *fillSlots
+	// ahead and aheadEnd are the last read-ahead after a fault: its size,
+	// and where it ended.
+	ahead, aheadEnd uint64
 }
 
 // backgroundNice is the nice value of a filler's thread while it copies
@@ -102,6 +107,7 @@ func (f *filler) run() error {
 			runtime.UnlockOSThread()
 		}
 	}()
+	defer f.slots.give(f.u)
 	defer func() {
 		// A Share still waiting for this task has nothing more to wait for.
 		if f.share != nil {
@@ -144,6 +150,12 @@ func (f *filler) run() error {
 		}
 		if f.miss.empty() && len(f.faults) == 0 {
 			return nil
+		}
+		if !f.slots.take(f.u) {
+			// Queued: faults are answered while it waits, and the
+			// slot's hand-over ends the wait.
+			f.u.wait(0)
+			continue
 		}
 		f.setNice(true, base)
 		switch err := f.background(); {
@@ -233,7 +245,10 @@ func (f *filler) faultOnce(addr uint64) error {
 		// Fill on from here: a task that touches one page tends to touch
 		// the next.
 		f.cursor, f.chunk = s.end, minChunk
-		return f.fill(s, &f.host.counters().FaultPages)
+		if err := f.fill(s, &f.host.counters().FaultPages); err != nil {
+			return err
+		}
+		return f.readAhead(addr)
 	}
 	err := f.u.zero(addr, pageSize)
 	switch {
@@ -250,6 +265,29 @@ func (f *filler) faultOnce(addr uint64) error {
 		return errExited
 	}
 	return fmt.Errorf("zero page at %#x: %w", addr, err)
+}
+
+// readAhead copies the pages after a fault at addr, once the task that
+// faulted is awake. A task that faults where the last read-ahead ended reads
+// its memory in order, so each read-ahead is twice the last, up to maxChunk:
+// it waits once a chunk, not once a page, whether or not its filler has a
+// slot to fill in the background. While CRIU restores, only the fault
+// itself is answered (see restoring).
+func (f *filler) readAhead(addr uint64) error {
+	if f.host.phase() != running {
+		return nil
+	}
+	n := uint64(minChunk)
+	if addr == f.aheadEnd {
+		n = min(2*f.ahead, maxChunk)
+	}
+	s, ok := f.miss.take(addr+pageSize, n)
+	if !ok {
+		f.aheadEnd = 0
+		return nil
+	}
+	f.ahead, f.aheadEnd, f.cursor = n, s.end, s.end
+	return f.fill(s, &f.host.counters().FaultPages)
 }
 
 func (f *filler) retryFaults() error {

@@ -185,6 +185,7 @@ func (s *sibling) serveTask(u *uffd, miss *pending, src pageSource, share *share
 	f := newFiller(u, miss, src, s)
 	f.share = share
 	f.pause = s.d.opts.ChunkPause
+	f.slots = s.d.slots
 	go func() { s.fillerDone(u, f.run()) }()
 }
 
