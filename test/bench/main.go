@@ -709,6 +709,7 @@ func standardNotes(cfg Config) []string {
 		"tclone is Podman's default runtime on this machine. The podman CLI restores an imported checkpoint with the runtime its archive names (crun here) unless told otherwise, while Podman's API service uses its default runtime; the stock restore names crun explicitly (`podman --runtime crun container restore --import`), and every sample records the runtime Podman says the copy has (`podman inspect --format {{.OCIRuntime}}`) as restore_runtime.",
 		"Stock Podman's pause is CRIU's freezing_time + frozen_time from `--print-stats`; raw CRIU's the same from its stats-dump; tclone's is its own freeze-to-thaw figure. The observer gap is measured the same way for all three.",
 		"Stock Podman's tmpfs bytes are the export archive (written to " + cfg.ArchiveDir + " here); its disk bytes are CRIU's image directory in the source container's storage; `restore --import` writes those images once more under the new container (not counted).",
+		"The source's root process ticks every 1 ms to measure the observer gap. Its copies in other containers (forks' siblings, stock Podman's restores; they have another hostname) stop ticking within 128 ms: nothing reads their gaps, and each ticker takes 6-10% of a CPU here, which a fan-out's later restores would otherwise compete with.",
 		"The fork() floor is fork() of one process holding as much anonymous memory as the whole source tree, plus one fork() of a tiny process for each other process of the tree.",
 	}
 	if cfg.LargeWarmReps < cfg.WarmReps {
