@@ -271,10 +271,11 @@ func (f *filler) faultOnce(addr uint64) error {
 // faulted is awake. A task that faults where the last read-ahead ended reads
 // its memory in order, so each read-ahead is twice the last, up to maxChunk:
 // it waits once a chunk, not once a page, whether or not its filler has a
-// slot to fill in the background. While CRIU restores, only the fault
-// itself is answered (see restoring).
+// slot to fill in the background. While CRIU restores (see restoring), or
+// while a share is pending (share.go: an area with a page copied in is
+// refused by the module), only the fault itself is answered.
 func (f *filler) readAhead(addr uint64) error {
-	if f.host.phase() != running {
+	if f.host.phase() != running || f.share != nil {
 		return nil
 	}
 	n := uint64(minChunk)

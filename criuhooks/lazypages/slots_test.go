@@ -176,3 +176,27 @@ func TestFillerReadsAheadOfOrderedFaults(t *testing.T) {
 	}
 	t.Logf("%d faults for %d pages read in order", h.c.Faults.Load(), pages)
 }
+
+// TestFillerReadsNoFurtherWhileAShareIsPending: until a pending share is
+// settled, a fault is answered with its page alone, so that the module
+// still finds the area's other pages missing and shares it whole.
+func TestFillerReadsNoFurtherWhileAShareIsPending(t *testing.T) {
+	const pages = 64
+	r := newRegion(t, pages)
+	h := &testHost{}
+	h.state.Store(int32(running))
+	f := newFiller(r.u, newPending([]span{{r.addr(0), r.addr(pages), 0}}), source(pages), h)
+	f.share = &shareState{req: make(chan chan shareResult), settled: make(chan struct{})}
+	done := runFiller(t, f)
+	wantPage(t, r.mem, 3, 4)
+	wantPage(t, r.mem, 4, 5)
+	time.Sleep(50 * time.Millisecond) // the filler counts after it wakes the task
+	if n := h.c.FaultPages.Load() + h.c.BackgroundPages.Load(); n != 2 {
+		t.Fatalf("%d pages copied for 2 faults while a share was pending; want only the faulting pages", n)
+	}
+	h.state.Store(int32(abandoned))
+	r.u.interrupt()
+	if err := <-done; err != errAbandoned {
+		t.Fatalf("abandoned filler returned %v", err)
+	}
+}
