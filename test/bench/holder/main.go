@@ -11,11 +11,13 @@
 // share) or, for the process-count sweep, the smallest process there is:
 // busybox `sleep`. The root runs a 1 ms ticker and records the largest gap
 // between two ticks, which is how long the process could not run (a frozen
-// source shows up as one long gap). A copy of the tree in another container
-// (a fork's sibling: its hostname is not the one the root started with)
-// stops ticking: nothing reads a copy's gaps, and on a small machine a
-// dozen copies' tickers would take the CPU the next fork is measured on. On SIGUSR1 it writes its report (JSON)
-// to --report, atomically, then resets the largest gap; on SIGUSR2 it first
+// source shows up as one long gap). A copy of the tree in another PID
+// namespace than the one the root started in (a tclone sibling, a stock
+// Podman restore) stops ticking: nothing reads a copy's gaps, and on a small
+// machine a dozen copies' tickers would take the CPU the next fork is
+// measured on. On
+// SIGUSR1 it writes its report (JSON) to --report, atomically, then resets
+// the largest gap; on SIGUSR2 it first
 // writes --dirty-kib of its memory anew. The first report is
 // written once every child has touched its memory: it is the ready marker.
 //
@@ -128,14 +130,14 @@ func serve(args []string) error {
 	signal.Notify(sigs, syscall.SIGUSR1, syscall.SIGUSR2, syscall.SIGCHLD, syscall.SIGTERM, syscall.SIGINT)
 
 	var maxGap, ticks atomic.Int64
-	host := hostname()
+	ns := pidNamespace()
 	go func() {
 		// One locked thread that sleeps 1 ms at a time: a tick that comes
 		// late shows how long the process could not run.
 		runtime.LockOSThread()
 		last := time.Now()
 		for n := 1; ; n++ {
-			if n%128 == 0 && hostname() != host {
+			if n%128 == 0 && pidNamespace() != ns {
 				return // a copy: see the package comment
 			}
 			time.Sleep(time.Millisecond)
@@ -331,11 +333,12 @@ func rollupField(s, name string) int64 {
 	return 0
 }
 
-// hostname is the UTS namespace's node name.
-func hostname() string {
-	var u unix.Utsname
-	if err := unix.Uname(&u); err != nil {
+// pidNamespace names the PID namespace the process is in: a restored copy
+// runs in a new one, under the same PIDs.
+func pidNamespace() string {
+	ns, err := os.Readlink("/proc/self/ns/pid")
+	if err != nil {
 		return ""
 	}
-	return unix.ByteSliceToString(u.Nodename[:])
+	return ns
 }
