@@ -72,10 +72,6 @@ type Options struct {
 	// task (faults are still answered at once): it leaves CPU to the
 	// siblings, and lets tests catch a sibling while it fills.
 	ChunkPause time.Duration
-	// FillSlots bounds the tasks, across all siblings, whose memory is
-	// copied in the background at once (faults are always answered); 0 is
-	// half the CPUs, at least one.
-	FillSlots int
 }
 
 // Daemon is one lazy-pages daemon: it serves any number of siblings
@@ -107,7 +103,7 @@ func Start(opts Options) (*Daemon, error) {
 		return nil, err
 	}
 	images.snapshots = opts.Snapshots
-	d := &Daemon{opts: opts, images: images, siblings: map[int]*sibling{}, slots: newFillSlots(opts.FillSlots)}
+	d := &Daemon{opts: opts, images: images, siblings: map[int]*sibling{}, slots: newFillSlots(defaultFillSlots())}
 	if opts.Snapshots != nil && opts.ShareWait > 0 {
 		if d.dev, err = cherrypick.Open(); err != nil {
 			images.Close()

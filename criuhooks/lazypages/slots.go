@@ -6,7 +6,7 @@ import (
 )
 
 // fillSlots bounds how many fillers of one daemon copy pages in the
-// background at once, across all of its siblings. Every task has a filler,
+// background at once, across all of its siblings (defaultFillSlots). Every task has a filler,
 // so a fan-out of 16 siblings of 10 tasks had 160 threads copying pages no
 // task waited for: even niced, together they outweighed the restores of the
 // siblings still to come and the siblings' first commands. A filler without
@@ -29,10 +29,8 @@ type fillSlots struct {
 // work, and to restores and execs, while memory fills.
 func defaultFillSlots() int { return max(1, runtime.NumCPU()/2) }
 
+// newFillSlots bounds background filling to n fillers at once (n >= 1).
 func newFillSlots(n int) *fillSlots {
-	if n <= 0 {
-		n = defaultFillSlots()
-	}
 	return &fillSlots{max: n, holders: map[*uffd]bool{}}
 }
 
