@@ -1,0 +1,629 @@
+// SPDX-License-Identifier: Apache-2.0
+/*
+ * tclone's CRIU plugin: memory twins.
+ *
+ * While CRIU holds a tree for a dump, this plugin gives every process of it
+ * a twin: a child made by a clone() without CLONE_VM that the plugin runs in
+ * one of the process's threads. The twin's memory is a copy-on-write copy
+ * of the process's at the dump's instant, made as fork() makes it (page
+ * tables only). tclone reads the twin's memory through /proc/PID/mem once
+ * the tree runs on, while the process itself writes to its own copy.
+ *
+ * The twin never runs a line of the process's code:
+ *  - the clone runs at a code page of the plugin's own, mapped into the
+ *    process for the call and unmapped right after it, so the twin is born
+ *    at code that names it "tclone-twin" and exits;
+ *  - it is born traced (CLONE_PTRACE: it stops before it reaches user
+ *    space), and CRIU's death would kill it (PTRACE_O_EXITKILL);
+ *  - before CRIU lets it go, it is parked in pause() with every signal
+ *    blocked, in a session of its own, with no descriptor of the process's
+ *    and a single one of its own: the read end of a pipe that kills it
+ *    (F_SETSIG SIGKILL) once the last copy of the write end is closed. The
+ *    write end (its "lifeline") and a pidfd of the twin go to tclone, which
+ *    ends the twin when it is done with it, or dies and so ends it.
+ * Its exit signal is 0: its birth and death send no SIGCHLD, and no wait()
+ * of the process's own sees it (only __WALL or __WCLONE do); tclone reaps
+ * it.
+ *
+ * A process whose memory a twin would get wrong is refused, and the dump
+ * fails: a private anonymous area fork() does not copy (MADV_DONTFORK) or
+ * wipes (MADV_WIPEONFORK), or memory registered with a userfaultfd (whose
+ * reader might be told of, and hold, the clone).
+ *
+ * The plugin acts only when CRIU's environment names its socket
+ * (TCLONE_TWIN_FD, a SOCK_SEQPACKET descriptor CRIU inherits); otherwise it
+ * does nothing, so that it may sit in a plugin directory other dumps read
+ * too. It runs in CRIU's checkpoint-devices hook: after CRIU has seized
+ * every task and before it dumps any, in CRIU's process, the tracer.
+ */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/ptrace.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/types.h>
+#include <sys/uio.h>
+#include <sys/user.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#include <linux/sched.h>
+
+#include "criu-plugin.h"
+
+#include "twin.h"
+
+/* CRIU's logger, which CRIU exports to its plugins. */
+extern void print_on_level(unsigned int loglevel, const char *format, ...) __attribute__((format(printf, 2, 3)));
+#define TWIN_LOG_ERROR 1
+#define TWIN_LOG_INFO 3
+#define twin_info(fmt, ...) print_on_level(TWIN_LOG_INFO, "tclone twin: " fmt "\n", ##__VA_ARGS__)
+#define twin_error(fmt, ...) print_on_level(TWIN_LOG_ERROR, "Error (tclone twin): " fmt "\n", ##__VA_ARGS__)
+
+#ifndef CLOSE_RANGE_UNSHARE
+#define CLOSE_RANGE_UNSHARE (1U << 1)
+#endif
+#ifndef __NR_close_range
+#define __NR_close_range 436
+#endif
+#ifndef __NR_pidfd_open
+#define __NR_pidfd_open 434
+#endif
+#ifndef __NR_pidfd_getfd
+#define __NR_pidfd_getfd 438
+#endif
+#ifndef PTRACE_GETSIGMASK
+#define PTRACE_GETSIGMASK 0x420a
+#define PTRACE_SETSIGMASK 0x420b
+#endif
+
+/* The codes a system call interrupted by a stop returns, on x86-64. */
+#define ERESTARTSYS 512
+#define ERESTARTNOINTR 513
+#define ERESTARTNOHAND 514
+#define ERESTART_RESTARTBLOCK 516
+
+#define PAGE 4096UL
+
+/*
+ * The code page. Every system call is run at its first instruction; what
+ * follows runs only in a twin left to itself: it names the twin and exits.
+ */
+static const unsigned char twin_code[] = {
+	0x0f, 0x05,			    /* 0x00 syscall                                  */
+	0xb8, 0x9d, 0x00, 0x00, 0x00,	    /* 0x02 mov eax, SYS_prctl                        */
+	0xbf, 0x0f, 0x00, 0x00, 0x00,	    /* 0x07 mov edi, PR_SET_NAME                      */
+	0x48, 0x8d, 0x35, 0x0d, 0x00, 0x00, 0x00, /* 0x0c lea rsi, [rip + 0x0d]  (the name)  */
+	0x0f, 0x05,			    /* 0x13 syscall                                  */
+	0xb8, 0x3c, 0x00, 0x00, 0x00,	    /* 0x15 mov eax, SYS_exit                         */
+	0x31, 0xff,			    /* 0x1a xor edi, edi                             */
+	0x0f, 0x05,			    /* 0x1c syscall                                  */
+	0x0f, 0x0b,			    /* 0x1e ud2                                      */
+	't', 'c', 'l', 'o', 'n', 'e', '-', 't', 'w', 'i', 'n', '\0', /* 0x20 the name   */
+};
+#define TWIN_NAME_OFF 0x20
+
+static int twin_sock = -1;
+
+/* The offset of a "syscall" instruction in the vDSO, the same in every process. */
+static long vdso_syscall_off = -1;
+
+struct twin_err {
+	int err;
+	char why[TWIN_WHY_LEN];
+};
+
+static int fail(struct twin_err *e, int err, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(e->why, sizeof(e->why), fmt, ap);
+	va_end(ap);
+	e->err = err ? err : EINVAL;
+	return -1;
+}
+
+static double ms_since(const struct timespec *t0)
+{
+	struct timespec t;
+
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (t.tv_sec - t0->tv_sec) * 1e3 + (t.tv_nsec - t0->tv_nsec) / 1e6;
+}
+
+/* wait_stop waits for tid's next stop. */
+static int wait_stop(pid_t tid, int *status, struct twin_err *e)
+{
+	for (;;) {
+		pid_t w = waitpid(tid, status, __WALL);
+
+		if (w == tid)
+			break;
+		if (w < 0 && errno == EINTR)
+			continue;
+		return fail(e, errno, "waiting for thread %d: %s", tid, strerror(errno));
+	}
+	if (!WIFSTOPPED(*status))
+		return fail(e, ESRCH, "thread %d ended (status %#x) while it ran a system call for tclone", tid,
+			    *status);
+	return 0;
+}
+
+/*
+ * inject runs one system call in tid, a stopped tracee, at site, and leaves
+ * it stopped at the call's exit with its registers changed: the caller
+ * saved them (orig) and puts them back. A result of -4095..-1 is an errno.
+ */
+static int inject(pid_t tid, const struct user_regs_struct *orig, unsigned long site, long *ret, struct twin_err *e,
+		  long nr, unsigned long a1, unsigned long a2, unsigned long a3, unsigned long a4, unsigned long a5,
+		  unsigned long a6)
+{
+	struct user_regs_struct r = *orig;
+	int status, stops = 0;
+
+	r.rip = site;
+	r.rax = nr;
+	r.orig_rax = -1; /* no restart of whatever the thread was in */
+	r.rdi = a1;
+	r.rsi = a2;
+	r.rdx = a3;
+	r.r10 = a4;
+	r.r8 = a5;
+	r.r9 = a6;
+	r.eflags &= ~(0x100UL /* TF */ | 0x400UL /* DF */);
+	if (ptrace(PTRACE_SETREGS, tid, NULL, &r))
+		return fail(e, errno, "setting the registers of thread %d: %s", tid, strerror(errno));
+	/* Two syscall stops, the entry and the exit; event stops (a clone's) are passed. */
+	while (stops < 2) {
+		if (ptrace(PTRACE_SYSCALL, tid, NULL, NULL))
+			return fail(e, errno, "resuming thread %d: %s", tid, strerror(errno));
+		if (wait_stop(tid, &status, e))
+			return -1;
+		if ((status >> 16) != 0)
+			continue;
+		if (WSTOPSIG(status) == (SIGTRAP | 0x80)) {
+			stops++;
+			continue;
+		}
+		/* Every signal is blocked but SIGKILL and SIGSTOP. */
+		return fail(e, EINTR, "thread %d stopped with signal %d while it ran a system call for tclone", tid,
+			    WSTOPSIG(status));
+	}
+	if (ptrace(PTRACE_GETREGS, tid, NULL, &r))
+		return fail(e, errno, "reading the registers of thread %d: %s", tid, strerror(errno));
+	*ret = (long)r.rax;
+	return 0;
+}
+
+/* call is inject for calls whose failure fails the twin. */
+static long call(pid_t tid, const struct user_regs_struct *orig, unsigned long site, struct twin_err *e, long nr,
+		 unsigned long a1, unsigned long a2, unsigned long a3, unsigned long a4, unsigned long a5,
+		 unsigned long a6)
+{
+	long ret = 0;
+
+	if (inject(tid, orig, site, &ret, e, nr, a1, a2, a3, a4, a5, a6))
+		return -1;
+	if (ret < 0 && ret > -4096) {
+		fail(e, (int)-ret, "system call %ld in %d failed: %s", nr, tid, strerror((int)-ret));
+		return -1;
+	}
+	return ret;
+}
+
+#define CALL(tid, regs, site, e, nr, ...) call(tid, regs, site, e, nr, ##__VA_ARGS__)
+#define A0 0, 0, 0, 0, 0, 0
+#define A1(a) (unsigned long)(a), 0, 0, 0, 0, 0
+#define A2(a, b) (unsigned long)(a), (unsigned long)(b), 0, 0, 0, 0
+#define A3(a, b, c) (unsigned long)(a), (unsigned long)(b), (unsigned long)(c), 0, 0, 0
+
+/*
+ * resumable gives regs as they must be for the thread to go on where it
+ * was: a system call its stop interrupted is restarted, as the kernel does
+ * on the way out of a signal stop (the thread now waits in another stop,
+ * out of which the kernel would not).
+ */
+static void resumable(struct user_regs_struct *regs)
+{
+	if ((long)regs->orig_rax < 0)
+		return;
+	switch ((long)regs->rax) {
+	case -ERESTARTSYS:
+	case -ERESTARTNOINTR:
+	case -ERESTARTNOHAND:
+		regs->rax = regs->orig_rax;
+		break;
+	case -ERESTART_RESTARTBLOCK:
+		regs->rax = __NR_restart_syscall;
+		break;
+	default:
+		return;
+	}
+	regs->rip -= 2;
+	regs->orig_rax = -1;
+}
+
+/* vdso_site finds a "syscall" instruction in pid's vDSO. */
+static int vdso_site(pid_t pid, unsigned long *site, struct twin_err *e)
+{
+	unsigned long start = 0, end = 0;
+	char path[64], line[512];
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/proc/%d/maps", pid);
+	f = fopen(path, "re");
+	if (!f)
+		return fail(e, errno, "reading %s: %s", path, strerror(errno));
+	while (fgets(line, sizeof(line), f))
+		if (strstr(line, "[vdso]") && sscanf(line, "%lx-%lx", &start, &end) == 2)
+			break;
+	fclose(f);
+	if (!end)
+		return fail(e, ENOENT, "process %d has no vDSO, where tclone runs its first system call", pid);
+	if (vdso_syscall_off < 0) {
+		size_t len = end - start;
+		unsigned char *buf = malloc(len);
+		struct iovec local = { buf, len }, remote = { (void *)start, len };
+
+		if (!buf)
+			return fail(e, ENOMEM, "no memory for a copy of the vDSO");
+		if (process_vm_readv(pid, &local, 1, &remote, 1, 0) != (ssize_t)len) {
+			int err = errno;
+			free(buf);
+			return fail(e, err, "reading the vDSO of process %d: %s", pid, strerror(err));
+		}
+		for (size_t i = 0; i + 1 < len && vdso_syscall_off < 0; i++)
+			if (buf[i] == 0x0f && buf[i + 1] == 0x05)
+				vdso_syscall_off = i;
+		free(buf);
+		if (vdso_syscall_off < 0)
+			return fail(e, ENOENT, "the vDSO holds no syscall instruction");
+	}
+	*site = start + vdso_syscall_off;
+	return 0;
+}
+
+/* unfit says why pid's memory cannot be twinned (see the top), or NULL. */
+static const char *unfit(pid_t pid, char *area, size_t arealen, struct twin_err *e)
+{
+	char path[64], line[1024], range[64] = "";
+	bool private_anon = false;
+	const char *why = NULL;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/proc/%d/smaps", pid);
+	f = fopen(path, "re");
+	if (!f) {
+		fail(e, errno, "reading %s: %s", path, strerror(errno));
+		return "could not be read";
+	}
+	while (!why && fgets(line, sizeof(line), f)) {
+		unsigned long a, b, off, ino;
+		char perms[8], dev[16];
+
+		if (sscanf(line, "%lx-%lx %7s %lx %15s %lu", &a, &b, perms, &off, dev, &ino) == 6) {
+			snprintf(range, sizeof(range), "%lx-%lx", a, b);
+			private_anon = perms[3] == 'p' && ino == 0;
+			continue;
+		}
+		if (strncmp(line, "VmFlags:", 8))
+			continue;
+		for (char *save, *tok = strtok_r(line + 8, " \n", &save); tok && !why; tok = strtok_r(NULL, " \n", &save)) {
+			if (!strcmp(tok, "um") || !strcmp(tok, "uw") || !strcmp(tok, "ui"))
+				why = "is registered with a userfaultfd";
+			else if (private_anon && !strcmp(tok, "dc"))
+				why = "is not copied by fork (MADV_DONTFORK)";
+			else if (private_anon && !strcmp(tok, "wf"))
+				why = "is wiped by fork (MADV_WIPEONFORK)";
+		}
+	}
+	fclose(f);
+	if (why)
+		snprintf(area, arealen, "%s", range);
+	return why;
+}
+
+/*
+ * live_thread picks the thread of pid that makes the clone (the leader, or
+ * another where the leader has exited) and reads its registers.
+ */
+static pid_t live_thread(pid_t pid, struct user_regs_struct *regs, struct twin_err *e)
+{
+	char path[64];
+	struct dirent *d;
+	DIR *dir;
+
+	if (ptrace(PTRACE_GETREGS, pid, NULL, regs) == 0)
+		return pid;
+	snprintf(path, sizeof(path), "/proc/%d/task", pid);
+	dir = opendir(path);
+	if (!dir) {
+		fail(e, errno, "reading %s: %s", path, strerror(errno));
+		return -1;
+	}
+	while ((d = readdir(dir))) {
+		pid_t tid = atoi(d->d_name);
+
+		if (tid > 0 && tid != pid && ptrace(PTRACE_GETREGS, tid, NULL, regs) == 0) {
+			closedir(dir);
+			return tid;
+		}
+	}
+	closedir(dir);
+	fail(e, ESRCH, "process %d has no thread whose registers can be read", pid);
+	return -1;
+}
+
+struct twin {
+	pid_t pid;    /* the twin, in CRIU's PID namespace */
+	int pidfd;    /* of the twin */
+	int lifeline; /* the write end of the twin's pipe */
+	double clone_ms, park_ms;
+};
+
+/*
+ * make_twin runs the clone in process pid, at a code page mapped for it
+ * and gone again before the process runs on, and returns the twin, which
+ * is stopped at its birth and traced.
+ */
+static int make_twin(pid_t pid, unsigned long *code, pid_t *twin, struct twin_err *e)
+{
+	struct user_regs_struct saved, regs;
+	uint64_t mask, all = ~0ULL;
+	unsigned long site = 0;
+	struct timespec t0;
+	long page, child = -1;
+	char path[64];
+	int memfd, ret = -1;
+	pid_t tid;
+
+	tid = live_thread(pid, &saved, e);
+	if (tid < 0)
+		return -1;
+	if (saved.cs != 0x33)
+		return fail(e, EOPNOTSUPP, "process %d runs in 32-bit mode", pid);
+	if (vdso_site(pid, &site, e))
+		return -1;
+	if (ptrace(PTRACE_GETSIGMASK, tid, sizeof(mask), &mask) || ptrace(PTRACE_SETSIGMASK, tid, sizeof(all), &all))
+		return fail(e, errno, "blocking the signals of process %d: %s", pid, strerror(errno));
+
+	regs = saved;
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	page = CALL(tid, &regs, site, e, __NR_mmap, 0, PAGE, PROT_READ | PROT_EXEC, MAP_PRIVATE | MAP_ANONYMOUS,
+		    (unsigned long)-1, 0);
+	if (page < 0)
+		goto restore;
+	snprintf(path, sizeof(path), "/proc/%d/mem", pid);
+	memfd = open(path, O_RDWR | O_CLOEXEC);
+	if (memfd < 0 || pwrite(memfd, twin_code, sizeof(twin_code), page) != (ssize_t)sizeof(twin_code)) {
+		fail(e, errno, "writing tclone's code page into process %d: %s", pid, strerror(errno));
+		if (memfd >= 0)
+			close(memfd);
+		goto unmap;
+	}
+	close(memfd);
+	/* No exit signal: the twin's birth and death are no SIGCHLD of the process's. */
+	child = CALL(tid, &regs, page, e, __NR_clone, A1(CLONE_PTRACE | CLONE_FILES | CLONE_FS));
+unmap:
+	if (CALL(tid, &regs, page, e, __NR_munmap, A2(page, PAGE)) < 0 && child > 0) {
+		kill(child, SIGKILL);
+		child = -1;
+	}
+restore:
+	resumable(&saved);
+	if (ptrace(PTRACE_SETREGS, tid, NULL, &saved) || ptrace(PTRACE_SETSIGMASK, tid, sizeof(mask), &mask)) {
+		fail(e, errno, "putting process %d back as it was: %s", pid, strerror(errno));
+		if (child > 0)
+			kill(child, SIGKILL);
+		return -1;
+	}
+	if (child > 0) {
+		*code = page;
+		*twin = child;
+		ret = 0;
+		twin_info("process %d (thread %d): twin %ld in %.3f ms", pid, tid, child, ms_since(&t0));
+	}
+	return ret;
+}
+
+/*
+ * park makes the twin harmless for when CRIU lets it go (see the top of
+ * this file), t->pid being stopped at its birth. It leaves the twin ready
+ * to enter pause() at its detach.
+ */
+static int park(struct twin *t, unsigned long code, struct twin_err *e)
+{
+	struct user_regs_struct regs;
+	uint64_t all = ~0ULL;
+	long nspid, scratch;
+	struct iovec local, remote;
+	char path[64];
+	int fds[2], status;
+	FILE *f;
+
+	/* The twin dies with CRIU until it is parked. */
+	if (ptrace(PTRACE_SETOPTIONS, t->pid, NULL, PTRACE_O_EXITKILL | PTRACE_O_TRACESYSGOOD) ||
+	    ptrace(PTRACE_SETSIGMASK, t->pid, sizeof(all), &all) || ptrace(PTRACE_GETREGS, t->pid, NULL, &regs))
+		return fail(e, errno, "taking hold of the twin %d: %s", t->pid, strerror(errno));
+	if (CALL(t->pid, &regs, code, e, __NR_prctl, A2(PR_SET_NAME, code + TWIN_NAME_OFF)) < 0 ||
+	    /* No descriptor of the process's stays open in the twin. */
+	    CALL(t->pid, &regs, code, e, __NR_close_range, A3(0, ~0U, CLOSE_RANGE_UNSHARE)) < 0 ||
+	    /* Out of the process's session and group: no job control or group signal reaches it. */
+	    CALL(t->pid, &regs, code, e, __NR_setsid, A0) < 0)
+		return -1;
+	nspid = CALL(t->pid, &regs, code, e, __NR_getpid, A0);
+	if (nspid < 0)
+		return -1;
+	/* A page of its own, outside every area of the process, for pipe2's answer. */
+	scratch = CALL(t->pid, &regs, code, e, __NR_mmap, 0, PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+		       (unsigned long)-1, 0);
+	if (scratch < 0 || CALL(t->pid, &regs, code, e, __NR_pipe2, A2(scratch, O_CLOEXEC)) < 0)
+		return -1;
+	local = (struct iovec){ fds, sizeof(fds) };
+	remote = (struct iovec){ (void *)scratch, sizeof(fds) };
+	if (process_vm_readv(t->pid, &local, 1, &remote, 1, 0) != sizeof(fds))
+		return fail(e, errno, "reading the twin's pipe: %s", strerror(errno));
+	/* The read end kills the twin once no write end is left. */
+	if (CALL(t->pid, &regs, code, e, __NR_fcntl, A3(fds[0], F_SETOWN, nspid)) < 0 ||
+	    CALL(t->pid, &regs, code, e, __NR_fcntl, A3(fds[0], F_SETSIG, SIGKILL)) < 0 ||
+	    CALL(t->pid, &regs, code, e, __NR_fcntl, A3(fds[0], F_SETFL, O_ASYNC)) < 0)
+		return -1;
+	t->pidfd = syscall(__NR_pidfd_open, t->pid, 0);
+	if (t->pidfd < 0)
+		return fail(e, errno, "pidfd of the twin %d: %s", t->pid, strerror(errno));
+	t->lifeline = syscall(__NR_pidfd_getfd, t->pidfd, fds[1], 0);
+	if (t->lifeline < 0)
+		return fail(e, errno, "taking the twin's pipe: %s", strerror(errno));
+	if (CALL(t->pid, &regs, code, e, __NR_close, A1(fds[1])) < 0 ||
+	    CALL(t->pid, &regs, code, e, __NR_munmap, A2(scratch, PAGE)) < 0)
+		return -1;
+	/* The OOM killer takes the twin before any process of the source. */
+	snprintf(path, sizeof(path), "/proc/%d/oom_score_adj", t->pid);
+	f = fopen(path, "we");
+	if (!f || fputs("1000", f) < 0 || fclose(f)) {
+		if (f)
+			fclose(f);
+		return fail(e, errno, "raising the twin's oom_score_adj: %s", strerror(errno));
+	}
+	/* pause() from the detach on: nothing but SIGKILL ends it, and what follows exits. */
+	regs.rip = code;
+	regs.rax = __NR_pause;
+	regs.orig_rax = -1;
+	if (ptrace(PTRACE_SETREGS, t->pid, NULL, &regs))
+		return fail(e, errno, "parking the twin %d: %s", t->pid, strerror(errno));
+	(void)status;
+	return 0;
+}
+
+/* send_twin hands the twin of pid to tclone, or says why there is none. */
+static int send_twin(pid_t pid, const struct twin *t, const struct twin_err *e)
+{
+	struct twin_msg m = { .version = TWIN_MSG_VERSION, .pid = pid };
+	char cbuf[CMSG_SPACE(2 * sizeof(int))] = {};
+	struct iovec iov = { &m, sizeof(m) };
+	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1 };
+
+	if (e) {
+		m.err = e->err;
+		snprintf(m.why, sizeof(m.why), "%s", e->why);
+	} else {
+		int fds[2] = { t->pidfd, t->lifeline };
+		struct cmsghdr *c;
+
+		m.twin = t->pid;
+		m.clone_us = (int32_t)(t->clone_ms * 1000);
+		m.park_us = (int32_t)(t->park_ms * 1000);
+		mh.msg_control = cbuf;
+		mh.msg_controllen = sizeof(cbuf);
+		c = CMSG_FIRSTHDR(&mh);
+		c->cmsg_level = SOL_SOCKET;
+		c->cmsg_type = SCM_RIGHTS;
+		c->cmsg_len = CMSG_LEN(sizeof(fds));
+		memcpy(CMSG_DATA(c), fds, sizeof(fds));
+	}
+	return sendmsg(twin_sock, &mh, MSG_NOSIGNAL) == sizeof(m) ? 0 : -1;
+}
+
+static int twin_of(pid_t pid, struct twin *t, struct twin_err *e)
+{
+	struct timespec t0;
+	unsigned long code = 0;
+	char area[64];
+	const char *why;
+	int status;
+
+	why = unfit(pid, area, sizeof(area), e);
+	if (why) {
+		if (!e->err)
+			fail(e, EOPNOTSUPP, "process %d: its memory area %s %s", pid, area, why);
+		return -1;
+	}
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	if (make_twin(pid, &code, &t->pid, e))
+		return -1;
+	t->clone_ms = ms_since(&t0);
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	/* The twin is born traced and stops before it reaches user space. */
+	if (wait_stop(t->pid, &status, e) || park(t, code, e)) {
+		kill(t->pid, SIGKILL);
+		return -1;
+	}
+	if (ptrace(PTRACE_DETACH, t->pid, NULL, NULL)) {
+		fail(e, errno, "letting the twin %d go: %s", t->pid, strerror(errno));
+		kill(t->pid, SIGKILL);
+		return -1;
+	}
+	t->park_ms = ms_since(&t0);
+	return 0;
+}
+
+static int twin_checkpoint(int pid)
+{
+	struct twin t = { .pidfd = -1, .lifeline = -1 };
+	struct twin_err e = {};
+	sigset_t chld, old;
+	int ret;
+
+	if (twin_sock < 0)
+		return -ENOTSUP;
+	/* The twin's stops are waited for here: no handler of CRIU's may take them. */
+	sigemptyset(&chld);
+	sigaddset(&chld, SIGCHLD);
+	sigprocmask(SIG_BLOCK, &chld, &old);
+	ret = twin_of(pid, &t, &e);
+	sigprocmask(SIG_SETMASK, &old, NULL);
+
+	if (send_twin(pid, &t, ret ? &e : NULL)) {
+		twin_error("cannot hand the twin of %d to tclone: %s", pid, strerror(errno));
+		if (!ret && t.pid > 0)
+			kill(t.pid, SIGKILL);
+		ret = -1;
+	} else if (ret) {
+		twin_error("%s", e.why);
+	} else {
+		twin_info("process %d: twin %d parked in %.3f ms", pid, t.pid, t.park_ms);
+	}
+	if (t.pidfd >= 0)
+		close(t.pidfd);
+	if (t.lifeline >= 0)
+		close(t.lifeline);
+	return ret ? -1 : 0;
+}
+
+static int twin_init(int stage)
+{
+	const char *fd = getenv(TWIN_FD_ENV);
+
+	if (stage != CR_PLUGIN_STAGE__DUMP || !fd)
+		return 0;
+	twin_sock = atoi(fd);
+	if (fcntl(twin_sock, F_SETFD, FD_CLOEXEC) < 0) {
+		twin_error("%s=%s names no descriptor: %s", TWIN_FD_ENV, fd, strerror(errno));
+		twin_sock = -1;
+		return -1;
+	}
+	return 0;
+}
+
+static void twin_exit(int stage, int ret)
+{
+	if (twin_sock >= 0)
+		close(twin_sock);
+	twin_sock = -1;
+}
+
+CR_PLUGIN_REGISTER("tclone_twin", twin_init, twin_exit)
+CR_PLUGIN_REGISTER_HOOK(CR_PLUGIN_HOOK__CHECKPOINT_DEVICES, twin_checkpoint)

@@ -1,0 +1,349 @@
+package criuhooks
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/checkpoint-restore/go-criu/v7/rpc"
+	"golang.org/x/sys/unix"
+	"google.golang.org/protobuf/proto"
+)
+
+// A twin capture (forkopts.MemoryTwin) needs no kernel module. CRIU makes a
+// lazy dump, which leaves every lazily restorable page out of the images,
+// and tclone's CRIU plugin (criuhooks/criu/twin.c) gives each process of
+// the held tree a twin: a child cloned without CLONE_VM, whose memory is
+// the process's at the dump's instant, shared copy-on-write as fork()
+// shares it, and which never runs. Siblings then read their lazy pages from
+// the twins' /proc/PID/mem, as they read a vma_cherrypick snapshot.
+//
+// With tclone's build of CRIU (lazy-pages-external, criuhooks/criu) the
+// lazy pages are only listed in the pagemap; stock CRIU's lazy dump also
+// reads every one of them into pipes while it holds the tree, so that the
+// source's pause then still grows with its memory.
+
+// TwinCRIU is what a twin dump needs of the host's CRIU.
+type TwinCRIU struct {
+	// PluginDir holds tclone's twin plugin (tclone_twin.so).
+	PluginDir string
+	// External: this CRIU has the lazy-pages-external option.
+	External bool
+}
+
+// twinMsgSize is sizeof(struct twin_msg) in criuhooks/criu/twin.h.
+const (
+	twinMsgVersion = 1
+	twinWhyLen     = 240
+	twinMsgSize    = 6*4 + twinWhyLen
+	// twinFDEnv names the plugin's socket in CRIU's environment.
+	twinFDEnv = "TCLONE_TWIN_FD"
+)
+
+// Twin is one process's twin, as the plugin handed it over.
+type Twin struct {
+	// Pid is the process's pid here; TwinPid its twin's.
+	Pid, TwinPid int
+	// Pidfd and Lifeline are the twin's pidfd and the write end of its
+	// pipe: closing the last copy of the lifeline kills the twin.
+	Pidfd, Lifeline *os.File
+	// Clone and Park are what making and parking it added to the pause.
+	Clone, Park time.Duration
+}
+
+// Close closes the twin's descriptors; it dies once no copy of its
+// lifeline is left anywhere.
+func (t *Twin) Close() {
+	if t.Pidfd != nil {
+		t.Pidfd.Close()
+	}
+	if t.Lifeline != nil {
+		t.Lifeline.Close()
+	}
+}
+
+// TwinDump makes the dump of opts a twin dump: CRIU loads the plugin from
+// c.PluginDir, whose messages the returned collector gathers while CRIU
+// runs. It sets env (CRIU's environment) and writes CRIU's configuration
+// file into workDir. Call Close on the collector once the dump is over;
+// the twins it gathered stay open until released.
+func TwinDump(opts *rpc.CriuOpts, workDir string, c TwinCRIU) (*TwinCollector, []string, error) {
+	if opts.ConfigFile != nil {
+		return nil, nil, fmt.Errorf("a twin dump needs CRIU's configuration file, and the dump already has one (%s)", opts.GetConfigFile())
+	}
+	if _, err := os.Stat(filepath.Join(c.PluginDir, TwinPluginName)); err != nil {
+		return nil, nil, fmt.Errorf("tclone's CRIU plugin is not installed: %w (hack/setup-host.sh builds it)", err)
+	}
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, nil, fmt.Errorf("twin dump: the plugin's socket: %w", err)
+	}
+	col := &TwinCollector{recv: os.NewFile(uintptr(fds[0]), "twin socket"), send: fds[1], got: map[int]*Twin{},
+		done: make(chan struct{})}
+	// CRIU inherits the plugin's end; the plugin makes it close-on-exec.
+	if _, err := unix.FcntlInt(uintptr(fds[1]), unix.F_SETFD, 0); err != nil {
+		col.Close()
+		return nil, nil, fmt.Errorf("twin dump: %w", err)
+	}
+	conf := []string{"libdir " + c.PluginDir}
+	if c.External {
+		conf = append(conf, "lazy-pages-external")
+	} else {
+		// Stock CRIU serves its lazy pages once post-dump returns; a
+		// page server socket whose peer is gone ends that at once.
+		ps, err := deadPageServer()
+		if err != nil {
+			col.Close()
+			return nil, nil, err
+		}
+		col.pageServer = ps
+		conf = append(conf, "ps-socket "+strconv.Itoa(ps))
+	}
+	confPath := filepath.Join(workDir, lazyDumpConf)
+	if err := os.WriteFile(confPath, []byte(strings.Join(conf, "\n")+"\n"), 0o600); err != nil {
+		col.Close()
+		return nil, nil, fmt.Errorf("twin dump: %w", err)
+	}
+	col.conf = confPath
+	opts.LazyPages = proto.Bool(true)
+	opts.ConfigFile = proto.String(confPath)
+	go col.gather()
+	return col, []string{twinFDEnv + "=" + strconv.Itoa(fds[1])}, nil
+}
+
+// TwinPluginName is the plugin's file in its directory.
+const TwinPluginName = "tclone_twin.so"
+
+// deadPageServer is a socket whose peer is already closed, left inheritable
+// for the criu process: see LazyDump.
+func deadPageServer() (int, error) {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM, 0)
+	if err != nil {
+		return -1, fmt.Errorf("lazy dump: page server socket: %w", err)
+	}
+	unix.Close(fds[1])
+	return fds[0], nil
+}
+
+// TwinCollector gathers the twins the plugin hands over during a dump.
+type TwinCollector struct {
+	recv       *os.File
+	send       int
+	pageServer int
+	conf       string
+	done       chan struct{}
+
+	mu   sync.Mutex
+	got  map[int]*Twin // by process pid
+	errs []error
+}
+
+// DumpStarted closes this process's copy of the plugin's end, once CRIU
+// has started and holds its own: the collector then sees the end of the
+// stream when CRIU exits.
+func (c *TwinCollector) DumpStarted() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.send >= 0 {
+		unix.Close(c.send)
+		c.send = -1
+	}
+}
+
+func (c *TwinCollector) gather() {
+	defer close(c.done)
+	buf := make([]byte, twinMsgSize+16)
+	oob := make([]byte, unix.CmsgSpace(2*4))
+	fd := int(c.recv.Fd())
+	for {
+		n, oobn, _, _, err := unix.Recvmsg(fd, buf, oob, unix.MSG_CMSG_CLOEXEC)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil || n == 0 {
+			return
+		}
+		t, err := parseTwinMsg(buf[:n], oob[:oobn])
+		c.mu.Lock()
+		if err != nil {
+			c.errs = append(c.errs, err)
+		} else {
+			if old := c.got[t.Pid]; old != nil {
+				old.Close()
+			}
+			c.got[t.Pid] = t
+		}
+		c.mu.Unlock()
+	}
+}
+
+// parseTwinMsg reads one plugin message: a twin, or why there is none.
+func parseTwinMsg(b, oob []byte) (*Twin, error) {
+	var files []int
+	if len(oob) > 0 {
+		msgs, err := unix.ParseSocketControlMessage(oob)
+		if err != nil {
+			return nil, fmt.Errorf("twin plugin: %w", err)
+		}
+		for _, m := range msgs {
+			if fds, err := unix.ParseUnixRights(&m); err == nil {
+				files = append(files, fds...)
+			}
+		}
+	}
+	closeFiles := func() {
+		for _, fd := range files {
+			unix.Close(fd)
+		}
+	}
+	if len(b) < twinMsgSize {
+		closeFiles()
+		return nil, fmt.Errorf("twin plugin: a message of %d bytes, want %d (the plugin and tclone differ: reinstall both)", len(b), twinMsgSize)
+	}
+	le := binary.LittleEndian
+	version := le.Uint32(b)
+	pid, twin, errno := int32(le.Uint32(b[4:])), int32(le.Uint32(b[8:])), int32(le.Uint32(b[12:]))
+	cloneUs, parkUs := int32(le.Uint32(b[16:])), int32(le.Uint32(b[20:]))
+	why := string(b[24:twinMsgSize])
+	if i := strings.IndexByte(why, 0); i >= 0 {
+		why = why[:i]
+	}
+	if version != twinMsgVersion {
+		closeFiles()
+		return nil, fmt.Errorf("twin plugin speaks version %d, tclone %d: reinstall both", version, twinMsgVersion)
+	}
+	if errno != 0 {
+		closeFiles()
+		return nil, &TwinError{Pid: int(pid), Errno: unix.Errno(errno), Why: why}
+	}
+	if len(files) != 2 {
+		closeFiles()
+		return nil, fmt.Errorf("twin plugin: the twin of %d came with %d descriptors, want 2", pid, len(files))
+	}
+	return &Twin{Pid: int(pid), TwinPid: int(twin),
+		Pidfd:    os.NewFile(uintptr(files[0]), fmt.Sprintf("pidfd of twin %d", twin)),
+		Lifeline: os.NewFile(uintptr(files[1]), fmt.Sprintf("lifeline of twin %d", twin)),
+		Clone: time.Duration(cloneUs) * time.Microsecond, Park: time.Duration(parkUs) * time.Microsecond}, nil
+}
+
+// TwinError is a process the plugin could not twin, and why.
+type TwinError struct {
+	Pid   int
+	Errno unix.Errno
+	Why   string
+}
+
+func (e *TwinError) Error() string {
+	return fmt.Sprintf("no twin of process %d: %s", e.Pid, e.Why)
+}
+
+func (e *TwinError) Unwrap() error { return e.Errno }
+
+// Close stops gathering and removes the dump's configuration. Twins
+// gathered and not taken (Take) are released.
+func (c *TwinCollector) Close() {
+	c.DumpStarted()
+	c.recv.Close()
+	<-c.done
+	if c.pageServer >= 0 {
+		unix.Close(c.pageServer)
+		c.pageServer = -1
+	}
+	if c.conf != "" {
+		os.Remove(c.conf)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for pid, t := range c.got {
+		t.Close()
+		delete(c.got, pid)
+	}
+}
+
+// Err is the first failure the plugin reported, if any.
+func (c *TwinCollector) Err() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return errors.Join(c.errs...)
+}
+
+// TwinSnapshots are a twin capture's memory: each process's twin, with its
+// /proc/PID/mem open, by image pid.
+type TwinSnapshots struct {
+	Snapshots
+	Twins map[int32]*Twin
+}
+
+// Close releases the twins and their memory files.
+func (s *TwinSnapshots) Close() error {
+	err := s.Snapshots.Close()
+	for pid, t := range s.Twins {
+		t.Close()
+		delete(s.Twins, pid)
+	}
+	return err
+}
+
+// Take hands over the twin of every process of tasks, which CRIU still
+// holds (post-dump): each must have one, alive, whose memory it opens. The
+// twins it takes are the caller's to close.
+func (c *TwinCollector) Take(tasks []Task) (*TwinSnapshots, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err := errors.Join(c.errs...); err != nil {
+		return nil, err
+	}
+	s := &TwinSnapshots{Snapshots: Snapshots{Files: map[int32]*os.File{}}, Twins: map[int32]*Twin{}}
+	for _, task := range tasks {
+		t := c.got[task.HostPid]
+		if t == nil {
+			if zombie(task.HostPid) {
+				continue // CRIU dumps no memory for it either
+			}
+			s.Close()
+			return nil, fmt.Errorf("process %d (pid %d in the images) has no twin: CRIU's plugin did not make one", task.HostPid, task.ImagePid)
+		}
+		mem, err := openTwinMem(t)
+		if err != nil {
+			s.Close()
+			return nil, err
+		}
+		delete(c.got, task.HostPid)
+		s.Twins[task.ImagePid] = t
+		s.Files[task.ImagePid] = mem
+		s.Took += t.Clone + t.Park
+	}
+	return s, nil
+}
+
+// openTwinMem opens the twin's memory, and proves that the pid named the
+// twin all along: the twin is alive after the open (its pidfd says so), and
+// a pid is not reused while its process lives.
+func openTwinMem(t *Twin) (*os.File, error) {
+	mem, err := os.Open(fmt.Sprintf("/proc/%d/mem", t.TwinPid))
+	if err != nil {
+		return nil, fmt.Errorf("opening the memory of twin %d (of process %d): %w", t.TwinPid, t.Pid, err)
+	}
+	if err := unix.PidfdSendSignal(int(t.Pidfd.Fd()), 0, nil, 0); err != nil {
+		mem.Close()
+		return nil, fmt.Errorf("twin %d (of process %d) died before its memory was read: %w", t.TwinPid, t.Pid, err)
+	}
+	return mem, nil
+}
+
+// zombie says whether pid has exited (or is gone).
+func zombie(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return true
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	return i < 0 || i+2 >= len(s) || s[i+2] == 'Z' || s[i+2] == 'X'
+}
