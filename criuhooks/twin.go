@@ -245,25 +245,31 @@ func (e *TwinError) Error() string {
 
 func (e *TwinError) Unwrap() error { return e.Errno }
 
-// Close stops gathering and removes the dump's configuration. Twins
-// gathered and not taken (Take) are released.
-func (c *TwinCollector) Close() {
+// Close stops gathering and removes the dump's configuration. It returns
+// the twins gathered and not taken (Take), the caller's to release.
+func (c *TwinCollector) Close() []*Twin {
 	c.DumpStarted()
-	c.recv.Close()
-	<-c.done
+	if c.recv != nil {
+		c.recv.Close()
+		<-c.done
+		c.recv = nil
+	}
 	if c.pageServer >= 0 {
 		unix.Close(c.pageServer)
 		c.pageServer = -1
 	}
 	if c.conf != "" {
 		os.Remove(c.conf)
+		c.conf = ""
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	var left []*Twin
 	for pid, t := range c.got {
-		t.Close()
+		left = append(left, t)
 		delete(c.got, pid)
 	}
+	return left
 }
 
 // Err is the first failure the plugin reported, if any.
@@ -280,19 +286,29 @@ type TwinSnapshots struct {
 	Twins map[int32]*Twin
 }
 
-// Close releases the twins and their memory files.
-func (s *TwinSnapshots) Close() error {
-	err := s.Snapshots.Close()
+// List is the twins, for releasing them.
+func (s *TwinSnapshots) List() []*Twin {
+	var out []*Twin
+	for _, t := range s.Twins {
+		out = append(out, t)
+	}
+	return out
+}
+
+// giveBack returns the twins to got, by process pid, and closes their
+// memory files.
+func (s *TwinSnapshots) giveBack(got map[int]*Twin) {
+	s.Snapshots.Close()
 	for pid, t := range s.Twins {
-		t.Close()
+		got[t.Pid] = t
 		delete(s.Twins, pid)
 	}
-	return err
 }
 
 // Take hands over the twin of every process of tasks, which CRIU still
 // holds (post-dump): each must have one, alive, whose memory it opens. The
-// twins it takes are the caller's to close.
+// twins it takes are the caller's to release; on failure, those it had
+// taken are back with the collector.
 func (c *TwinCollector) Take(tasks []Task) (*TwinSnapshots, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -300,18 +316,27 @@ func (c *TwinCollector) Take(tasks []Task) (*TwinSnapshots, error) {
 		return nil, err
 	}
 	s := &TwinSnapshots{Snapshots: Snapshots{Files: map[int32]*os.File{}}, Twins: map[int32]*Twin{}}
+	// The twins are children of the tree's processes by now: tasks, read
+	// from /proc, lists them too.
+	twins := map[int]bool{}
+	for _, t := range c.got {
+		twins[t.TwinPid] = true
+	}
 	for _, task := range tasks {
+		if twins[task.HostPid] {
+			continue
+		}
 		t := c.got[task.HostPid]
 		if t == nil {
 			if zombie(task.HostPid) {
 				continue // CRIU dumps no memory for it either
 			}
-			s.Close()
+			s.giveBack(c.got)
 			return nil, fmt.Errorf("process %d (pid %d in the images) has no twin: CRIU's plugin did not make one", task.HostPid, task.ImagePid)
 		}
 		mem, err := openTwinMem(t)
 		if err != nil {
-			s.Close()
+			s.giveBack(c.got)
 			return nil, err
 		}
 		delete(c.got, task.HostPid)

@@ -367,6 +367,47 @@ static pid_t live_thread(pid_t pid, struct user_regs_struct *regs, struct twin_e
 	return -1;
 }
 
+/*
+ * children reads the children of thread tid of pid, as CRIU's PID
+ * namespace sees them, into out (up to max); it returns how many.
+ */
+static int children(pid_t pid, pid_t tid, pid_t *out, int max)
+{
+	char path[80];
+	FILE *f;
+	int n = 0;
+	long c;
+
+	snprintf(path, sizeof(path), "/proc/%d/task/%d/children", pid, tid);
+	f = fopen(path, "re");
+	if (!f)
+		return -1;
+	while (n < max && fscanf(f, "%ld", &c) == 1)
+		out[n++] = c;
+	fclose(f);
+	return n;
+}
+
+/*
+ * new_child finds the child of tid that is not among before: the clone's,
+ * whose pid the clone returned as the process's PID namespace sees it.
+ */
+static pid_t new_child(pid_t pid, pid_t tid, const pid_t *before, int nbefore)
+{
+	pid_t now[4096];
+	int n = children(pid, tid, now, 4096);
+
+	for (int i = 0; i < n; i++) {
+		bool old = false;
+
+		for (int j = 0; j < nbefore && !old; j++)
+			old = now[i] == before[j];
+		if (!old)
+			return now[i];
+	}
+	return -1;
+}
+
 struct twin {
 	pid_t pid;    /* the twin, in CRIU's PID namespace */
 	int pidfd;    /* of the twin */
@@ -386,8 +427,9 @@ static int make_twin(pid_t pid, unsigned long *code, pid_t *twin, struct twin_er
 	unsigned long site = 0;
 	struct timespec t0;
 	long page, child = -1;
+	pid_t before[4096];
 	char path[64];
-	int memfd, ret = -1;
+	int memfd, nbefore, ret = -1;
 	pid_t tid;
 
 	tid = live_thread(pid, &saved, e);
@@ -415,8 +457,21 @@ static int make_twin(pid_t pid, unsigned long *code, pid_t *twin, struct twin_er
 		goto unmap;
 	}
 	close(memfd);
-	/* No exit signal: the twin's birth and death are no SIGCHLD of the process's. */
-	child = CALL(tid, &regs, page, e, __NR_clone, A1(CLONE_PTRACE | CLONE_FILES | CLONE_FS));
+	/*
+	 * No exit signal: the twin's birth and death are no SIGCHLD of the
+	 * process's. The clone returns the twin's pid in the process's PID
+	 * namespace; its pid here is the thread's one new child.
+	 */
+	nbefore = children(pid, tid, before, 4096);
+	if (nbefore < 0) {
+		fail(e, errno, "reading the children of thread %d of %d: %s", tid, pid, strerror(errno));
+		goto unmap;
+	}
+	if (CALL(tid, &regs, page, e, __NR_clone, A1(CLONE_PTRACE | CLONE_FILES | CLONE_FS)) > 0) {
+		child = new_child(pid, tid, before, nbefore);
+		if (child < 0)
+			fail(e, ESRCH, "the clone in process %d made no child that can be found", pid);
+	}
 unmap:
 	if (CALL(tid, &regs, page, e, __NR_munmap, A2(page, PAGE)) < 0 && child > 0) {
 		kill(child, SIGKILL);

@@ -81,10 +81,10 @@ type captureOp struct {
 	// vols are the volumes to copy; volumes their copies, once taken.
 	vols    []volumeToCopy
 	volumes []plan.Volume
-	// memory is the plan's memory mode (forkopts.Memory.Capture); cow,
-	// for a copy-on-write capture, its snapshots in the making.
+	// memory is the plan's memory mode (forkopts.Memory.Capture); held,
+	// for a copy-on-write capture (cow, twin), its memory in the making.
 	memory forkopts.Memory
-	cow    *cowCapture
+	held   heldMemory
 	entry  *journal.Entry
 	log    *opLog
 }
@@ -105,10 +105,17 @@ func (e *Engine) captureSource(ctx context.Context, src *source, req CaptureRequ
 	// Memory a files-only fork does not take may be incomplete; nor does
 	// it run CRIU.
 	memory, why := req.Fork.Memory, ""
+	var twin twinHost
 	if !req.Fork.FilesOnly {
-		var cowOK bool
-		cowOK, why = cowAvailable(check)
-		if memory, err = req.Fork.Memory.Capture(cowOK, why); err != nil {
+		var host forkopts.CaptureHost
+		host.Cow, host.CowWhy = cowAvailable(check)
+		twin, host.Twin, host.TwinWhy = twinAvailable(check)
+		if host.Twin {
+			if fits, why := twinFits(src); !fits {
+				host.Twin, host.TwinWhy = false, why
+			}
+		}
+		if memory, why, err = req.Fork.Memory.Capture(host); err != nil {
 			return nil, err
 		}
 		if err := checkDumpableCredentials(src.state.Pid); err != nil {
@@ -123,8 +130,11 @@ func (e *Engine) captureSource(ctx context.Context, src *source, req CaptureRequ
 		return nil, err
 	}
 	op.memory = memory
-	if memory == forkopts.MemoryCow {
-		op.cow = &cowCapture{}
+	switch memory {
+	case forkopts.MemoryCow:
+		op.held = &cowCapture{}
+	case forkopts.MemoryTwin:
+		op.held = &twinCapture{host: twin}
 	}
 	if !req.Fork.FilesOnly {
 		logrus.WithFields(logrus.Fields{"source": src.id, "asked": req.Fork.Memory, "memory": memory}).Infof("memory: %s", why)
@@ -138,7 +148,7 @@ func (e *Engine) captureSource(ctx context.Context, src *source, req CaptureRequ
 	if err != nil {
 		return op.fail(err)
 	}
-	if op.cow != nil {
+	if op.held != nil {
 		if err := op.holdSnapshots(ctx, p); err != nil {
 			return op.fail(err)
 		}
@@ -207,8 +217,8 @@ func (e *Engine) beginCapture(src *source, req CaptureRequest, check *criucheck.
 // says what is left to undo.
 func (op *captureOp) fail(err error) (*Captured, error) {
 	op.log.failed(err)
-	if op.cow != nil {
-		op.cow.release()
+	if op.held != nil {
+		op.held.release()
 	}
 	snap := rootfs.Snapshot{Kind: op.rfs.Kind, Path: op.snapDir}
 	err = errors.Join(err, snap.Remove(), op.e.Store.Remove(op.dir))
@@ -333,11 +343,12 @@ func (op *captureOp) dump(ctx context.Context, opts forkopts.Dumped) (*dumped, e
 		return nil, err
 	}
 	defer closeDirs()
-	if op.cow != nil {
-		if err := op.cow.begin(criuOpts, plan.WorkDir(dir)); err != nil {
+	var setup dumpSetup
+	if op.held != nil {
+		if setup, err = op.held.begin(criuOpts, plan.WorkDir(dir)); err != nil {
 			return nil, err
 		}
-		defer op.cow.dumpDone()
+		defer op.held.dumpDone()
 	}
 	// Best effort, before CRIU seizes the tree: a watch it cannot name is
 	// for CRIU to refuse, and explainDumpError to explain.
@@ -350,17 +361,27 @@ func (op *captureOp) dump(ctx context.Context, opts forkopts.Dumped) (*dumped, e
 			// The plan's removal removes them, whatever fails later.
 			op.volumes, err = copyVolumes(ctx, op.vols, op.e.Store.VolumesDir(op.id))
 		}
-		if err == nil && op.cow != nil {
+		if err == nil && op.held != nil {
 			// Last, so that a failure above takes none.
-			err = op.cow.take(src.state.Pid)
+			err = op.held.take(src.state.Pid)
 		}
 		return snap, err
 	})
 	hooks.lockSkipped = criuOpts.GetNetworkLock() == rpc.CriuNetworkLockMethod_SKIP
 	logPath := filepath.Join(plan.WorkDir(dir), dumpLogName)
+	criuPath := op.check.Path
+	if setup.criuPath != "" {
+		criuPath = setup.criuPath
+	}
+	hooks.onCriuStarted = setup.started
 	err = criuhooks.Dump(ctx, criuhooks.Request{
-		CriuPath: op.check.Path, Env: op.check.Env(), Opts: criuOpts, LogPath: logPath,
+		CriuPath: criuPath, Env: append(op.check.Env(), setup.env...), Opts: criuOpts, LogPath: logPath,
 	}, hooks)
+	if err != nil && op.held != nil {
+		if herr := op.held.dumpErr(); herr != nil {
+			err = fmt.Errorf("%w: %w", herr, err)
+		}
+	}
 	returned := time.Now()
 	crashPoint(CrashDumpDone)
 	// CRIU that returned has let the tree go; one that was killed could not
@@ -473,6 +494,8 @@ type captureNotify struct {
 	// lockSkipped says CRIU was told not to lock the source's network: it
 	// still announces the lock, and then takes none.
 	lockSkipped bool
+	// onCriuStarted, if set, runs in pre-dump, once CRIU runs.
+	onCriuStarted func()
 
 	criuPid    int
 	seizeStart time.Time
@@ -493,6 +516,9 @@ func newCaptureNotify(ctx context.Context, src *source, entry *journal.Entry, sn
 			return err
 		}
 		n.seizeStart, n.criuPid = time.Now(), criuPid
+		if n.onCriuStarted != nil {
+			n.onCriuStarted()
+		}
 		crashWhenSeized(src.state.Pid, criuPid)
 		return nil
 	}

@@ -1,7 +1,6 @@
 package fork
 
 import (
-	"context"
 	"fmt"
 	"time"
 
@@ -11,7 +10,6 @@ import (
 	"github.com/tclone/tclone/kernel/cherrypick"
 	"github.com/tclone/tclone/runtime/criucheck"
 	"github.com/tclone/tclone/runtime/lazy"
-	"github.com/tclone/tclone/runtime/plan"
 )
 
 // A copy-on-write capture (forkopts.MemoryCow): CRIU makes a --lazy-pages
@@ -46,17 +44,17 @@ type cowCapture struct {
 }
 
 // begin opens the module and makes opts a lazy dump that ends at once.
-func (c *cowCapture) begin(opts *rpc.CriuOpts, workDir string) error {
+func (c *cowCapture) begin(opts *rpc.CriuOpts, workDir string) (dumpSetup, error) {
 	var err error
 	if c.dev, err = cherrypick.Open(); err != nil {
-		return fmt.Errorf("--memory cow: %w", err)
+		return dumpSetup{}, fmt.Errorf("--memory cow: %w", err)
 	}
 	if c.endDump, err = criuhooks.LazyDump(opts, workDir); err != nil {
 		c.dev.Close()
 		c.dev = nil
-		return err
+		return dumpSetup{}, err
 	}
-	return nil
+	return dumpSetup{}, nil
 }
 
 // dumpDone closes what the dump needed; the snapshots stay.
@@ -96,21 +94,11 @@ func (c *cowCapture) release() {
 	}
 }
 
-// hold hands the snapshots to the plan's daemon, started for it, and
-// records them in the plan.
-func (op *captureOp) holdSnapshots(ctx context.Context, p *plan.Plan) error {
-	c := op.cow
-	defer c.release()
-	start := time.Now()
-	pid, err := lazy.Hold(ctx, op.e.lazyPaths(op.id), op.dir, p.ExpiresAt, c.snaps)
-	if err != nil {
-		return fmt.Errorf("handing the copy-on-write snapshots to the plan's lazy-pages daemon: %w", err)
-	}
-	p.Snapshots = &plan.Snapshots{
-		Processes: len(c.snaps.Files), AnonPages: c.snaps.AnonPages, SwapEntries: c.snaps.SwapEntries,
-		TookMs: ms(c.snaps.Took), HolderPid: pid,
-	}
-	op.log.phase("snapshots", map[string]any{"processes": p.Snapshots.Processes, "anon_pages": c.snaps.AnonPages,
-		"took_ms": p.Snapshots.TookMs, "holder": pid, "hand_over_ms": ms(time.Since(start))})
-	return nil
-}
+func (c *cowCapture) held() lazy.Held { return lazy.Held{Snapshots: c.snaps} }
+
+func (c *cowCapture) taken() bool { return c.snaps != nil }
+
+func (c *cowCapture) dumpErr() error { return nil }
+
+// handed: the daemon has its own copies of the snapshots' descriptors.
+func (c *cowCapture) handed() {}

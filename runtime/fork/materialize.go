@@ -428,6 +428,7 @@ func (op *materializeOp) crunRestore(ctx context.Context, images, work string) e
 		criuConf = append(criuConf, forkopts.CRIUTCPClose)
 	}
 	if op.memory == forkopts.MemoryLazy || op.memory == forkopts.MemoryCow {
+		// (A twin plan's siblings are lazy ones.)
 		// CRIU connects to the plan's daemon at the socket in its work
 		// directory before it restores anything.
 		client, err := op.lazyDaemon(ctx, work)
@@ -572,7 +573,7 @@ func (e *Engine) undoMaterialize(ctx context.Context, r journal.Record) error {
 // copy-on-write plan's daemon holds the plan's memory: it is never started
 // here, and without it the sibling cannot be made.
 func (op *materializeOp) lazyDaemon(ctx context.Context, work string) (*lazy.Client, error) {
-	cow := op.p.Memory == forkopts.MemoryCow
+	cow := op.p.Memory.Held()
 	// What to do is the same whatever went wrong with the daemon.
 	advise := func(err error) error {
 		if cow {

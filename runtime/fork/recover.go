@@ -154,6 +154,13 @@ func (e *Engine) recoverCapture(ctx context.Context, entry journal.Record, r *Re
 		}
 	}
 	var errs []error
+	// Twins the capture had die with their lifelines, in this process's
+	// death; their zombies are the source's to lose.
+	if rec.Source.CgroupDir != "" {
+		if _, err := lazy.ReapTwinZombies(rec.Source.CgroupDir); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	if rec.SnapshotPath != "" {
 		snap := rootfs.Snapshot{Kind: rootfs.Kind(rec.SnapshotKind), Path: rec.SnapshotPath}
 		errs = append(errs, snap.Remove())

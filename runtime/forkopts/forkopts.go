@@ -185,38 +185,68 @@ const (
 	// restores (the pages reach the sibling through the plan's lazy-pages
 	// daemon, which holds the snapshots).
 	MemoryCow Memory = "cow"
-	// MemoryAuto is cow where the module is loaded, else the default.
+	// MemoryTwin shares the source's memory copy-on-write without the
+	// module: while the tree is held, each process gets a twin, a clone
+	// without CLONE_VM that never runs (criuhooks/criu), whose memory is
+	// the process's at that instant as fork() shares it; each sibling
+	// gets copies of the twins' pages through the plan's lazy-pages
+	// daemon, which holds the twins until the plan is used up. It needs
+	// tclone's CRIU plugin, lazy restores and ptrace.
+	MemoryTwin Memory = "twin"
+	// MemoryAuto is cow where the module is loaded, else twin where the
+	// host can, else the default.
 	MemoryAuto Memory = "auto"
 )
+
+// Held says whether a plan captured with m holds no page images of its
+// own: its memory is held by the plan's lazy-pages daemon (the module's
+// snapshots, or twins), and reaches its siblings through that daemon only.
+func (m Memory) Held() bool { return m == MemoryCow || m == MemoryTwin }
+
+// CaptureHost is what this host can capture, as Memory.Capture weighs it:
+// each mode's availability, and why (not).
+type CaptureHost struct {
+	Cow     bool
+	CowWhy  string
+	Twin    bool
+	TwinWhy string
+}
 
 // ParseMemory validates a memory mode; empty means auto and stays empty.
 func ParseMemory(s string) (Memory, error) {
 	switch Memory(s) {
-	case "", MemoryLazy, MemoryCopy, MemoryKSM, MemoryCow, MemoryAuto:
+	case "", MemoryLazy, MemoryCopy, MemoryKSM, MemoryCow, MemoryTwin, MemoryAuto:
 		return Memory(s), nil
 	}
-	return "", fmt.Errorf("unknown memory mode %q (use auto, cow, lazy, copy or ksm)", s)
+	return "", fmt.Errorf("unknown memory mode %q (use auto, cow, twin, lazy, copy or ksm)", s)
 }
 
-// Capture decides whether a capture asked for m takes copy-on-write
-// snapshots of the source's memory: cowOK and why are what the host can do
-// (the module loaded with snapshots, and lazy restores). It returns the
-// memory mode the plan records: cow, or what was asked with auto made the
-// default ("").
-func (m Memory) Capture(cowOK bool, why string) (Memory, error) {
+// Capture decides how a capture asked for m takes the source's memory, on
+// a host that can do what h says. It returns the memory mode the plan
+// records (cow, twin, or what was asked with auto made the default, "")
+// and why, for the capture's log.
+func (m Memory) Capture(h CaptureHost) (Memory, string, error) {
 	switch m {
 	case MemoryCow:
-		if !cowOK {
-			return "", fmt.Errorf("--memory cow: %s; load the vma_cherrypick module (kernel/vma_cherrypick), or fork with --memory lazy or copy", why)
+		if !h.Cow {
+			return "", "", fmt.Errorf("--memory cow: %s; load the vma_cherrypick module (kernel/vma_cherrypick), or fork with --memory twin, lazy or copy", h.CowWhy)
 		}
-		return MemoryCow, nil
+		return MemoryCow, h.CowWhy, nil
+	case MemoryTwin:
+		if !h.Twin {
+			return "", "", fmt.Errorf("--memory twin: %s; fork with --memory lazy or copy", h.TwinWhy)
+		}
+		return MemoryTwin, h.TwinWhy, nil
 	case "", MemoryAuto:
-		if cowOK {
-			return MemoryCow, nil
+		switch {
+		case h.Cow:
+			return MemoryCow, h.CowWhy, nil
+		case h.Twin:
+			return MemoryTwin, fmt.Sprintf("no copy-on-write module (%s); twins instead: %s", h.CowWhy, h.TwinWhy), nil
 		}
-		return "", nil
+		return "", fmt.Sprintf("pages copied while the source is held: no copy-on-write module (%s), no twins (%s)", h.CowWhy, h.TwinWhy), nil
 	}
-	return m, nil
+	return m, "asked for", nil
 }
 
 // Resolve decides the memory mode of one restore: asked is what the
@@ -226,20 +256,22 @@ func (m Memory) Capture(cowOK bool, why string) (Memory, error) {
 // the snapshots' pages (cow) or get copies of them (lazy), both through its
 // lazy-pages daemon.
 func (m Memory) Resolve(planned Memory, lazyOK bool, why string) (Memory, error) {
-	if planned == MemoryCow {
+	if planned.Held() {
 		switch {
 		case m == MemoryCopy || m == MemoryKSM:
-			return "", fmt.Errorf("--memory %s: the plan was captured copy-on-write and holds no page images; restore it with --memory cow or lazy, or fork again with --memory %s", m, m)
+			return "", fmt.Errorf("--memory %s: the plan was captured copy-on-write (%s) and holds no page images; restore it with --memory lazy, or fork again with --memory %s", m, planned, m)
 		case !lazyOK:
 			return "", fmt.Errorf("this host cannot restore memory lazily (%s), which a copy-on-write plan needs; fork with --memory copy", why)
-		case m == MemoryLazy:
+		case m == MemoryCow && planned == MemoryTwin:
+			return "", errors.New("--memory cow: the plan's memory is held by twins, not by vma_cherrypick snapshots: its siblings get copies of its pages (--memory lazy)")
+		case m == MemoryLazy || planned == MemoryTwin:
 			return MemoryLazy, nil
 		}
 		return MemoryCow, nil
 	}
 	switch {
-	case m == MemoryCow:
-		return "", errors.New("--memory cow: the plan was captured without copy-on-write snapshots (the vma_cherrypick module was not loaded, or another mode was asked); fork with --memory cow")
+	case m == MemoryCow || m == MemoryTwin:
+		return "", fmt.Errorf("--memory %s: the plan was captured without copy-on-write (the host could not, or another mode was asked); fork with --memory %s", m, m)
 	case m == MemoryCopy:
 		return MemoryCopy, nil
 	case lazyOK:

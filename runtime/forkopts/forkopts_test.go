@@ -157,31 +157,36 @@ func TestNormalizeVolumes(t *testing.T) {
 
 func TestMemoryCaptureAndResolve(t *testing.T) {
 	captures := []struct {
-		asked Memory
-		cowOK bool
-		want  Memory
-		err   string
+		asked         Memory
+		cowOK, twinOK bool
+		want          Memory
+		err           string
 	}{
-		{"", true, MemoryCow, ""},
-		{MemoryAuto, true, MemoryCow, ""},
-		{"", false, "", ""},
-		{MemoryAuto, false, "", ""},
-		{MemoryCow, true, MemoryCow, ""},
-		{MemoryCow, false, "", "load the vma_cherrypick module"},
-		{MemoryLazy, true, MemoryLazy, ""},
-		{MemoryCopy, true, MemoryCopy, ""},
-		{MemoryKSM, true, MemoryKSM, ""},
+		{"", true, true, MemoryCow, ""},
+		{MemoryAuto, true, false, MemoryCow, ""},
+		{"", false, true, MemoryTwin, ""},
+		{MemoryAuto, false, true, MemoryTwin, ""},
+		{"", false, false, "", ""},
+		{MemoryAuto, false, false, "", ""},
+		{MemoryCow, true, true, MemoryCow, ""},
+		{MemoryCow, false, true, "", "load the vma_cherrypick module"},
+		{MemoryTwin, true, true, MemoryTwin, ""},
+		{MemoryTwin, false, false, "", "no twin plugin here"},
+		{MemoryLazy, true, true, MemoryLazy, ""},
+		{MemoryCopy, true, true, MemoryCopy, ""},
+		{MemoryKSM, true, true, MemoryKSM, ""},
 	}
 	for _, c := range captures {
-		got, err := c.asked.Capture(c.cowOK, "no module here")
+		h := CaptureHost{Cow: c.cowOK, CowWhy: "no module here", Twin: c.twinOK, TwinWhy: "no twin plugin here"}
+		got, why, err := c.asked.Capture(h)
 		if c.err != "" {
-			if err == nil || !strings.Contains(err.Error(), c.err) || !strings.Contains(err.Error(), "no module here") {
-				t.Errorf("Capture(%q, %v) = %q, %v; want an error saying why and %q", c.asked, c.cowOK, got, err, c.err)
+			if err == nil || !strings.Contains(err.Error(), c.err) {
+				t.Errorf("Capture(%q, %+v) = %q, %v; want an error saying why and %q", c.asked, h, got, err, c.err)
 			}
 			continue
 		}
-		if err != nil || got != c.want {
-			t.Errorf("Capture(%q, %v) = %q, %v; want %q", c.asked, c.cowOK, got, err, c.want)
+		if err != nil || got != c.want || why == "" {
+			t.Errorf("Capture(%q, %+v) = %q (%q), %v; want %q with a reason", c.asked, h, got, why, err, c.want)
 		}
 	}
 
@@ -204,6 +209,14 @@ func TestMemoryCaptureAndResolve(t *testing.T) {
 		{MemoryCopy, MemoryCow, true, "", "holds no page images"},
 		{MemoryKSM, MemoryCow, true, "", "holds no page images"},
 		{MemoryCow, MemoryCow, false, "", "cannot restore memory lazily"},
+		{MemoryTwin, "", true, "", "fork with --memory twin"},
+		{"", MemoryTwin, true, MemoryLazy, ""},
+		{MemoryAuto, MemoryTwin, true, MemoryLazy, ""},
+		{MemoryLazy, MemoryTwin, true, MemoryLazy, ""},
+		{MemoryTwin, MemoryTwin, true, MemoryLazy, ""},
+		{MemoryCow, MemoryTwin, true, "", "held by twins"},
+		{MemoryCopy, MemoryTwin, true, "", "holds no page images"},
+		{"", MemoryTwin, false, "", "cannot restore memory lazily"},
 	}
 	for _, c := range restores {
 		got, err := c.asked.Resolve(c.planned, c.lazyOK, "no userfaultfd")
@@ -217,12 +230,12 @@ func TestMemoryCaptureAndResolve(t *testing.T) {
 			t.Errorf("Resolve(%q, plan %q, %v) = %q, %v; want %q", c.asked, c.planned, c.lazyOK, got, err, c.want)
 		}
 	}
-	for _, s := range []string{"cow", "auto", ""} {
+	for _, s := range []string{"cow", "twin", "auto", ""} {
 		if _, err := ParseMemory(s); err != nil {
 			t.Errorf("ParseMemory(%q): %v", s, err)
 		}
 	}
-	if _, err := ParseMemory("share"); err == nil || !strings.Contains(err.Error(), "auto, cow, lazy, copy or ksm") {
+	if _, err := ParseMemory("share"); err == nil || !strings.Contains(err.Error(), "auto, cow, twin, lazy, copy or ksm") {
 		t.Errorf("ParseMemory of an unknown mode: %v", err)
 	}
 }

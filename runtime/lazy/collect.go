@@ -31,7 +31,7 @@ func Collect(l plan.Layout) ([]string, error) {
 				seen[name] = true
 				continue
 			}
-			for _, suffix := range []string{".sock", ".lock"} {
+			for _, suffix := range []string{".sock", ".lock", ".twins.json"} {
 				if id, ok := strings.CutSuffix(name, suffix); ok {
 					seen[id] = true
 				}
@@ -56,6 +56,10 @@ func Collect(l plan.Layout) ([]string, error) {
 			c.Close()
 			unlock()
 			continue
+		}
+		// Its twins died with their last lifeline; their zombies wait.
+		if err := collectTwins(p); err != nil {
+			errs = append(errs, err)
 		}
 		errs = append(errs, os.RemoveAll(p.Images), ignoreMissing(os.Remove(p.Control)), ignoreMissing(os.Remove(p.Lock)))
 		unlock()

@@ -45,13 +45,24 @@ type cowConfig struct {
 	SwapEntries uint64 `json:"swap_entries"`
 	// ShareWait is ShareWait as the capture saw it.
 	ShareWait time.Duration `json:"share_wait"`
+	// Twins, for a twin capture, are the processes' twins, by image pid:
+	// the daemon holds their pidfds and lifelines (inherited after the
+	// snapshots), and ends and reaps them when it exits (releaseTwins).
+	Twins map[int32]twinConfig `json:"twins,omitempty"`
+}
+
+// twinConfig is one twin the daemon holds.
+type twinConfig struct {
+	twinRecord
+	Pidfd    int `json:"pidfd"`
+	Lifeline int `json:"lifeline"`
 }
 
 func (c *cowConfig) count() int {
 	if c == nil {
 		return 0
 	}
-	return len(c.Snapshots)
+	return len(c.Snapshots) + 2*len(c.Twins)
 }
 
 // files takes the inherited snapshot descriptors, close-on-exec from now
@@ -59,14 +70,42 @@ func (c *cowConfig) count() int {
 func (c *cowConfig) files() (map[int32]*os.File, error) {
 	out := map[int32]*os.File{}
 	for pid, fd := range c.Snapshots {
-		if _, err := unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0); err != nil {
+		f, err := inherited(fd, fmt.Sprintf("snapshot-%d", pid))
+		if err != nil {
 			closeAll(out)
-			return nil, fmt.Errorf("the snapshot of process %d (descriptor %d) was not passed: %w", pid, fd, err)
+			return nil, fmt.Errorf("the snapshot of process %d was not passed: %w", pid, err)
 		}
-		unix.CloseOnExec(fd)
-		out[pid] = os.NewFile(uintptr(fd), fmt.Sprintf("snapshot-%d", pid))
+		out[pid] = f
 	}
 	return out, nil
+}
+
+// twins takes the inherited twin descriptors, close-on-exec from now on.
+func (c *cowConfig) twins() ([]*heldTwin, error) {
+	var out []*heldTwin
+	for pid, t := range c.Twins {
+		pidfd, err := inherited(t.Pidfd, fmt.Sprintf("pidfd of twin %d", t.Twin))
+		if err != nil {
+			releaseTwins(out)
+			return nil, fmt.Errorf("the twin of process %d was not passed: %w", pid, err)
+		}
+		lifeline, err := inherited(t.Lifeline, fmt.Sprintf("lifeline of twin %d", t.Twin))
+		if err != nil {
+			pidfd.Close()
+			releaseTwins(out)
+			return nil, fmt.Errorf("the twin of process %d was not passed: %w", pid, err)
+		}
+		out = append(out, &heldTwin{twinRecord: t.twinRecord, pidfd: pidfd, lifeline: lifeline})
+	}
+	return out, nil
+}
+
+func inherited(fd int, name string) (*os.File, error) {
+	if _, err := unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0); err != nil {
+		return nil, fmt.Errorf("descriptor %d: %w", fd, err)
+	}
+	unix.CloseOnExec(fd)
+	return os.NewFile(uintptr(fd), name), nil
 }
 
 // planEnded: the plan was removed, or it expired.
@@ -87,9 +126,11 @@ func closeAll(files map[int32]*os.File) {
 // Info is what a plan's daemon holds and serves.
 type Info struct {
 	Pid int `json:"pid"`
-	// Cow: the daemon holds a copy-on-write plan's snapshots.
+	// Cow: the daemon holds a copy-on-write plan's snapshots (of the
+	// module's, or twins: Twins counts these).
 	Cow       bool   `json:"cow"`
 	Snapshots int    `json:"snapshots,omitempty"`
+	Twins     int    `json:"twins,omitempty"`
 	AnonPages uint64 `json:"anon_pages,omitempty"`
 	// SwapEntries are pages of the snapshots that were swapped out.
 	SwapEntries uint64    `json:"swap_entries,omitempty"`
@@ -105,16 +146,28 @@ func (s *server) info() Info {
 	in := Info{Pid: os.Getpid(), Restores: s.conns, Filling: s.fills}
 	if c := s.cfg.Cow; c != nil {
 		in.Cow, in.Snapshots, in.AnonPages, in.SwapEntries, in.ExpiresAt = true, len(c.Snapshots), c.AnonPages, c.SwapEntries, c.ExpiresAt
+		in.Twins = len(c.Twins)
 	}
 	return in
 }
 
+// Held is a copy-on-write plan's memory, as the capture hands it over.
+type Held struct {
+	Snapshots *criuhooks.Snapshots
+	// Twins, for a twin capture, are the processes' twins, by image pid;
+	// Snapshots holds their memory.
+	Twins map[int32]*criuhooks.Twin
+	// SourceCgroup is the source's cgroup (crun's path): where a twin's
+	// zombie is looked for if its daemon died before it reaped it.
+	SourceCgroup string
+}
+
 // Hold starts the daemon of a copy-on-write plan, whose directory is
-// planDir, handing it the plan's snapshots; it returns once the daemon
-// answers, with the daemon's pid. The caller's snapshots stay its own to
+// planDir, handing it the plan's memory; it returns once the daemon
+// answers, with the daemon's pid. The caller's descriptors stay its own to
 // close. A daemon already answering for the plan is an error: a plan is
 // captured once.
-func Hold(ctx context.Context, p Paths, planDir string, expires time.Time, snaps *criuhooks.Snapshots) (int, error) {
+func Hold(ctx context.Context, p Paths, planDir string, expires time.Time, held Held) (int, error) {
 	unlock, err := plan.Lock(ctx, p.Lock)
 	if err != nil {
 		return 0, fmt.Errorf("lazy pages: locking the plan's daemon: %w", err)
@@ -125,6 +178,7 @@ func Hold(ctx context.Context, p Paths, planDir string, expires time.Time, snaps
 		return 0, fmt.Errorf("lazy pages: plan %s already has a daemon", planDir)
 	}
 	os.Remove(p.Control)
+	snaps := held.Snapshots
 	cow := &cowConfig{Snapshots: map[int32]int{}, PlanDir: planDir, ExpiresAt: expires,
 		AnonPages: snaps.AnonPages, SwapEntries: snaps.SwapEntries, ShareWait: ShareWait}
 	var extra []*os.File
@@ -132,8 +186,28 @@ func Hold(ctx context.Context, p Paths, planDir string, expires time.Time, snaps
 		cow.Snapshots[pid] = 3 + len(extra)
 		extra = append(extra, f)
 	}
+	if len(held.Twins) > 0 {
+		cow.ShareWait = 0 // twins' pages are copied, never mapped
+		cow.Twins = map[int32]twinConfig{}
+		rec := twinsRecord{SourceCgroup: held.SourceCgroup}
+		for pid, t := range held.Twins {
+			r, err := recordTwin(t)
+			if err != nil {
+				return 0, err
+			}
+			cow.Twins[pid] = twinConfig{twinRecord: r, Pidfd: 3 + len(extra), Lifeline: 4 + len(extra)}
+			extra = append(extra, t.Pidfd, t.Lifeline)
+			rec.Twins = append(rec.Twins, r)
+		}
+		// On record before the daemon holds them: a daemon that dies
+		// leaves their zombies to Collect.
+		if err := writeTwinsRecord(p, rec); err != nil {
+			return 0, err
+		}
+	}
 	cmd, err := spawn(p, daemonConfig{PlanImages: plan.ImagesDir(planDir), Cow: cow}, extra)
 	if err != nil {
+		removeTwinsRecord(p)
 		return 0, err
 	}
 	c, err := waitAnswer(ctx, p, cmd)

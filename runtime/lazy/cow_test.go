@@ -76,7 +76,7 @@ func TestCowDaemonHoldsSnapshotsWhilePlanLives(t *testing.T) {
 	p := PathsFor(layout, "cowplan")
 	planDir, snaps, released := fakeCowPlan(t)
 
-	pid, err := Hold(context.Background(), p, planDir, time.Now().Add(time.Hour), snaps)
+	pid, err := Hold(context.Background(), p, planDir, time.Now().Add(time.Hour), Held{Snapshots: snaps})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -94,7 +94,7 @@ func TestCowDaemonHoldsSnapshotsWhilePlanLives(t *testing.T) {
 	if !ok || in.Pid != pid || !in.Cow || in.Snapshots != 2 || in.AnonPages != 4096 || in.SwapEntries != 3 {
 		t.Fatalf("Holders = %+v, want plan cowplan held by %d with 2 snapshots of 4096 pages, 3 swapped", holders, pid)
 	}
-	if _, err := Hold(context.Background(), p, planDir, time.Now().Add(time.Hour), snaps); err == nil || !strings.Contains(err.Error(), "already has a daemon") {
+	if _, err := Hold(context.Background(), p, planDir, time.Now().Add(time.Hour), Held{Snapshots: snaps}); err == nil || !strings.Contains(err.Error(), "already has a daemon") {
 		t.Fatalf("a second Hold for the plan: %v", err)
 	}
 	if _, err := Ask(p, "share 123456"); err == nil || !strings.Contains(err.Error(), "no sibling") {
@@ -136,7 +136,7 @@ func TestCowDaemonReleasesAtExpiry(t *testing.T) {
 	ShareWait = 0
 	p := PathsFor(plan.LayoutUnder(t.TempDir()), "cowplan")
 	planDir, snaps, released := fakeCowPlan(t)
-	pid, err := Hold(context.Background(), p, planDir, time.Now().Add(1500*time.Millisecond), snaps)
+	pid, err := Hold(context.Background(), p, planDir, time.Now().Add(1500*time.Millisecond), Held{Snapshots: snaps})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -76,6 +76,19 @@ func serve(cfg daemonConfig) error {
 		}
 		// Released when the daemon exits: the plan is gone or expired.
 		defer closeAll(snaps)
+		twins, err := cfg.Cow.twins()
+		if err != nil {
+			return err
+		}
+		// Ended and reaped once every sibling is done with them (this
+		// runs after the lazypages daemon is closed).
+		defer func() {
+			if err := releaseTwins(twins); err != nil {
+				logrus.Warnf("releasing the twins: %v (tclone gc reaps what is left)", err)
+				return
+			}
+			removeTwinsRecord(cfg.Paths)
+		}()
 		opts.Snapshots, opts.ShareWait = snaps, cfg.Cow.ShareWait
 	}
 	var err error

@@ -85,18 +85,23 @@ type Snapshots struct {
 	TookMs float64 `json:"took_ms"`
 	// HolderPid is the daemon that holds them.
 	HolderPid int `json:"holder_pid"`
+	// Twins is how many of them are twins (a twin capture) rather than
+	// vma_cherrypick snapshots.
+	Twins int `json:"twins,omitempty"`
 }
 
 // CheckMemory refuses a plan whose memory record contradicts itself: a
 // copy-on-write plan records the snapshots its daemon holds, and only such a
 // plan records any.
 func (p *Plan) CheckMemory() error {
-	cow := p.Memory == forkopts.MemoryCow
+	held := p.Memory.Held()
 	switch {
-	case cow && p.Snapshots == nil:
-		return fmt.Errorf("plan %s says copy-on-write but records no snapshots: it is damaged; fork the source again", p.ID)
-	case !cow && p.Snapshots != nil:
-		return fmt.Errorf("plan %s records snapshots but its memory is %q, not cow: it is damaged; fork the source again", p.ID, p.Memory)
+	case held && p.Snapshots == nil:
+		return fmt.Errorf("plan %s says copy-on-write (%s) but records no snapshots: it is damaged; fork the source again", p.ID, p.Memory)
+	case !held && p.Snapshots != nil:
+		return fmt.Errorf("plan %s records snapshots but its memory is %q, not cow or twin: it is damaged; fork the source again", p.ID, p.Memory)
+	case p.Memory == forkopts.MemoryTwin && p.Snapshots.Twins != p.Snapshots.Processes:
+		return fmt.Errorf("plan %s says twin but holds %d twins for %d processes: it is damaged; fork the source again", p.ID, p.Snapshots.Twins, p.Snapshots.Processes)
 	}
 	return nil
 }

@@ -61,8 +61,9 @@ func Sibling() []cli.Flag {
 
 // MemoryFlag is --memory.
 func MemoryFlag() cli.Flag {
-	return &cli.StringFlag{Name: Memory, Usage: "how a sibling gets the source's memory: auto (the default: cow where the vma_cherrypick module is loaded, else lazy where CRIU " +
+	return &cli.StringFlag{Name: Memory, Usage: "how a sibling gets the source's memory: auto (the default: cow where the vma_cherrypick module is loaded, else twin where tclone's CRIU plugin is installed, else lazy where CRIU " +
 		"and the kernel support it, else copy), cow (shared copy-on-write, as fork() shares it: the source is held for page-table copies only, and siblings map its pages), " +
+		"twin (copy-on-write without the module: each process gets a twin while the source is held, for page-table copies only, and siblings run at once on copies of its pages), " +
 		"lazy (it runs at once and receives copies of its memory while it runs), copy (every page is copied before it runs), or ksm (as lazy, and the sibling is " +
 		"mergeable: with a source run with the annotation " + forkopts.AnnotationMerge + "=true, ksmd shares their identical pages again)"}
 }

@@ -1,0 +1,148 @@
+#!/usr/bin/env bash
+# Builds tclone's CRIU (the host's CRIU version with criuhooks/criu's
+# lazy-pages-external patch) and tclone's twin plugin, from Debian's source
+# of the CRIU the host runs, and installs both under $TCLONE_CRIU_DIR
+# (default /usr/local/lib/tclone/criu): criu, and plugins/tclone_twin.so.
+# The host's own /usr/sbin/criu is not touched; only tclone's dumps use this
+# build (see criuhooks/criu/README.md).
+#
+# Idempotent: a build whose stamp matches the source, the patch and the
+# plugin is kept. Called by hack/setup-host.sh; run as root.
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+top=$(cd "$here/.." && pwd)
+src_dir=$top/criuhooks/criu
+dest=${TCLONE_CRIU_DIR:-/usr/local/lib/tclone/criu}
+cache=${TCLONE_CRIU_BUILD:-/var/cache/tclone/criu-build}
+
+log() { printf 'build-criu: %s\n' "$*"; }
+die() { printf 'build-criu: error: %s\n' "$*" >&2; exit 1; }
+
+command -v criu >/dev/null || die "criu is not installed (hack/setup-host.sh installs it first)"
+version=$(criu --version | awk '/^Version:/ {print $2}')
+[ -n "$version" ] || die "cannot tell the installed criu's version"
+
+# The upstream source of each CRIU version tclone builds, from Debian's
+# archive (the orig tarball of the package the host runs), and its SHA-256
+# from that package's .dsc.
+case "$version" in
+4.2.1)
+	url=http://deb.debian.org/debian/pool/main/c/criu/criu_4.2.1.orig.tar.xz
+	sum=29ec0ee09e296479fe7048c80980e8ef1d0684d0b0204c2b101dfea19f6725b9
+	;;
+*)
+	die "no known source for CRIU $version: add it to hack/build-criu.sh (the orig tarball of Debian's criu package and its sha256 from the .dsc)"
+	;;
+esac
+
+# Two stamps: CRIU is rebuilt when its source or the patch changes, the
+# plugin when its own source does (against the CRIU tree kept in $cache).
+criu_stamp="$version $sum $(sha256sum <"$src_dir/lazy-pages-external.patch" | cut -c1-16)"
+plugin_stamp="$(cat "$src_dir/twin.c" "$src_dir/twin.h" "$src_dir/Makefile" | sha256sum | cut -c1-16)"
+build=$cache/criu-$version
+criu_ok=0
+if [ -x "$dest/criu" ] && [ "$(sed -n 1p "$dest/.stamp" 2>/dev/null)" = "$criu_stamp" ] && [ -f "$build/criu/include/version.h" ]; then
+	criu_ok=1
+fi
+if [ $criu_ok = 1 ] && [ -f "$dest/plugins/tclone_twin.so" ] && [ "$(sed -n 2p "$dest/.stamp" 2>/dev/null)" = "$plugin_stamp" ]; then
+	log "tclone's CRIU $version and its plugin are up to date in $dest"
+	exit 0
+fi
+
+# Build dependencies: each -dev package at exactly the version of the
+# library the host's criu runs with (they come from several suites on a
+# bookworm host), and protoc from the suite criu came from.
+installed() { dpkg-query -W -f='${Version}' "$1" 2>/dev/null; }
+first_installed() {
+	local p
+	for p in "$@"; do
+		if [ -n "$(installed "$p")" ]; then
+			installed "$p"
+			return
+		fi
+	done
+}
+criu_suite=$(apt-cache policy criu | awk '/\*\*\*/ {getline; print $3; exit}')
+criu_suite=${criu_suite%%/*}
+need=()
+add_dev() { # add_dev DEVPKG RUNTIME-PKG...
+	local dev=$1 v
+	shift
+	v=$(first_installed "$@")
+	[ -n "$v" ] || die "none of $* is installed, so $dev cannot be matched to it"
+	[ "$(installed "$dev")" = "$v" ] || need+=("$dev=$v")
+}
+add_dev libprotobuf-c-dev libprotobuf-c1
+add_dev protobuf-c-compiler libprotobuf-c1
+add_dev libnl-3-dev libnl-3-200
+add_dev libnet1-dev libnet9 libnet1t64 libnet1
+add_dev libcap-dev libcap2
+add_dev libbsd-dev libbsd0
+add_dev libnftables-dev libnftables1
+add_dev libgnutls28-dev libgnutls30t64 libgnutls30
+add_dev uuid-dev libuuid1
+for p in protobuf-compiler libprotobuf-dev; do
+	if [ -z "$(installed "$p")" ]; then
+		if [ -n "$criu_suite" ] && [ "$criu_suite" != "now" ]; then
+			need+=("$p/$criu_suite")
+		else
+			need+=("$p")
+		fi
+	fi
+done
+for p in make gcc pkgconf xz-utils; do
+	[ -n "$(installed "$p")" ] || need+=("$p")
+done
+if [ ${#need[@]} -gt 0 ]; then
+	log "installing CRIU's build dependencies: ${need[*]}"
+	plan=$(apt-get -s install -y --no-install-recommends "${need[@]}") || die "apt cannot install ${need[*]}"
+	removals=$(printf '%s\n' "$plan" | awk '$1 == "Remv" {printf "%s ", $2}')
+	[ -z "$removals" ] || log "installing them removes these host packages: $removals"
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq -o DPkg::Lock::Timeout=300 --no-install-recommends "${need[@]}" >/dev/null ||
+		die "apt-get install ${need[*]} failed"
+fi
+
+mkdir -p "$cache"
+if [ $criu_ok = 1 ]; then
+	make -C "$src_dir" CRIU_SRC="$build" OUT="$build/tclone_twin.so" >"$cache/plugin.log" 2>&1 || {
+		tail -20 "$cache/plugin.log" >&2
+		die "building the twin plugin failed (log: $cache/plugin.log)"
+	}
+	install -d -m 0755 "$dest/plugins"
+	install -m 0644 "$build/tclone_twin.so" "$dest/plugins/tclone_twin.so.new"
+	mv "$dest/plugins/tclone_twin.so.new" "$dest/plugins/tclone_twin.so"
+	printf '%s\n%s\n' "$criu_stamp" "$plugin_stamp" >"$dest/.stamp"
+	log "rebuilt tclone's twin plugin in $dest"
+	exit 0
+fi
+tarball=$cache/$(basename "$url")
+if [ ! -f "$tarball" ] || [ "$(sha256sum "$tarball" | cut -d' ' -f1)" != "$sum" ]; then
+	log "downloading $url"
+	curl -fsSL --retry 3 -o "$tarball.part" "$url" || die "cannot download $url"
+	got=$(sha256sum "$tarball.part" | cut -d' ' -f1)
+	[ "$got" = "$sum" ] || die "$url has sha256 $got, want $sum"
+	mv "$tarball.part" "$tarball"
+fi
+rm -rf "$build"
+mkdir -p "$build"
+tar -C "$build" --strip-components=1 -xf "$tarball"
+patch -d "$build" -p1 -s <"$src_dir/lazy-pages-external.patch" || die "the patch does not apply to CRIU $version"
+log "building CRIU $version with lazy-pages-external (about a minute)"
+make -C "$build" -j"$(nproc)" criu >"$cache/build.log" 2>&1 || {
+	tail -20 "$cache/build.log" >&2
+	die "building CRIU failed (log: $cache/build.log)"
+}
+make -C "$src_dir" CRIU_SRC="$build" OUT="$build/tclone_twin.so" >>"$cache/build.log" 2>&1 || {
+	tail -20 "$cache/build.log" >&2
+	die "building the twin plugin failed (log: $cache/build.log)"
+}
+"$build/criu/criu" --help 2>&1 | grep -q -- --lazy-pages-external || die "the built criu has no --lazy-pages-external"
+
+install -d -m 0755 "$dest" "$dest/plugins"
+install -m 0755 "$build/criu/criu" "$dest/criu.new"
+mv "$dest/criu.new" "$dest/criu"
+install -m 0644 "$build/tclone_twin.so" "$dest/plugins/tclone_twin.so.new"
+mv "$dest/plugins/tclone_twin.so.new" "$dest/plugins/tclone_twin.so"
+printf '%s\n%s\n' "$criu_stamp" "$plugin_stamp" >"$dest/.stamp"
+log "installed tclone's CRIU $version and its twin plugin in $dest"

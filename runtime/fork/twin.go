@@ -1,0 +1,252 @@
+package fork
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/checkpoint-restore/go-criu/v7/rpc"
+	"github.com/sirupsen/logrus"
+
+	"github.com/tclone/tclone/criuhooks"
+	"github.com/tclone/tclone/runtime/cgroups"
+	"github.com/tclone/tclone/runtime/criucheck"
+	"github.com/tclone/tclone/runtime/lazy"
+)
+
+// A twin capture (forkopts.MemoryTwin): copy-on-write memory without the
+// module. CRIU makes a lazy dump; while it holds the tree, tclone's CRIU
+// plugin gives each process a twin (criuhooks.TwinDump), and in post-dump
+// each twin's memory is opened. The plan's lazy-pages daemon then holds the
+// twins for the plan's life (lazy.Hold), and each sibling gets copies of
+// their pages. With tclone's build of CRIU no page is read while the tree
+// is held; with stock CRIU its lazy dump still reads them all into pipes
+// (and throws them away), and the capture's log says so.
+
+// EnvCriuDir overrides where tclone's build of CRIU and its plugin are
+// (hack/build-criu.sh installs them).
+const EnvCriuDir = "TCLONE_CRIU_DIR"
+
+// DefaultCriuDir is where hack/build-criu.sh installs tclone's CRIU.
+const DefaultCriuDir = "/usr/local/lib/tclone/criu"
+
+func criuDir() string {
+	if d := os.Getenv(EnvCriuDir); d != "" {
+		return d
+	}
+	return DefaultCriuDir
+}
+
+// twinHost is what this host offers a twin capture.
+type twinHost struct {
+	criuhooks.TwinCRIU
+	// CriuPath is the criu that dumps: tclone's build, or the host's.
+	CriuPath string
+}
+
+// twinAvailable says whether this host can capture with twins, and why
+// (not). It checks what the plugin and tclone use: x86-64, ptrace of the
+// source (Yama's ptrace_scope below 3), a kernel with pidfd_getfd (5.6)
+// and close_range's CLOSE_RANGE_UNSHARE (5.9), lazy restores (the
+// siblings' memory comes through the plan's daemon), and the plugin built
+// for this CRIU.
+func twinAvailable(check *criucheck.Result) (twinHost, bool, string) {
+	var h twinHost
+	if runtime.GOARCH != "amd64" {
+		return h, false, "twins are made on x86-64 only"
+	}
+	if b, err := os.ReadFile("/proc/sys/kernel/yama/ptrace_scope"); err == nil && strings.TrimSpace(string(b)) == "3" {
+		return h, false, "Yama forbids ptrace on this host (kernel.yama.ptrace_scope = 3)"
+	}
+	k, err := criucheck.ParseKernel(check.Kernel)
+	if err != nil || !(k.Major > 5 || k.Major == 5 && k.Minor >= 9) {
+		return h, false, fmt.Sprintf("kernel %s is older than 5.9 (close_range's CLOSE_RANGE_UNSHARE, pidfd_getfd)", check.Kernel)
+	}
+	if !check.LazyPages {
+		return h, false, fmt.Sprintf("siblings get a twin plan's memory through lazy restores, which this host cannot do (%s)", check.NoLazyPages)
+	}
+	dir := criuDir()
+	h.PluginDir = filepath.Join(dir, "plugins")
+	if _, err := os.Stat(filepath.Join(h.PluginDir, criuhooks.TwinPluginName)); err != nil {
+		return h, false, fmt.Sprintf("tclone's CRIU plugin is not installed (%v): hack/setup-host.sh builds it", err)
+	}
+	stamp, _ := os.ReadFile(filepath.Join(dir, ".stamp"))
+	if built := strings.Fields(string(stamp)); len(built) == 0 || built[0] != check.Version.String() {
+		return h, false, fmt.Sprintf("tclone's CRIU plugin in %s was built for CRIU %s, and CRIU here is %s: run hack/build-criu.sh again", dir, firstField(built), check.Version)
+	}
+	h.CriuPath = check.Path
+	why := "tclone's CRIU plugin gives each process a twin; with stock CRIU, whose lazy dump still reads every page into pipes while it holds the tree (" + filepath.Join(dir, "criu") + " is not installed)"
+	if _, err := os.Stat(filepath.Join(dir, "criu")); err == nil {
+		h.CriuPath, h.External = filepath.Join(dir, "criu"), true
+		why = "tclone's CRIU plugin gives each process a twin, and tclone's build of CRIU reads no page while it holds the tree"
+	}
+	return h, true, why
+}
+
+func firstField(f []string) string {
+	if len(f) == 0 {
+		return "an unknown version"
+	}
+	return f[0]
+}
+
+// twinFits says whether the source's cgroup can hold its twins until they
+// are released: one more task per process, and, in the worst case, a copy
+// of every private page it has (each page the source writes meanwhile is
+// charged to it twice: its new copy, and the twin's old one). A source
+// that does not fit is captured the old way by auto, and refused by
+// --memory twin, rather than pushed into its OOM killer.
+func twinFits(src *source) (bool, string) {
+	room, err := cgroups.HeadroomOf(src.status.CgroupPath)
+	if err != nil {
+		return false, fmt.Sprintf("cannot read the limits of the source's cgroup: %v", err)
+	}
+	tree := treeOf(src.state.Pid)
+	if room.Pids != math.MaxInt && room.Pids < len(tree) {
+		return false, fmt.Sprintf("the source's pids limit leaves room for %d more tasks, and its %d processes need one twin each", room.Pids, len(tree))
+	}
+	if room.MemoryBytes == math.MaxUint64 {
+		return true, ""
+	}
+	var anon uint64
+	for _, pid := range tree {
+		anon += rssAnon(pid)
+	}
+	if anon > room.MemoryBytes {
+		return false, fmt.Sprintf("the source's memory limit leaves %d MiB free, less than the %d MiB of private memory its twins could come to hold while the source writes", room.MemoryBytes>>20, anon>>20)
+	}
+	return true, ""
+}
+
+// treeOf lists pid and its descendants.
+func treeOf(pid int) []int {
+	out := []int{pid}
+	for i := 0; i < len(out); i++ {
+		tasks, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", out[i]))
+		for _, t := range tasks {
+			b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/children", out[i], t.Name()))
+			if err != nil {
+				continue
+			}
+			for _, f := range strings.Fields(string(b)) {
+				if c, err := strconv.Atoi(f); err == nil {
+					out = append(out, c)
+				}
+			}
+		}
+	}
+	return out
+}
+
+// rssAnon is a process's resident private anonymous memory (RssAnon), in
+// bytes.
+func rssAnon(pid int) uint64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, "RssAnon:"); ok {
+			f := strings.Fields(rest)
+			if len(f) > 0 {
+				kib, _ := strconv.ParseUint(f[0], 10, 64)
+				return kib << 10
+			}
+		}
+	}
+	return 0
+}
+
+// twinCapture is a twin capture's memory in the making.
+type twinCapture struct {
+	host  twinHost
+	col   *criuhooks.TwinCollector
+	snaps *criuhooks.TwinSnapshots
+	// handedOver: the plan's daemon holds the twins.
+	handedOver bool
+}
+
+func (c *twinCapture) begin(opts *rpc.CriuOpts, workDir string) (dumpSetup, error) {
+	col, env, err := criuhooks.TwinDump(opts, workDir, c.host.TwinCRIU)
+	if err != nil {
+		return dumpSetup{}, err
+	}
+	c.col = col
+	return dumpSetup{env: env, criuPath: c.host.CriuPath, started: col.DumpStarted}, nil
+}
+
+// dumpDone ends the collector; twins it has not handed over (the dump
+// failed, or take did) are ended and reaped at once.
+func (c *twinCapture) dumpDone() {
+	if c.col == nil {
+		return
+	}
+	if left := c.col.Close(); len(left) > 0 {
+		if err := lazy.ReleaseTwins(left); err != nil {
+			logrus.Warnf("twin capture: releasing the twins of a failed dump: %v (tclone gc reaps what is left)", err)
+		}
+	}
+	c.col = nil
+}
+
+func (c *twinCapture) take(root int) error {
+	start := time.Now()
+	tasks, err := criuhooks.TreeTasks(root)
+	if err != nil {
+		return fmt.Errorf("twin capture: %w", err)
+	}
+	if c.snaps, err = c.col.Take(tasks); err != nil {
+		var te *criuhooks.TwinError
+		if errors.As(err, &te) {
+			return fmt.Errorf("twin capture: %w; the source runs on: fork with --memory lazy or copy", err)
+		}
+		return fmt.Errorf("twin capture: %w", err)
+	}
+	// Making the twins was part of the pause before post-dump; opening
+	// their memory here is too.
+	c.snaps.Took += time.Since(start)
+	return nil
+}
+
+func (c *twinCapture) held() lazy.Held {
+	return lazy.Held{Snapshots: &c.snaps.Snapshots, Twins: c.snaps.Twins}
+}
+
+func (c *twinCapture) handed() { c.handedOver = true }
+
+func (c *twinCapture) taken() bool { return c.snaps != nil }
+
+// release ends and reaps every twin still held here: those handed to the
+// plan's daemon are its own (Hold passes it copies).
+func (c *twinCapture) release() {
+	c.dumpDone()
+	if c.snaps == nil {
+		return
+	}
+	c.snaps.Snapshots.Close()
+	twins := c.snaps.List()
+	c.snaps = nil
+	if c.handedOver {
+		for _, t := range twins {
+			t.Close()
+		}
+		return
+	}
+	if err := lazy.ReleaseTwins(twins); err != nil {
+		logrus.Warnf("twin capture: releasing the twins: %v (tclone gc reaps what is left)", err)
+	}
+}
+
+// dumpErr explains a dump the plugin made fail.
+func (c *twinCapture) dumpErr() error {
+	if c.col == nil {
+		return nil
+	}
+	return c.col.Err()
+}

@@ -1,0 +1,257 @@
+package lazy
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/sirupsen/logrus"
+	"golang.org/x/sys/unix"
+
+	"github.com/tclone/tclone/criuhooks"
+	"github.com/tclone/tclone/runtime/cgroups"
+	"github.com/tclone/tclone/runtime/internal/atomicfile"
+	"github.com/tclone/tclone/runtime/internal/inject"
+	"github.com/tclone/tclone/runtime/internal/procfs"
+)
+
+// A twin plan's daemon holds the twins (criuhooks.Twin) of the source's
+// processes: their memory files, pidfds and lifelines. When it exits it
+// ends them (SIGKILL), waits until each has exited and reaps it from its
+// parent, a process of the source (inject.Reap): a twin's exit signal is 0,
+// so its zombie is nothing the source's programs would ever wait for.
+//
+// A daemon killed before that leaves its twins to die with their last
+// lifeline (its guard's copy), as zombies; the record it was started with
+// (<id>.twins.json in the lazy directory) names them, and Collect reaps
+// them. A capture that died before its daemon started leaves zombies no
+// record names: ReapTwinZombies finds them among the source's children.
+
+// TwinName is the name (comm) the plugin gives every twin.
+const TwinName = "tclone-twin"
+
+// twinRecord names one twin so that it can be told from a process that
+// took its pid since.
+type twinRecord struct {
+	// Pid is the process it is a twin of; Twin the twin; both host pids.
+	Pid     int    `json:"pid"`
+	Twin    int    `json:"twin"`
+	Started uint64 `json:"started"` // the twin's start time (procfs.Stat)
+}
+
+// twinsRecord is what a twin plan's daemon holds, on disk.
+type twinsRecord struct {
+	SourceCgroup string       `json:"source_cgroup"`
+	Twins        []twinRecord `json:"twins"`
+}
+
+func recordTwin(t *criuhooks.Twin) (twinRecord, error) {
+	st, err := procfs.ReadStat(t.TwinPid)
+	if err != nil {
+		return twinRecord{}, fmt.Errorf("twin %d of process %d: %w", t.TwinPid, t.Pid, err)
+	}
+	return twinRecord{Pid: t.Pid, Twin: t.TwinPid, Started: st.StartTime}, nil
+}
+
+func twinsRecordPath(p Paths) string {
+	return strings.TrimSuffix(p.Control, ".sock") + ".twins.json"
+}
+
+func writeTwinsRecord(p Paths, r twinsRecord) error {
+	if err := atomicfile.WriteJSON(twinsRecordPath(p), r, 0o600); err != nil {
+		return fmt.Errorf("lazy pages: recording the twins: %w", err)
+	}
+	return nil
+}
+
+func removeTwinsRecord(p Paths) error {
+	return ignoreMissing(os.Remove(twinsRecordPath(p)))
+}
+
+// heldTwin is a twin the daemon holds.
+type heldTwin struct {
+	twinRecord
+	pidfd, lifeline *os.File
+}
+
+// twinExitWait bounds how long releaseTwins waits for a killed twin to
+// exit; a SIGKILLed task that does not exit within it is stuck in the
+// kernel, and its zombie is left to the next Collect.
+var twinExitWait = 10 * time.Second
+
+// ReleaseTwins ends and reaps twins a capture holds but will not hand to a
+// daemon (it failed), and closes their descriptors.
+func ReleaseTwins(twins []*criuhooks.Twin) error {
+	var held []*heldTwin
+	var errs []error
+	for _, t := range twins {
+		r, err := recordTwin(t)
+		if err != nil {
+			// Gone already, or not readable: its lifeline goes, and
+			// ReapTwinZombies finds what is left.
+			t.Close()
+			errs = append(errs, err)
+			continue
+		}
+		held = append(held, &heldTwin{twinRecord: r, pidfd: t.Pidfd, lifeline: t.Lifeline})
+	}
+	return errors.Join(append(errs, releaseTwins(held))...)
+}
+
+// releaseTwins ends the twins, reaps them, and closes what held them.
+func releaseTwins(twins []*heldTwin) error {
+	var errs []error
+	for _, t := range twins {
+		errs = append(errs, t.release())
+	}
+	return errors.Join(errs...)
+}
+
+func (t *heldTwin) release() error {
+	defer t.pidfd.Close()
+	defer t.lifeline.Close()
+	fd := int(t.pidfd.Fd())
+	if err := unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0); err != nil && !errors.Is(err, unix.ESRCH) {
+		return fmt.Errorf("ending twin %d: %w", t.Twin, err)
+	}
+	// A pidfd polls readable once its process has exited.
+	deadline := time.Now().Add(twinExitWait)
+	for {
+		n, err := unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}, 100)
+		if n > 0 {
+			break
+		}
+		if err != nil && err != unix.EINTR {
+			return fmt.Errorf("waiting for twin %d to exit: %w", t.Twin, err)
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("twin %d did not exit %s after SIGKILL", t.Twin, twinExitWait)
+		}
+	}
+	return reapTwin(t.twinRecord)
+}
+
+// reapTwin reaps an exited twin from its parent: the process it is a twin
+// of, or whoever took it in when that process exited.
+func reapTwin(r twinRecord) error {
+	st, err := procfs.ReadStat(r.Twin)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if st.StartTime != r.Started {
+		return nil // reaped; its pid is another process's now
+	}
+	if !st.Exited() {
+		return fmt.Errorf("twin %d has not exited", r.Twin)
+	}
+	if err := inject.Reap(st.PPid, r.Twin, r.Started); err != nil {
+		return fmt.Errorf("twin %d of process %d: %w", r.Twin, r.Pid, err)
+	}
+	return nil
+}
+
+// collectTwins reaps the twins a dead daemon of plan id had on record, and
+// removes the record once none is left.
+func collectTwins(p Paths) error {
+	var rec twinsRecord
+	err := atomicfile.ReadJSON(twinsRecordPath(p), &rec)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return errors.Join(fmt.Errorf("lazy pages: a damaged twins record %s: %w", twinsRecordPath(p), err), removeTwinsRecord(p))
+	}
+	var errs []error
+	for _, r := range rec.Twins {
+		st, err := procfs.ReadStat(r.Twin)
+		if err == nil && st.StartTime == r.Started && !st.Exited() {
+			// Its lifeline is held somewhere still (a guard about to
+			// exit): it dies with it.
+			errs = append(errs, fmt.Errorf("twin %d is still alive", r.Twin))
+			continue
+		}
+		if err := reapTwin(r); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if len(errs) > 0 {
+		return errors.Join(errs...)
+	}
+	return removeTwinsRecord(p)
+}
+
+// ReapTwinZombies reaps every exited twin among the children of the
+// processes of the cgroup directory procsDir (a container's: see
+// cgroups.ProcsDir): a zombie named TwinName whose exit signal is 0, which
+// is what a twin leaves when whoever held its lifeline died before it was
+// reaped. It returns how many it reaped.
+func ReapTwinZombies(procsDir string) (int, error) {
+	procs, err := cgroups.Procs(procsDir)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return 0, nil
+		}
+		return 0, err
+	}
+	reaped := 0
+	var errs []error
+	for _, parent := range procs {
+		for _, child := range childrenOf(parent) {
+			if !isTwinZombie(child) {
+				continue
+			}
+			st, err := procfs.ReadStat(child)
+			if err != nil {
+				continue
+			}
+			if err := inject.Reap(parent, child, st.StartTime); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			reaped++
+			logrus.Infof("reaped twin %d, which its holder left as a zombie of %d", child, parent)
+		}
+	}
+	return reaped, errors.Join(errs...)
+}
+
+func childrenOf(pid int) []int {
+	var out []int
+	tasks, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	for _, t := range tasks {
+		b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "task", t.Name(), "children"))
+		if err != nil {
+			continue
+		}
+		for _, f := range strings.Fields(string(b)) {
+			if c, err := strconv.Atoi(f); err == nil {
+				out = append(out, c)
+			}
+		}
+	}
+	return out
+}
+
+// isTwinZombie: an exited process named TwinName with exit signal 0 (field
+// 38 of /proc/PID/stat).
+func isTwinZombie(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	s := string(b)
+	open, end := strings.IndexByte(s, '('), strings.LastIndexByte(s, ')')
+	if open < 0 || end < open || s[open+1:end] != TwinName {
+		return false
+	}
+	fields := strings.Fields(s[end+1:])
+	// fields[0] is the state (field 3); exit_signal is field 38.
+	return len(fields) > 35 && (fields[0] == "Z" || fields[0] == "X") && fields[35] == "0"
+}
