@@ -229,7 +229,7 @@ func parseTwinMsg(b, oob []byte) (*Twin, error) {
 	return &Twin{Pid: int(pid), TwinPid: int(twin),
 		Pidfd:    os.NewFile(uintptr(files[0]), fmt.Sprintf("pidfd of twin %d", twin)),
 		Lifeline: os.NewFile(uintptr(files[1]), fmt.Sprintf("lifeline of twin %d", twin)),
-		Clone: time.Duration(cloneUs) * time.Microsecond, Park: time.Duration(parkUs) * time.Microsecond}, nil
+		Clone:    time.Duration(cloneUs) * time.Microsecond, Park: time.Duration(parkUs) * time.Microsecond}, nil
 }
 
 // TwinError is a process the plugin could not twin, and why.
