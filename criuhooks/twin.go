@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/checkpoint-restore/go-criu/v7/crit/images/mm"
 	"github.com/checkpoint-restore/go-criu/v7/rpc"
 	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
@@ -371,4 +372,42 @@ func zombie(pid int) bool {
 	s := string(b)
 	i := strings.LastIndexByte(s, ')')
 	return i < 0 || i+2 >= len(s) || s[i+2] == 'Z' || s[i+2] == 'X'
+}
+
+// madvise flags CRIU records in a VMA's madv (1 << MADV_x).
+const (
+	madvDontFork   = 1 << 10 // MADV_DONTFORK
+	madvWipeOnFork = 1 << 18 // MADV_WIPEONFORK
+	vmaAnonPrivate = 1 << 9  // VMA_ANON_PRIVATE in a VMA's status
+)
+
+// CheckTwinnable refuses a twin capture whose memory a twin got wrong: a
+// private anonymous area the dump recorded as not copied by fork()
+// (MADV_DONTFORK: the twin lacks it) or wiped by it (MADV_WIPEONFORK: the
+// twin reads zeros there). tasks are the dumped tree's, in imagesDir.
+func CheckTwinnable(imagesDir string, tasks []Task) error {
+	for _, t := range tasks {
+		img, err := decodeImage(filepath.Join(imagesDir, fmt.Sprintf("mm-%d.img", t.ImagePid)), &mm.MmEntry{})
+		if errors.Is(err, os.ErrNotExist) {
+			continue // a zombie: no memory
+		}
+		if err != nil {
+			return err
+		}
+		if len(img.Entries) != 1 {
+			return fmt.Errorf("mm-%d.img holds %d entries, want 1", t.ImagePid, len(img.Entries))
+		}
+		for _, v := range img.Entries[0].Message.(*mm.MmEntry).GetVmas() {
+			if v.GetStatus()&vmaAnonPrivate == 0 {
+				continue
+			}
+			switch {
+			case v.GetMadv()&madvDontFork != 0:
+				return fmt.Errorf("process %d has private memory at %#x-%#x that fork() does not copy (MADV_DONTFORK), which a twin lacks", t.HostPid, v.GetStart(), v.GetEnd())
+			case v.GetMadv()&madvWipeOnFork != 0:
+				return fmt.Errorf("process %d has private memory at %#x-%#x that fork() wipes (MADV_WIPEONFORK), which a twin reads as zeros", t.HostPid, v.GetStart(), v.GetEnd())
+			}
+		}
+	}
+	return nil
 }

@@ -25,10 +25,12 @@
  * of the process's own sees it (only __WALL or __WCLONE do); tclone reaps
  * it.
  *
- * A process whose memory a twin would get wrong is refused, and the dump
- * fails: a private anonymous area fork() does not copy (MADV_DONTFORK) or
- * wipes (MADV_WIPEONFORK), or memory registered with a userfaultfd (whose
- * reader might be told of, and hold, the clone).
+ * What a twin cannot hold is tclone's to find, outside the pause: memory
+ * fork() does not copy (MADV_DONTFORK) or wipes (MADV_WIPEONFORK), which
+ * CRIU records in the images, and memory registered with a userfaultfd,
+ * whose reader might be told of, and hold, the clone (/proc/PID/smaps, read
+ * before the dump: reading it here would walk every page table again while
+ * the tree is held).
  *
  * The plugin acts only when CRIU's environment names its socket
  * (TCLONE_TWIN_FD, a SOCK_SEQPACKET descriptor CRIU inherits); otherwise it
@@ -296,46 +298,6 @@ static int vdso_site(pid_t pid, unsigned long *site, struct twin_err *e)
 	return 0;
 }
 
-/* unfit says why pid's memory cannot be twinned (see the top), or NULL. */
-static const char *unfit(pid_t pid, char *area, size_t arealen, struct twin_err *e)
-{
-	char path[64], line[1024], range[64] = "";
-	bool private_anon = false;
-	const char *why = NULL;
-	FILE *f;
-
-	snprintf(path, sizeof(path), "/proc/%d/smaps", pid);
-	f = fopen(path, "re");
-	if (!f) {
-		fail(e, errno, "reading %s: %s", path, strerror(errno));
-		return "could not be read";
-	}
-	while (!why && fgets(line, sizeof(line), f)) {
-		unsigned long a, b, off, ino;
-		char perms[8], dev[16];
-
-		if (sscanf(line, "%lx-%lx %7s %lx %15s %lu", &a, &b, perms, &off, dev, &ino) == 6) {
-			snprintf(range, sizeof(range), "%lx-%lx", a, b);
-			private_anon = perms[3] == 'p' && ino == 0;
-			continue;
-		}
-		if (strncmp(line, "VmFlags:", 8))
-			continue;
-		for (char *save, *tok = strtok_r(line + 8, " \n", &save); tok && !why; tok = strtok_r(NULL, " \n", &save)) {
-			if (!strcmp(tok, "um") || !strcmp(tok, "uw") || !strcmp(tok, "ui"))
-				why = "is registered with a userfaultfd";
-			else if (private_anon && !strcmp(tok, "dc"))
-				why = "is not copied by fork (MADV_DONTFORK)";
-			else if (private_anon && !strcmp(tok, "wf"))
-				why = "is wiped by fork (MADV_WIPEONFORK)";
-		}
-	}
-	fclose(f);
-	if (why)
-		snprintf(area, arealen, "%s", range);
-	return why;
-}
-
 /*
  * live_thread picks the thread of pid that makes the clone (the leader, or
  * another where the leader has exited) and reads its registers.
@@ -596,16 +558,8 @@ static int twin_of(pid_t pid, struct twin *t, struct twin_err *e)
 {
 	struct timespec t0;
 	unsigned long code = 0;
-	char area[64];
-	const char *why;
 	int status;
 
-	why = unfit(pid, area, sizeof(area), e);
-	if (why) {
-		if (!e->err)
-			fail(e, EOPNOTSUPP, "process %d: its memory area %s %s", pid, area, why);
-		return -1;
-	}
 	clock_gettime(CLOCK_MONOTONIC, &t0);
 	if (make_twin(pid, &code, &t->pid, e))
 		return -1;

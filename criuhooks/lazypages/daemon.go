@@ -27,6 +27,9 @@ const (
 	EventShared    EventKind = "shared"    // Share gave the sibling the snapshots' pages (Event.Share)
 	EventComplete  EventKind = "complete"  // every page is in place; the daemon is done with it
 	EventFailed    EventKind = "failed"    // its memory could not be completed; its tasks were killed
+	// EventDrainFailed is no sibling's: the snapshots could not be drained
+	// (Options.Drain); siblings still read them.
+	EventDrainFailed EventKind = "drain-failed"
 )
 
 // Event is one step of a sibling.
@@ -72,6 +75,10 @@ type Options struct {
 	// task (faults are still answered at once): it leaves CPU to the
 	// siblings, and lets tests catch a sibling while it fills.
 	ChunkPause time.Duration
+	// Drain, with Snapshots, copies them into page images of the dump's
+	// own at once and releases each as soon as it is done with (twins:
+	// see drain.go).
+	Drain *Drain
 }
 
 // Daemon is one lazy-pages daemon: it serves any number of siblings
@@ -83,6 +90,8 @@ type Daemon struct {
 	guard  *guard
 	// dev shares snapshots' pages (Options.ShareWait); nil otherwise.
 	dev *cherrypick.Device
+	// stopDrain ends draining early; drained closes when it has ended.
+	stopDrain, drained chan struct{}
 
 	mu        sync.Mutex
 	listeners []*net.UnixListener
@@ -103,7 +112,11 @@ func Start(opts Options) (*Daemon, error) {
 		return nil, err
 	}
 	images.snapshots = opts.Snapshots
-	d := &Daemon{opts: opts, images: images, siblings: map[int]*sibling{}, slots: newFillSlots(defaultFillSlots())}
+	if opts.Drain != nil {
+		images.drainRelease = opts.Drain.Release
+	}
+	d := &Daemon{opts: opts, images: images, siblings: map[int]*sibling{}, slots: newFillSlots(defaultFillSlots()),
+		stopDrain: make(chan struct{}), drained: make(chan struct{})}
 	if opts.Snapshots != nil && opts.ShareWait > 0 {
 		if d.dev, err = cherrypick.Open(); err != nil {
 			images.Close()
@@ -117,8 +130,25 @@ func Start(opts Options) (*Daemon, error) {
 		}
 		return nil, err
 	}
+	if opts.Drain != nil && opts.Snapshots != nil {
+		go func() {
+			defer close(d.drained)
+			if err := images.drain(opts.Drain, d.stopDrain); err != nil {
+				d.emit(Event{Kind: EventDrainFailed, Err: err})
+			}
+		}()
+	} else {
+		close(d.drained)
+	}
 	return d, nil
 }
+
+// WaitDrained waits until the snapshots are drained into page images
+// (Options.Drain), or draining failed.
+func (d *Daemon) WaitDrained() (DrainState, error) { return d.images.WaitDrained() }
+
+// Drained says how far draining has got.
+func (d *Daemon) Drained() DrainState { return d.images.Drained() }
 
 func (d *Daemon) emit(ev Event) {
 	if d.opts.OnEvent != nil {
@@ -368,6 +398,10 @@ func (d *Daemon) Close() error {
 	}
 	d.conns.Wait()
 	d.live.Wait()
+	close(d.stopDrain)
+	<-d.drained
+	// Nothing reads a snapshot any more.
+	d.images.releaseSnapshots()
 	var errs []error
 	for _, l := range listeners {
 		if fd, err := socketFD(l); err == nil {

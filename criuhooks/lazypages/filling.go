@@ -18,10 +18,18 @@ import (
 // until none of its tasks is filling (or refuses). The kernel, not the
 // daemon, answers: the daemon closes a task's userfaultfd when it is done,
 // which unregisters its areas.
-func Filling(pid int) (bool, error) {
+func Filling(pid int) (bool, error) { return hasVmFlag(pid, "um") }
+
+// Registered reports whether task pid has memory registered with a
+// userfaultfd in any mode (missing, write-protect or minor: "um", "uw",
+// "ui"). Its clone would be reported to, and held by, whoever reads that
+// userfaultfd, if it asked for fork events: such a task gets no twin.
+func Registered(pid int) (bool, error) { return hasVmFlag(pid, "um", "uw", "ui") }
+
+func hasVmFlag(pid int, want ...string) (bool, error) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/smaps", pid))
 	if err != nil {
-		return false, fmt.Errorf("lazy pages: is task %d filling: %w", pid, err)
+		return false, fmt.Errorf("lazy pages: reading the memory areas of task %d: %w", pid, err)
 	}
 	sc := bufio.NewScanner(bytes.NewReader(b))
 	for sc.Scan() {
@@ -30,8 +38,10 @@ func Filling(pid int) (bool, error) {
 			continue
 		}
 		for _, f := range strings.Fields(flags) {
-			if f == "um" {
-				return true, nil
+			for _, w := range want {
+				if f == w {
+					return true, nil
+				}
 			}
 		}
 	}

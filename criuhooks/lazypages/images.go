@@ -55,6 +55,13 @@ type Images struct {
 	mu    sync.Mutex
 	tasks map[int32]*taskImage
 	pages map[uint32][]byte
+	// With Options.Drain: each task's snapshot and its readers, the tasks
+	// whose pages are in an image of their own by now, and progress.
+	drainRelease func(int32)
+	slots        map[int32]*snapSlot
+	drainedTasks map[int32]bool
+	drainState   DrainState
+	drainCond    *sync.Cond
 }
 
 // OpenImages opens the dump in dir. Task images are read when a task of a
@@ -63,7 +70,58 @@ func OpenImages(dir string) (*Images, error) {
 	if _, err := os.Stat(filepath.Join(dir, "pstree.img")); err != nil {
 		return nil, fmt.Errorf("lazy pages: %s is not a CRIU dump (no pstree.img): %w", dir, err)
 	}
-	return &Images{dir: dir, tasks: map[int32]*taskImage{}, pages: map[uint32][]byte{}}, nil
+	im := &Images{dir: dir, tasks: map[int32]*taskImage{}, pages: map[uint32][]byte{},
+		slots: map[int32]*snapSlot{}, drainedTasks: map[int32]bool{}}
+	im.drainCond = sync.NewCond(&im.mu)
+	return im, nil
+}
+
+// slot is task pid's snapshot slot, made on first use.
+func (im *Images) slot(pid int32) *snapSlot {
+	im.mu.Lock()
+	defer im.mu.Unlock()
+	return im.slotLocked(pid)
+}
+
+func (im *Images) slotLocked(pid int32) *snapSlot {
+	sl := im.slots[pid]
+	if sl == nil {
+		sl = &snapSlot{pid: pid, src: snapshotPages{im.snapshots[pid]}, release: im.drainRelease}
+		im.slots[pid] = sl
+	}
+	return sl
+}
+
+// releaseSnapshots frees every snapshot not freed yet (Close).
+func (im *Images) releaseSnapshots() {
+	im.mu.Lock()
+	var all []*snapSlot
+	for pid := range im.snapshots {
+		all = append(all, im.slotLocked(pid))
+	}
+	im.mu.Unlock()
+	for _, sl := range all {
+		sl.free()
+	}
+}
+
+// loadTask reads task pid's image once.
+func (im *Images) loadTask(pid int32) (*taskImage, error) {
+	im.mu.Lock()
+	defer im.mu.Unlock()
+	return im.loadTaskLocked(pid)
+}
+
+func (im *Images) loadTaskLocked(pid int32) (*taskImage, error) {
+	if t, ok := im.tasks[pid]; ok {
+		return t, nil
+	}
+	t, err := loadTaskImage(im.dir, pid, im.snapshots != nil && !im.drainedTasks[pid])
+	if err != nil {
+		return nil, err
+	}
+	im.tasks[pid] = t
+	return t, nil
 }
 
 // Close unmaps the pages images. No sibling may be served afterwards.
@@ -86,22 +144,28 @@ func (im *Images) Close() error {
 func (im *Images) task(pid int32) (*taskImage, pageSource, error) {
 	im.mu.Lock()
 	defer im.mu.Unlock()
-	t, ok := im.tasks[pid]
-	if !ok {
-		var err error
-		if t, err = loadTaskImage(im.dir, pid, im.snapshots != nil); err != nil {
-			return nil, nil, err
-		}
-		im.tasks[pid] = t
+	t, err := im.loadTaskLocked(pid)
+	if err != nil {
+		return nil, nil, err
 	}
-	if im.snapshots != nil {
+	if im.snapshots != nil && !im.drainedTasks[pid] {
 		snap := im.snapshots[pid]
 		if snap == nil && len(t.lazy) > 0 {
 			return nil, nil, fmt.Errorf("lazy pages: no snapshot holds the memory of task %d, which has %d lazy bytes (the capture took snapshots of other tasks only)", pid, t.bytes)
 		}
-		// A task without private anonymous memory has no snapshot, and
-		// nothing to read from one.
-		return t, snapshotPages{snap}, nil
+		if snap == nil || im.drainRelease == nil {
+			// A task without private anonymous memory has no snapshot,
+			// and nothing to read from one.
+			return t, snapshotPages{snap}, nil
+		}
+		sl := im.slotLocked(pid)
+		sl.mu.Lock()
+		gone := sl.gone
+		sl.mu.Unlock()
+		if gone {
+			return nil, nil, fmt.Errorf("lazy pages: the snapshot of task %d was released before its pages were drained", pid)
+		}
+		return t, drainSource{snapshotPages: sl.src, slot: sl}, nil
 	}
 	data, ok := im.pages[t.pagesID]
 	if !ok {

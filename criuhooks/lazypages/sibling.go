@@ -119,6 +119,9 @@ func (s *sibling) addTask(cc *criuConn, msg criuMsg) error {
 // shareFor is a task's pending share, or nil when its pages are copied.
 func (s *sibling) shareFor(msg criuMsg, img *taskImage, src pageSource) *shareState {
 	snap, ok := src.(snapshotPages)
+	if d, isDrain := src.(drainSource); isDrain {
+		snap, ok = d.snapshotPages, true
+	}
 	if s.d.dev == nil || s.copying || !ok || snap.f == nil || len(img.areas) == 0 {
 		return nil
 	}
@@ -186,7 +189,18 @@ func (s *sibling) serveTask(u *uffd, miss *pending, src pageSource, share *share
 	f.share = share
 	f.pause = s.d.opts.ChunkPause
 	f.slots = s.d.slots
-	go func() { s.fillerDone(u, f.run()) }()
+	// A twin stays while a filler reads it (drain.go).
+	held, _ := src.(heldSource)
+	if held != nil {
+		held.hold()
+	}
+	go func() {
+		err := f.run()
+		if held != nil {
+			held.drop()
+		}
+		s.fillerDone(u, err)
+	}()
 }
 
 func (s *sibling) forked(u *uffd, miss *pending, src pageSource) { s.serve(u, miss, src) }

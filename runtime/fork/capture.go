@@ -124,17 +124,44 @@ func (e *Engine) captureSource(ctx context.Context, src *source, req CaptureRequ
 		if err := e.waitMemoryComplete(ctx, src, req.Fork.CaptureTimeout); err != nil {
 			return nil, err
 		}
+		if err := waitTwinsGone(ctx, src, req.Fork.CaptureTimeout); err != nil {
+			return nil, err
+		}
 	}
-	op, err := e.beginCapture(src, req, check)
+	p, op, err := e.captureAs(ctx, src, req, check, memory, twin, why)
+	var unfit *notTwinnable
+	if err != nil && memory == forkopts.MemoryTwin && (req.Fork.Memory == "" || req.Fork.Memory == forkopts.MemoryAuto) && errors.As(err, &unfit) {
+		// auto took twins, and the source turned out to hold memory
+		// they cannot: it is captured again, its pages copied.
+		p, op, err = e.captureAs(ctx, src, req, check, "", twin, fmt.Sprintf("captured again, pages copied while the source is held: %v", unfit.err))
+	}
 	if err != nil {
 		return nil, err
+	}
+	p.Timings.TotalMs = ms(time.Since(start))
+	if err := p.Write(op.dir); err != nil {
+		return op.fail(fmt.Errorf("writing plan: %w", err))
+	}
+	if err := plan.SetUses(op.dir, req.Fork.Uses, req.Client); err != nil {
+		return op.fail(fmt.Errorf("writing plan uses: %w", err))
+	}
+	op.log.phase("plan", logrus.Fields{"processes": p.Tree.Processes, "threads": p.Tree.Threads})
+	return &Captured{Plan: p, Dir: op.dir}, op.entry.End()
+}
+
+// captureAs makes one capture of the locked source, its memory taken as
+// memory says (why, for the log): the plan not written yet.
+func (e *Engine) captureAs(ctx context.Context, src *source, req CaptureRequest, check *criucheck.Result, memory forkopts.Memory, twin twinHost, why string) (*plan.Plan, *captureOp, error) {
+	op, err := e.beginCapture(src, req, check)
+	if err != nil {
+		return nil, nil, err
 	}
 	op.memory = memory
 	switch memory {
 	case forkopts.MemoryCow:
 		op.held = &cowCapture{}
 	case forkopts.MemoryTwin:
-		op.held = &twinCapture{host: twin}
+		op.held = &twinCapture{host: twin, images: plan.ImagesDir(op.dir)}
 	}
 	if !req.Fork.FilesOnly {
 		logrus.WithFields(logrus.Fields{"source": src.id, "asked": req.Fork.Memory, "memory": memory}).Infof("memory: %s", why)
@@ -146,23 +173,17 @@ func (e *Engine) captureSource(ctx context.Context, src *source, req CaptureRequ
 	}
 	p, err := capture(ctx)
 	if err != nil {
-		return op.fail(err)
+		_, err = op.fail(err)
+		return nil, nil, err
 	}
 	if op.held != nil {
 		if err := op.holdSnapshots(ctx, p); err != nil {
-			return op.fail(err)
+			_, err = op.fail(err)
+			return nil, nil, err
 		}
 		crashPoint(CrashSnapshotsHeld)
 	}
-	p.Timings.TotalMs = ms(time.Since(start))
-	if err := p.Write(op.dir); err != nil {
-		return op.fail(fmt.Errorf("writing plan: %w", err))
-	}
-	if err := plan.SetUses(op.dir, req.Fork.Uses, req.Client); err != nil {
-		return op.fail(fmt.Errorf("writing plan uses: %w", err))
-	}
-	op.log.phase("plan", logrus.Fields{"processes": p.Tree.Processes, "threads": p.Tree.Threads})
-	return &Captured{Plan: p, Dir: op.dir}, op.entry.End()
+	return p, op, nil
 }
 
 // beginCapture makes the plan's directory and records the capture in the

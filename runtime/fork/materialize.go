@@ -192,10 +192,17 @@ func (e *Engine) prepareMaterialize(ctx context.Context, req MaterializeRequest,
 	if asked == "" {
 		asked = p.Memory
 	}
+	if asked == forkopts.MemoryTwin && p.Memory == forkopts.MemoryTwin {
+		// A twin plan's siblings get copies of its pages, as lazy ones.
+		asked = forkopts.MemoryLazy
+	}
 	// A files-only sibling has nothing of the source's memory: it starts
 	// afresh.
 	if !p.FilesOnly {
-		if op.memory, err = asked.Resolve(p.Memory, op.check.LazyPages, op.check.NoLazyPages); err != nil {
+		if op.planned, err = e.plannedMemory(ctx, p, dir, asked); err != nil {
+			return nil, err
+		}
+		if op.memory, err = asked.Resolve(op.planned, op.check.LazyPages, op.check.NoLazyPages); err != nil {
 			return nil, err
 		}
 		if op.merge = asked == forkopts.MemoryKSM; op.merge {
@@ -312,6 +319,9 @@ type materializeOp struct {
 	// tcp and memory are decided for this sibling.
 	tcp    forkopts.TCPPolicy
 	memory forkopts.Memory
+	// planned is the plan's memory as this restore finds it: a twin
+	// plan whose twins were drained holds page images like any other.
+	planned forkopts.Memory
 	// merge marks the sibling's processes mergeable (--memory ksm).
 	merge bool
 	// shareStats is where a copy-on-write restore's share hook writes
@@ -573,7 +583,7 @@ func (e *Engine) undoMaterialize(ctx context.Context, r journal.Record) error {
 // copy-on-write plan's daemon holds the plan's memory: it is never started
 // here, and without it the sibling cannot be made.
 func (op *materializeOp) lazyDaemon(ctx context.Context, work string) (*lazy.Client, error) {
-	cow := op.p.Memory.Held()
+	cow := op.planned.Held()
 	// What to do is the same whatever went wrong with the daemon.
 	advise := func(err error) error {
 		if cow {

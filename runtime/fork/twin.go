@@ -1,6 +1,7 @@
 package fork
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"math"
@@ -15,9 +16,12 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/tclone/tclone/criuhooks"
+	"github.com/tclone/tclone/criuhooks/lazypages"
 	"github.com/tclone/tclone/runtime/cgroups"
 	"github.com/tclone/tclone/runtime/criucheck"
+	"github.com/tclone/tclone/runtime/forkopts"
 	"github.com/tclone/tclone/runtime/lazy"
+	"github.com/tclone/tclone/runtime/plan"
 )
 
 // A twin capture (forkopts.MemoryTwin): copy-on-write memory without the
@@ -108,6 +112,11 @@ func twinFits(src *source) (bool, string) {
 		return false, fmt.Sprintf("cannot read the limits of the source's cgroup: %v", err)
 	}
 	tree := treeOf(src.state.Pid)
+	for _, pid := range tree {
+		if reg, err := lazypages.Registered(pid); err == nil && reg {
+			return false, fmt.Sprintf("process %d of the source has memory registered with a userfaultfd, whose reader could be told of its twin", pid)
+		}
+	}
 	if room.Pids != math.MaxInt && room.Pids < len(tree) {
 		return false, fmt.Sprintf("the source's pids limit leaves room for %d more tasks, and its %d processes need one twin each", room.Pids, len(tree))
 	}
@@ -165,7 +174,9 @@ func rssAnon(pid int) uint64 {
 
 // twinCapture is a twin capture's memory in the making.
 type twinCapture struct {
-	host  twinHost
+	host twinHost
+	// images is the plan's images directory.
+	images string
 	col   *criuhooks.TwinCollector
 	snaps *criuhooks.TwinSnapshots
 	// handedOver: the plan's daemon holds the twins.
@@ -200,6 +211,9 @@ func (c *twinCapture) take(root int) error {
 	tasks, err := criuhooks.TreeTasks(root)
 	if err != nil {
 		return fmt.Errorf("twin capture: %w", err)
+	}
+	if err := criuhooks.CheckTwinnable(c.images, tasks); err != nil {
+		return &notTwinnable{err}
 	}
 	if c.snaps, err = c.col.Take(tasks); err != nil {
 		var te *criuhooks.TwinError
@@ -250,3 +264,69 @@ func (c *twinCapture) dumpErr() error {
 	}
 	return c.col.Err()
 }
+
+// plannedMemory is the plan's memory as a restore that asks for asked finds
+// it. A twin plan's twins are drained into page images right after the
+// capture (lazypages' drain.go); once they are, it is a plan like any
+// other. A restore that copies (copy, or ksm, which restores as the
+// default does) waits for the drain, through the plan's daemon.
+func (e *Engine) plannedMemory(ctx context.Context, p *plan.Plan, dir string, asked forkopts.Memory) (forkopts.Memory, error) {
+	if p.Memory != forkopts.MemoryTwin {
+		return p.Memory, nil
+	}
+	marker := filepath.Join(plan.ImagesDir(dir), lazypages.DrainedMarker)
+	if _, err := os.Stat(marker); err == nil {
+		return "", nil
+	}
+	if asked != forkopts.MemoryCopy {
+		return p.Memory, nil
+	}
+	c, err := lazy.Connect(e.lazyPaths(p.ID))
+	if err != nil {
+		return "", err
+	}
+	defer c.Close()
+	if err := c.WaitDrained(ctx); err != nil {
+		return "", fmt.Errorf("--memory copy of a twin plan waits for its page images: %w", err)
+	}
+	return "", nil
+}
+
+// waitTwinsGone waits until the source has no twin left of an earlier twin
+// capture (its plan's daemon drains and releases them right after it), and
+// reaps what such twins left: a dump now would take a twin for a process of
+// the source. It gives up after timeout.
+func waitTwinsGone(ctx context.Context, src *source, timeout time.Duration) error {
+	procs := cgroups.ProcsDir(src.status.CgroupPath)
+	deadline := time.Now().Add(timeout)
+	for {
+		live, err := lazy.LiveTwins(procs)
+		if err != nil {
+			return err
+		}
+		if len(live) == 0 {
+			if _, err := lazy.ReapTwinZombies(procs); err != nil {
+				return fmt.Errorf("reaping the twins an earlier fork of %s left: %w", src.id, err)
+			}
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s still has %d twins of an earlier fork after %s (its plan's lazy-pages daemon copies their memory out, then ends them): try again, or run tclone gc", src.id, len(live), timeout)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// notTwinnable is a source whose memory twins cannot hold (see
+// criuhooks.CheckTwinnable): auto captures it again the old way.
+type notTwinnable struct{ err error }
+
+func (e *notTwinnable) Error() string {
+	return fmt.Sprintf("twin capture: %v; the source runs on: fork with --memory lazy or copy", e.err)
+}
+
+func (e *notTwinnable) Unwrap() error { return e.err }

@@ -127,10 +127,15 @@ func (c *Client) listen(verb, socket string) error {
 
 // request sends one request and returns the answer after "ok".
 func (c *Client) request(req string) (string, error) {
+	return c.requestBy(req, time.Now().Add(startWait))
+}
+
+// requestBy is request with the answer due by deadline.
+func (c *Client) requestBy(req string, deadline time.Time) (string, error) {
 	if strings.ContainsAny(req, "\n") {
 		return "", errors.New("lazy pages: a request with a newline")
 	}
-	c.conn.SetDeadline(time.Now().Add(startWait))
+	c.conn.SetDeadline(deadline)
 	defer c.conn.SetDeadline(time.Time{})
 	if _, err := fmt.Fprintf(c.conn, "%s\n", req); err != nil {
 		return "", fmt.Errorf("lazy pages: asking the daemon: %w", err)
@@ -155,3 +160,28 @@ func (c *Client) request(req string) (string, error) {
 // Close lets the daemon go: once no restore is connected and no sibling
 // fills, it exits.
 func (c *Client) Close() error { return c.conn.Close() }
+
+// WaitDrained waits until a twin plan's daemon has drained its twins into
+// page images, or ctx ends (by its deadline: drainWait without one).
+func (c *Client) WaitDrained(ctx context.Context) error {
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		deadline = time.Now().Add(drainWait)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.requestBy("wait-drained", deadline)
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		c.conn.Close()
+		<-done
+		return ctx.Err()
+	}
+}
+
+// drainWait bounds WaitDrained without a deadline of its caller's.
+const drainWait = 10 * time.Minute

@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/tclone/tclone/criuhooks"
+	"github.com/tclone/tclone/criuhooks/lazypages"
 	"github.com/tclone/tclone/runtime/plan"
 )
 
@@ -95,7 +96,7 @@ func (c *cowConfig) twins() ([]*heldTwin, error) {
 			releaseTwins(out)
 			return nil, fmt.Errorf("the twin of process %d was not passed: %w", pid, err)
 		}
-		out = append(out, &heldTwin{twinRecord: t.twinRecord, pidfd: pidfd, lifeline: lifeline})
+		out = append(out, &heldTwin{twinRecord: t.twinRecord, imagePid: pid, pidfd: pidfd, lifeline: lifeline})
 	}
 	return out, nil
 }
@@ -138,6 +139,9 @@ type Info struct {
 	// Restores are restores connected; Filling, siblings still filling.
 	Restores int `json:"restores"`
 	Filling  int `json:"filling"`
+	// Drain is how far a twin plan's daemon has drained its twins into
+	// page images.
+	Drain *lazypages.DrainState `json:"drain,omitempty"`
 }
 
 func (s *server) info() Info {
@@ -147,6 +151,10 @@ func (s *server) info() Info {
 	if c := s.cfg.Cow; c != nil {
 		in.Cow, in.Snapshots, in.AnonPages, in.SwapEntries, in.ExpiresAt = true, len(c.Snapshots), c.AnonPages, c.SwapEntries, c.ExpiresAt
 		in.Twins = len(c.Twins)
+		if in.Twins > 0 {
+			st := s.d.Drained()
+			in.Drain = &st
+		}
 	}
 	return in
 }

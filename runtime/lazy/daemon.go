@@ -60,6 +60,33 @@ type server struct {
 	conns  int // restores connected to the control socket
 	fills  int // siblings connected and not yet complete or failed
 	change time.Time
+	// releasing counts twins being ended and reaped.
+	releasing sync.WaitGroup
+}
+
+// twinReleaser is the drain's Release: it ends and reaps the twin of image
+// pid, in the background (a filler calls it on its way out).
+func (s *server) twinReleaser(twins []*heldTwin) func(int32) {
+	byPid := map[int32]*heldTwin{}
+	for _, t := range twins {
+		byPid[t.imagePid] = t
+	}
+	return func(pid int32) {
+		t := byPid[pid]
+		if t == nil {
+			return
+		}
+		s.releasing.Add(1)
+		go func() {
+			defer s.releasing.Done()
+			start := time.Now()
+			if err := t.release(); err != nil {
+				logrus.Warnf("releasing twin %d of process %d: %v", t.Twin, t.Pid, err)
+				return
+			}
+			logrus.WithFields(logrus.Fields{"twin": t.Twin, "process": t.Pid, "image_pid": pid, "release_ms": time.Since(start).Milliseconds()}).Info("twin drained and released")
+		}()
+	}
 }
 
 func serve(cfg daemonConfig) error {
@@ -80,9 +107,11 @@ func serve(cfg daemonConfig) error {
 		if err != nil {
 			return err
 		}
-		// Ended and reaped once every sibling is done with them (this
-		// runs after the lazypages daemon is closed).
+		// Whatever draining has not released yet is ended and reaped
+		// here, after the lazypages daemon is closed: no sibling reads
+		// any twin then.
 		defer func() {
+			s.releasing.Wait()
 			if err := releaseTwins(twins); err != nil {
 				logrus.Warnf("releasing the twins: %v (tclone gc reaps what is left)", err)
 				return
@@ -90,6 +119,9 @@ func serve(cfg daemonConfig) error {
 			removeTwinsRecord(cfg.Paths)
 		}()
 		opts.Snapshots, opts.ShareWait = snaps, cfg.Cow.ShareWait
+		if len(twins) > 0 {
+			opts.Drain = &lazypages.Drain{PlanImages: cfg.PlanImages, Release: s.twinReleaser(twins)}
+		}
 	}
 	var err error
 	s.d, err = lazypages.Start(opts)
@@ -221,6 +253,14 @@ func (s *server) request(verb, arg string) (string, error) {
 		return string(b), err
 	case "info":
 		b, err := json.Marshal(s.info())
+		return string(b), err
+	case "wait-drained":
+		// A copying restore of a twin plan waits here for page images.
+		st, err := s.d.WaitDrained()
+		if err != nil {
+			return "", fmt.Errorf("the plan's twins could not be drained into page images: %w", err)
+		}
+		b, err := json.Marshal(st)
 		return string(b), err
 	}
 	return "", fmt.Errorf("unknown request %q", verb)

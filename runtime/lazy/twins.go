@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/sirupsen/logrus"
@@ -75,7 +76,10 @@ func removeTwinsRecord(p Paths) error {
 // heldTwin is a twin the daemon holds.
 type heldTwin struct {
 	twinRecord
+	imagePid        int32
 	pidfd, lifeline *os.File
+	once            sync.Once
+	err             error
 }
 
 // twinExitWait bounds how long releaseTwins waits for a killed twin to
@@ -111,7 +115,14 @@ func releaseTwins(twins []*heldTwin) error {
 	return errors.Join(errs...)
 }
 
+// release ends and reaps the twin, once; later calls return the first's
+// result.
 func (t *heldTwin) release() error {
+	t.once.Do(func() { t.err = t.end() })
+	return t.err
+}
+
+func (t *heldTwin) end() error {
 	defer t.pidfd.Close()
 	defer t.lifeline.Close()
 	fd := int(t.pidfd.Fd())
@@ -222,6 +233,25 @@ func ReapTwinZombies(procsDir string) (int, error) {
 	return reaped, errors.Join(errs...)
 }
 
+// LiveTwins lists the twins still alive among the children of the
+// processes of the cgroup directory procsDir: while one is, a dump of the
+// container would take it for one of its processes.
+func LiveTwins(procsDir string) ([]int, error) {
+	procs, err := cgroups.Procs(procsDir)
+	if err != nil {
+		return nil, err
+	}
+	var out []int
+	for _, parent := range procs {
+		for _, child := range childrenOf(parent) {
+			if state, ok := twinState(child); ok && state != "Z" && state != "X" {
+				out = append(out, child)
+			}
+		}
+	}
+	return out, nil
+}
+
 func childrenOf(pid int) []int {
 	var out []int
 	tasks, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
@@ -239,19 +269,28 @@ func childrenOf(pid int) []int {
 	return out
 }
 
-// isTwinZombie: an exited process named TwinName with exit signal 0 (field
-// 38 of /proc/PID/stat).
+// isTwinZombie: an exited twin.
 func isTwinZombie(pid int) bool {
+	state, ok := twinState(pid)
+	return ok && (state == "Z" || state == "X")
+}
+
+// twinState is the state of pid if it is a twin: named TwinName, with exit
+// signal 0 (field 38 of /proc/PID/stat).
+func twinState(pid int) (string, bool) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
-		return false
+		return "", false
 	}
 	s := string(b)
 	open, end := strings.IndexByte(s, '('), strings.LastIndexByte(s, ')')
 	if open < 0 || end < open || s[open+1:end] != TwinName {
-		return false
+		return "", false
 	}
 	fields := strings.Fields(s[end+1:])
 	// fields[0] is the state (field 3); exit_signal is field 38.
-	return len(fields) > 35 && (fields[0] == "Z" || fields[0] == "X") && fields[35] == "0"
+	if len(fields) <= 35 || fields[35] != "0" {
+		return "", false
+	}
+	return fields[0], true
 }
