@@ -149,6 +149,12 @@ if [ "${TCLONE_SETUP_PACKAGES_ONLY:-0}" = 1 ]; then
 	exit 0
 fi
 
+# --- 1b. tclone's CRIU --------------------------------------------------------
+# The twin capture's plugin, and the host's CRIU version with one option
+# more (lazy-pages-external: no page read while the source is held), built
+# from Debian's source of the CRIU installed above; /usr/sbin/criu stays.
+"$here/build-criu.sh"
+
 # --- 2. cgroups --------------------------------------------------------------
 # On hybrid hosts (v1 controllers plus a cgroup2 mount) crun refuses to run
 # while any controller is still enabled on cgroup2. Only hugetlb is left there

@@ -18,6 +18,17 @@
 //	gap           the longest wait between two turns of its 1 ms request
 //	              loop since the last gap request, in microseconds: the
 //	              longest the process was kept from running (a dump's pause)
+//	arm D         arm a storm: "ok"; see below
+//	storm         "none" until the storm, then "<start> <gap> <took> <hash>":
+//	              when it started (Unix ns), the pause that set it off and
+//	              how long it took (ms), and the memory's new hash
+//	sigchld       how many SIGCHLD it received
+//
+// Armed with D, the first time its loop finds it was kept from running for
+// D or longer (a dump held it) it adds 1 to every word of the filled memory
+// at once, as fast as it can: every page is written while a fork's
+// copy-on-write capture may still be reading it. A copy of the process in
+// another PID namespace (a sibling) does not.
 //
 // remap and dontneed touch no page of the mapping, so that a lazily restored
 // sibling can be made to move and discard memory it is still missing.
@@ -34,9 +45,11 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 	"unsafe"
@@ -49,6 +62,28 @@ import (
 type filled struct {
 	mem    []byte
 	maxGap time.Duration
+	// stormAfter, storm: -storm-after-pause, and its outcome.
+	stormAfter time.Duration
+	storm      string
+	pidns      string
+	sigchld    atomic.Int64
+}
+
+// original says whether this is the process that filled the memory, not a
+// copy of it in another PID namespace.
+func (f *filled) original() bool {
+	ns, err := os.Readlink("/proc/self/ns/pid")
+	return err == nil && ns == f.pidns
+}
+
+// rewriteAll adds 1 to every word, as fast as it can, and records the storm.
+func (f *filled) rewriteAll(gap time.Duration) {
+	start := time.Now()
+	w := f.words()
+	for i := range w {
+		w[i]++
+	}
+	f.storm = fmt.Sprintf("%d %d %d %s", start.UnixNano(), gap.Milliseconds(), time.Since(start).Milliseconds(), pattern.Format(pattern.Hash(w)))
 }
 
 func (f *filled) words() []uint64 {
@@ -72,7 +107,15 @@ func main() {
 		fmt.Fprintf(os.Stderr, "memfill: mmap %d MiB: %v\n", *mib, err)
 		os.Exit(1)
 	}
-	f := &filled{mem: mem}
+	f := &filled{mem: mem, storm: "none"}
+	f.pidns, _ = os.Readlink("/proc/self/ns/pid")
+	chld := make(chan os.Signal, 64)
+	signal.Notify(chld, syscall.SIGCHLD)
+	go func() {
+		for range chld {
+			f.sigchld.Add(1)
+		}
+	}()
 	pattern.Fill(f.words())
 	for range *children {
 		if _, err := rawFork(nil); err != nil {
@@ -94,7 +137,12 @@ func main() {
 	for {
 		time.Sleep(time.Millisecond)
 		now := time.Now()
-		f.maxGap = max(f.maxGap, now.Sub(last))
+		gap := now.Sub(last)
+		f.maxGap = max(f.maxGap, gap)
+		if f.stormAfter > 0 && gap >= f.stormAfter && f.storm == "none" && f.original() {
+			f.rewriteAll(gap)
+			now = time.Now()
+		}
 		last = now
 		f.poll(*dir)
 	}
@@ -131,6 +179,17 @@ func (f *filled) run(cmd []string) string {
 	switch cmd[0] {
 	case "ping":
 		return "pong"
+	case "arm":
+		d, err := time.ParseDuration(cmd[len(cmd)-1])
+		if err != nil || d <= 0 || len(cmd) != 2 {
+			return "error: arm wants a duration"
+		}
+		f.stormAfter = d
+		return "ok"
+	case "storm":
+		return f.storm
+	case "sigchld":
+		return strconv.FormatInt(f.sigchld.Load(), 10)
 	case "hash":
 		return pattern.Format(pattern.Hash(f.words()))
 	case "forkhash":

@@ -1,0 +1,193 @@
+package integration
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tclone/tclone/runtime/lazy"
+)
+
+// A twin capture needs tclone's CRIU plugin, which the set-up builds
+// (hack/build-criu.sh): where the stack is, it is too.
+func requireTwins(t *testing.T) {
+	t.Helper()
+	for _, p := range []string{"/usr/local/lib/tclone/criu/plugins/tclone_twin.so", "/usr/local/lib/tclone/criu/criu"} {
+		if _, err := os.Stat(p); err != nil {
+			stackMissing(t, []string{p + " (hack/build-criu.sh)"})
+		}
+	}
+}
+
+// testCgroupFile reads one value file of bundle b's cgroup, in the v1
+// hierarchy controller or in cgroup v2.
+func testCgroupFile(t *testing.T, b *bundle, controller, v1, v2 string) int64 {
+	t.Helper()
+	for _, p := range []string{
+		filepath.Join("/sys/fs/cgroup", controller, "tclone-test", b.id, v1),
+		filepath.Join("/sys/fs/cgroup/tclone-test", b.id, v2),
+	} {
+		if data, err := os.ReadFile(p); err == nil {
+			n, err := strconv.ParseInt(strings.TrimSpace(string(data)), 10, 64)
+			if err != nil {
+				t.Fatalf("%s: %q", p, data)
+			}
+			return n
+		}
+	}
+	t.Fatalf("no %s/%s of %s", v1, v2, b.id)
+	return 0
+}
+
+// twinsOf lists the twins (live or zombie) among the children of the
+// processes of b.
+func twinsOf(t *testing.T, b *bundle) []string {
+	var out []string
+	for _, pid := range processTreeOf(crunPid(t, b.id)) {
+		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err == nil && strings.Contains(string(stat), "("+lazy.TwinName+")") {
+			out = append(out, strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))[0]+" "+strconv.Itoa(pid))
+		}
+	}
+	return out
+}
+
+// The copy-on-write capture without the module (--memory twin): the source
+// is held only for CRIU's metadata and a twin per process (page tables),
+// and right after it runs on it rewrites every page of its memory as fast
+// as it can, while its twin's pages are drained and copied into the
+// sibling. The sibling has the memory of the fork instant; the source has
+// its own; and once the twins are released nothing of them is left in the
+// source: no process, no zombie, no SIGCHLD, its pids and memory charge as
+// before.
+func TestBundleForkTwinUnderWriteStorm(t *testing.T) {
+	requireBundleStack(t)
+	requireTwins(t)
+	requireNoLeftovers(t)
+	const mib = 256
+	for attempt := 1; ; attempt++ {
+		if twinStorm(t, mib) || attempt == 3 {
+			break
+		}
+	}
+	requireNoLeftovers(t)
+}
+
+// twinStorm is one round of TestBundleForkTwinUnderWriteStorm; false when
+// the storm came too early to prove anything (a scheduling gap before the
+// fork set it off), and the round must be run again.
+func twinStorm(t *testing.T, mib int) bool {
+	src, srcIO := memfillBundle(t, "twsrc", true, mib)
+	src.start(t)
+	defer src.remove(t)
+	var hash string
+	eventually(t, 2*time.Minute, "the source's fill", func() error {
+		b, err := os.ReadFile(filepath.Join(srcIO, "source.hash"))
+		hash = strings.TrimSpace(string(b))
+		return err
+	})
+	memBefore := testCgroupFile(t, src, "memory", "memory.usage_in_bytes", "memory.current")
+	if got := memfillAsk(t, srcIO, "arm 40ms", time.Minute); got != "ok" {
+		t.Fatalf("arm: %q", got)
+	}
+	sib, sibIO := memfillBundle(t, "twsib", false, mib)
+	defer sib.remove(t)
+	launched := time.Now()
+	r := forkBundle(t, src, sib, nil, "--memory", "twin", "--print-stats")
+	if r.code != 0 {
+		t.Fatalf("fork --memory twin: exit %d: %s", r.code, r.stderr)
+	}
+	rep := forkReport(t, r)
+	s := rep.Plan.Snapshots
+	if rep.Plan.Memory != "twin" || s == nil || s.Twins == 0 || s.Twins != s.Processes {
+		t.Fatalf("the plan's memory %q, snapshots %+v: want twins, one per process", rep.Plan.Memory, s)
+	}
+	if w := rep.Plan.Pages.PagesWritten; w*4096 > 16<<20 {
+		t.Errorf("the twin dump wrote %d pages while the source was held: its memory was copied in the pause", w)
+	}
+	storm := strings.Fields(memfillAsk(t, srcIO, "storm", time.Minute))
+	if len(storm) != 4 {
+		t.Fatalf("the source's storm did not happen (%q): its pause (%.0f ms) was shorter than 40 ms?", storm, rep.SourcePauseMs)
+	}
+	started, _ := strconv.ParseInt(storm[0], 10, 64)
+	gap, _ := strconv.ParseFloat(storm[1], 64)
+	if time.Unix(0, started).Before(launched) || gap < rep.SourcePauseMs/2 {
+		t.Logf("round inconclusive: the storm started at %v after a %.0f ms gap, the fork at %v with a %.0f ms pause", time.Unix(0, started), gap, launched, rep.SourcePauseMs)
+		return false
+	}
+	if got := memfillAsk(t, sibIO, "hash", 3*time.Minute); got != hash {
+		t.Fatalf("the sibling's memory hash %s, want the fork instant's %s (the source rewrote it from %v on, in %s ms)", got, hash, time.Unix(0, started), storm[2])
+	}
+	if got := memfillAsk(t, srcIO, "hash", time.Minute); got != storm[3] || got == hash {
+		t.Fatalf("the source's hash %s after its storm, want the storm's %s", got, storm[3])
+	}
+	t.Logf("source pause %.0f ms; the source rewrote its %d MiB in %s ms right after; the sibling has the fork instant's memory", rep.SourcePauseMs, mib, storm[2])
+
+	eventually(t, time.Minute, "the twins released", func() error {
+		if tw := twinsOf(t, src); len(tw) > 0 {
+			return errorf("the source still has twins (state pid): %v", tw)
+		}
+		// What the pids controller charges is the threads of the
+		// processes it lists, and nothing else (a zombie stays
+		// charged until it is reaped).
+		charged := testCgroupFile(t, src, "pids", "pids.current", "pids.current")
+		if threads := cgroupThreads(t, src); charged != threads {
+			return errorf("the source's cgroup is charged %d tasks, and its processes have %d threads", charged, threads)
+		}
+		return nil
+	})
+	if n := memfillAsk(t, srcIO, "sigchld", time.Minute); n != "0" {
+		t.Errorf("the source received %s SIGCHLD: its twins' ends reached it", n)
+	}
+	// Every page was written: the twins held the old copies until they
+	// went, and now nothing does.
+	if memAfter := testCgroupFile(t, src, "memory", "memory.usage_in_bytes", "memory.current"); memAfter > memBefore+memBefore/8+16<<20 {
+		t.Errorf("the source's cgroup is charged %d MiB, %d MiB before the fork: its twins' memory stayed charged", memAfter>>20, memBefore>>20)
+	}
+	return true
+}
+
+// processTreeOf lists pid and its descendants.
+func processTreeOf(pid int) []int {
+	pids := []int{pid}
+	for i := 0; i < len(pids); i++ {
+		tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", pids[i]))
+		for _, task := range tasks {
+			data, _ := os.ReadFile(task)
+			for _, f := range strings.Fields(string(data)) {
+				if c, err := strconv.Atoi(f); err == nil {
+					pids = append(pids, c)
+				}
+			}
+		}
+	}
+	return pids
+}
+
+// cgroupThreads counts the threads of the processes of b's cgroup.
+func cgroupThreads(t *testing.T, b *bundle) int64 {
+	t.Helper()
+	var procs []byte
+	var err error
+	for _, p := range []string{
+		filepath.Join("/sys/fs/cgroup/pids/tclone-test", b.id, "cgroup.procs"),
+		filepath.Join("/sys/fs/cgroup/tclone-test", b.id, "cgroup.procs"),
+	} {
+		if procs, err = os.ReadFile(p); err == nil {
+			break
+		}
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n int64
+	for _, f := range strings.Fields(string(procs)) {
+		tasks, _ := os.ReadDir(filepath.Join("/proc", f, "task"))
+		n += int64(len(tasks))
+	}
+	return n
+}
