@@ -282,7 +282,12 @@ func twinState(pid int) (string, bool) {
 	if err != nil {
 		return "", false
 	}
-	s := string(b)
+	return parseTwinStat(string(b))
+}
+
+// parseTwinStat reads a /proc/PID/stat line: the process's state, if it is
+// a twin.
+func parseTwinStat(s string) (string, bool) {
 	open, end := strings.IndexByte(s, '('), strings.LastIndexByte(s, ')')
 	if open < 0 || end < open || s[open+1:end] != TwinName {
 		return "", false
