@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/mm"
@@ -140,6 +141,8 @@ type TwinCollector struct {
 	conf       string
 	done       chan struct{}
 
+	closing atomic.Bool
+
 	mu   sync.Mutex
 	got  map[int]*Twin // by process pid
 	errs []error
@@ -157,21 +160,32 @@ func (c *TwinCollector) DumpStarted() {
 	}
 }
 
+// gather reads the plugin's messages as they come (the plugin blocks on a
+// full socket), each under the collector's lock, so that sync can tell
+// when every message sent so far is in.
 func (c *TwinCollector) gather() {
 	defer close(c.done)
 	buf := make([]byte, twinMsgSize+16)
 	oob := make([]byte, unix.CmsgSpace(2*4))
 	fd := int(c.recv.Fd())
-	for {
-		n, oobn, _, _, err := unix.Recvmsg(fd, buf, oob, unix.MSG_CMSG_CLOEXEC)
-		if err == unix.EINTR {
+	for !c.closing.Load() {
+		// Not for ever: a copy of the plugin's end that a process
+		// started meanwhile inherited would keep the end of the stream
+		// from coming.
+		if _, err := unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}, 50); err != nil && err != unix.EINTR {
+			return
+		}
+		c.mu.Lock()
+		n, oobn, _, _, err := unix.Recvmsg(fd, buf, oob, unix.MSG_CMSG_CLOEXEC|unix.MSG_DONTWAIT)
+		if err == unix.EAGAIN || err == unix.EINTR {
+			c.mu.Unlock()
 			continue
 		}
 		if err != nil || n == 0 {
+			c.mu.Unlock()
 			return
 		}
 		t, err := parseTwinMsg(buf[:n], oob[:oobn])
-		c.mu.Lock()
 		if err != nil {
 			c.errs = append(c.errs, err)
 		} else {
@@ -181,6 +195,26 @@ func (c *TwinCollector) gather() {
 			c.got[t.Pid] = t
 		}
 		c.mu.Unlock()
+	}
+}
+
+// syncLocked returns, the lock held, once every message queued on the
+// socket has been gathered: nothing is queued, and a message is only taken
+// off the queue under the lock.
+func (c *TwinCollector) syncLocked() {
+	for {
+		c.mu.Lock()
+		n, err := unix.IoctlGetInt(int(c.recv.Fd()), unix.SIOCINQ)
+		if err != nil || n == 0 {
+			return
+		}
+		c.mu.Unlock()
+		select {
+		case <-c.done:
+			c.mu.Lock()
+			return
+		case <-time.After(time.Millisecond):
+		}
 	}
 }
 
@@ -251,8 +285,11 @@ func (e *TwinError) Unwrap() error { return e.Errno }
 func (c *TwinCollector) Close() []*Twin {
 	c.DumpStarted()
 	if c.recv != nil {
-		c.recv.Close()
+		c.syncLocked()
+		c.mu.Unlock()
+		c.closing.Store(true)
 		<-c.done
+		c.recv.Close()
 		c.recv = nil
 	}
 	if c.pageServer >= 0 {
@@ -275,7 +312,11 @@ func (c *TwinCollector) Close() []*Twin {
 
 // Err is the first failure the plugin reported, if any.
 func (c *TwinCollector) Err() error {
-	c.mu.Lock()
+	if c.recv != nil {
+		c.syncLocked()
+	} else {
+		c.mu.Lock()
+	}
 	defer c.mu.Unlock()
 	return errors.Join(c.errs...)
 }
@@ -311,7 +352,8 @@ func (s *TwinSnapshots) giveBack(got map[int]*Twin) {
 // twins it takes are the caller's to release; on failure, those it had
 // taken are back with the collector.
 func (c *TwinCollector) Take(tasks []Task) (*TwinSnapshots, error) {
-	c.mu.Lock()
+	// Every twin was sent before CRIU reached post-dump.
+	c.syncLocked()
 	defer c.mu.Unlock()
 	if err := errors.Join(c.errs...); err != nil {
 		return nil, err

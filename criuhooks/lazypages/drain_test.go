@@ -171,4 +171,3 @@ func TestDrainOfADeadTwinFails(t *testing.T) {
 		t.Fatal("a failed drain left its pages image in place")
 	}
 }
-
