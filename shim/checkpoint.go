@@ -65,6 +65,9 @@ var checkpointCommand = &cli.Command{
 		if err != nil {
 			return err
 		}
+		if err := eng.WaitTwinsGone(c.Context, id); err != nil {
+			return err
+		}
 		return rt.Exec("checkpoint", append(crunCheckpointArgs(c, capture), id))
 	},
 }

@@ -330,3 +330,14 @@ func (e *notTwinnable) Error() string {
 }
 
 func (e *notTwinnable) Unwrap() error { return e.err }
+
+// WaitTwinsGone makes an ordinary checkpoint of container id (crun's, not a
+// fork's) wait until no twin of an earlier twin capture is left in it:
+// CRIU would dump the twin as one of the container's processes.
+func (e *Engine) WaitTwinsGone(ctx context.Context, id string) error {
+	src, err := loadSource(ctx, e.Crun, id)
+	if err != nil {
+		return nil // not one tclone can fork: crun says what is wrong with it
+	}
+	return waitTwinsGone(ctx, src, time.Minute)
+}
