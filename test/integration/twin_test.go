@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
 	"github.com/tclone/tclone/runtime/lazy"
 )
 
@@ -190,4 +192,99 @@ func cgroupThreads(t *testing.T, b *bundle) int64 {
 		n += int64(len(tasks))
 	}
 	return n
+}
+
+// twinSource is a memfill bundle of mib MiB, filled, for the refusal
+// tests; limit, if set, is its cgroup's memory limit in bytes.
+func twinSource(t *testing.T, role string, mib int, limit int64) (*bundle, string) {
+	t.Helper()
+	src, io := memfillBundle(t, role, true, mib)
+	if limit > 0 {
+		if src.spec.Linux.Resources == nil {
+			src.spec.Linux.Resources = &specs.LinuxResources{}
+		}
+		src.spec.Linux.Resources.Memory = &specs.LinuxMemory{Limit: &limit}
+		src.save(t)
+	}
+	src.start(t)
+	eventually(t, 2*time.Minute, "the source's fill", func() error {
+		_, err := os.Stat(filepath.Join(io, "source.hash"))
+		return err
+	})
+	return src, io
+}
+
+// What twins cannot hold is refused by --memory twin before anything is
+// made, saying why, with the source running on untouched; auto takes the
+// source's memory the old way instead, and says why in its log:
+//   - memory fork() does not copy (MADV_DONTFORK): found in the images
+//     after the dump, so auto dumps again;
+//   - a cgroup without room for a copy of the source's private memory;
+//   - memory registered with a userfaultfd of the source's own.
+func TestBundleForkTwinRefusals(t *testing.T) {
+	requireBundleStack(t)
+	requireTwins(t)
+	requireNoLeftovers(t)
+	for _, c := range []struct {
+		name  string
+		setup func(t *testing.T) (*bundle, string)
+		why   string
+		// auto: whether a fork with auto succeeds (CRIU cannot dump a
+		// process holding a userfaultfd at all).
+		auto bool
+	}{
+		{"dontfork", func(t *testing.T) (*bundle, string) {
+			src, io := twinSource(t, "twdf", 16, 0)
+			if got := memfillAsk(t, io, "dontfork 8", time.Minute); got != "ok" {
+				t.Fatalf("dontfork: %q", got)
+			}
+			return src, io
+		}, "MADV_DONTFORK", true},
+		{"memory-limit", func(t *testing.T) (*bundle, string) {
+			return twinSource(t, "twml", 96, 144<<20)
+		}, "memory limit", true},
+		{"userfaultfd", func(t *testing.T) (*bundle, string) {
+			src, io := twinSource(t, "twuf", 16, 0)
+			if got := memfillAsk(t, io, "uffd", time.Minute); got != "ok" {
+				t.Fatalf("uffd: %q", got)
+			}
+			return src, io
+		}, "userfaultfd", false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			src, io := c.setup(t)
+			hash := memfillAsk(t, io, "hash", time.Minute)
+			sib, sibIO := memfillBundle(t, "twrs", false, 16)
+			r := forkBundle(t, src, sib, nil, "--memory", "twin")
+			if r.code == 0 || !strings.Contains(r.stderr, "--memory twin") && !strings.Contains(r.stderr, "twin capture") || !strings.Contains(r.stderr, c.why) {
+				t.Fatalf("--memory twin: exit %d: %s; want a refusal naming %q", r.code, r.stderr, c.why)
+			}
+			if got := memfillAsk(t, io, "hash", time.Minute); got != hash {
+				t.Fatalf("the refused fork changed the source's memory")
+			}
+			if tw := twinsOf(t, src); len(tw) > 0 {
+				t.Fatalf("the refused fork left twins: %v", tw)
+			}
+			requireNoLeftovers(t)
+			if !c.auto {
+				return
+			}
+			sib.remove(t)
+			sib, sibIO = memfillBundle(t, "twra", false, 16)
+			r = forkBundle(t, src, sib, nil, "--memory", "auto", "--print-stats", "--debug")
+			if r.code != 0 {
+				t.Fatalf("--memory auto: exit %d: %s", r.code, r.stderr)
+			}
+			if rep := forkReport(t, r); rep.Plan.Memory == "twin" {
+				t.Fatalf("auto captured with twins a source they cannot hold")
+			}
+			if !strings.Contains(r.stderr, c.why) {
+				t.Errorf("auto's log does not say why it took the memory the old way (%q): %s", c.why, r.stderr)
+			}
+			if got := memfillAsk(t, sibIO, "ping", time.Minute); got != "pong" {
+				t.Fatalf("the sibling of auto answers %q", got)
+			}
+			requireNoLeftovers(t)
+		})
+	}
 }

@@ -23,6 +23,9 @@
 //	              when it started (Unix ns), the pause that set it off and
 //	              how long it took (ms), and the memory's new hash
 //	sigchld       how many SIGCHLD it received
+//	dontfork N    mark the first N pages MADV_DONTFORK; "ok"
+//	uffd          register the filled memory with a userfaultfd of its
+//	              own, which it keeps open; "ok"
 //
 // Armed with D, the first time its loop finds it was kept from running for
 // D or longer (a dump held it) it adds 1 to every word of the filled memory
@@ -67,6 +70,8 @@ type filled struct {
 	storm      string
 	pidns      string
 	sigchld    atomic.Int64
+	// uffd is a userfaultfd it registered its memory with ("uffd").
+	uffd int
 }
 
 // original says whether this is the process that filled the memory, not a
@@ -219,6 +224,20 @@ func (f *filled) run(cmd []string) string {
 			w[i]++
 		}
 		return pattern.Format(pattern.Hash(w))
+	case "dontfork":
+		n, err := strconv.Atoi(cmd[len(cmd)-1])
+		if err != nil || n*4096 > len(f.mem) {
+			return "error: dontfork wants a page count within the mapping"
+		}
+		if err := unix.Madvise(f.mem[:n*4096], unix.MADV_DONTFORK); err != nil {
+			return "error: madvise: " + err.Error()
+		}
+		return "ok"
+	case "uffd":
+		if err := f.registerUffd(); err != nil {
+			return "error: " + err.Error()
+		}
+		return "ok"
 	case "dontneed":
 		n, err := strconv.Atoi(cmd[len(cmd)-1])
 		if err != nil || n*4096 > len(f.mem) {
@@ -276,4 +295,25 @@ func (f *filled) forkHash() string {
 		return fmt.Sprintf("error: child answered %q, %v", buf[:n], ws)
 	}
 	return string(buf[:n])
+}
+
+// registerUffd registers the filled memory with a userfaultfd of its own,
+// in missing mode (every page is present: nothing ever faults), and keeps
+// it open: a process that uses userfaultfd itself.
+func (f *filled) registerUffd() error {
+	const userModeOnly = 1 // UFFD_USER_MODE_ONLY: no privilege needed
+	fd, _, errno := syscall.Syscall(unix.SYS_USERFAULTFD, unix.O_CLOEXEC|unix.O_NONBLOCK|userModeOnly, 0, 0)
+	if errno != 0 {
+		return fmt.Errorf("userfaultfd: %w", errno)
+	}
+	api := struct{ api, features, ioctls uint64 }{api: 0xaa}
+	if _, _, e := syscall.Syscall(syscall.SYS_IOCTL, fd, 0xc018aa3f, uintptr(unsafe.Pointer(&api))); e != 0 {
+		return fmt.Errorf("UFFDIO_API: %w", e)
+	}
+	reg := struct{ start, len, mode, ioctls uint64 }{start: uint64(uintptr(unsafe.Pointer(&f.mem[0]))), len: uint64(len(f.mem)), mode: 1}
+	if _, _, e := syscall.Syscall(syscall.SYS_IOCTL, fd, 0xc020aa00, uintptr(unsafe.Pointer(&reg))); e != 0 {
+		return fmt.Errorf("UFFDIO_REGISTER: %w", e)
+	}
+	f.uffd = int(fd)
+	return nil
 }
