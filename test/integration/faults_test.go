@@ -433,6 +433,16 @@ func killMatrix(t *testing.T, rounds int, spareKeepers bool, forkArgs []string) 
 		if copies, sibs := volumeCopies(t, vol), siblingIDsOf(t, src); len(copies) != len(sibs) {
 			left = append(left, fmt.Sprintf("%d copies of volume %s for %d siblings: %v", len(copies), vol, len(sibs), copies))
 		}
+		// A twin of the source is gone once its plan's daemon has drained
+		// it, or at once with its lifelines when every holder died (its
+		// zombie reaped by the recovery): seconds at most.
+		deadline := time.Now().Add(30 * time.Second)
+		for len(podmanTwins(t, src)) > 0 && time.Now().Before(deadline) {
+			time.Sleep(50 * time.Millisecond)
+		}
+		if tw := podmanTwins(t, src); len(tw) > 0 {
+			left = append(left, fmt.Sprintf("twins in the source (state pid): %v", tw))
+		}
 		if len(left) > 0 {
 			tally.leakages++
 			t.Errorf("%s: left after recovery: %v", what, left)

@@ -47,9 +47,22 @@ func testCgroupFile(t *testing.T, b *bundle, controller, v1, v2 string) int64 {
 
 // twinsOf lists the twins (live or zombie) among the children of the
 // processes of b.
-func twinsOf(t *testing.T, b *bundle) []string {
+func twinsOf(t *testing.T, b *bundle) []string { return twinsUnder(crunPid(t, b.id)) }
+
+// podmanTwins lists the twins in Podman container name.
+func podmanTwins(t *testing.T, name string) []string {
+	t.Helper()
+	pid, err := strconv.Atoi(strings.TrimSpace(podman(t, "inspect", "--format", "{{.State.Pid}}", name)))
+	if err != nil || pid <= 0 {
+		t.Fatalf("the pid of %s: %v", name, err)
+	}
+	return twinsUnder(pid)
+}
+
+// twinsUnder lists the twins (live or zombie) in the tree of root.
+func twinsUnder(root int) []string {
 	var out []string
-	for _, pid := range processTreeOf(crunPid(t, b.id)) {
+	for _, pid := range processTreeOf(root) {
 		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 		if err == nil && strings.Contains(string(stat), "("+lazy.TwinName+")") {
 			out = append(out, strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))[0]+" "+strconv.Itoa(pid))
