@@ -31,36 +31,52 @@ const lazyDumpConf = "tclone-lazy-dump.conf"
 // A lazy dump leaves lazily restorable pages out of its images and, once
 // post-dump has run, serves them to a lazy-pages daemon from its page
 // server, keeping the tree frozen until the daemon has taken every page.
-// Here nobody will ask: the snapshots hold the pages. CRIU is given, as its
-// page server's connection (ps-socket, which only its configuration file can
-// set over RPC), a socket whose peer is already closed, so that the page
-// server reads the end of the stream, ends without error and lets the tree
-// go. (A listening TCP page server, CRIU's default, would let any local
+// Here nobody will ask: the caller holds the pages (snapshots, twins).
+//
+// With external (tclone's build of CRIU, criuhooks/criu), the dump is a
+// lazy-pages-external one: CRIU neither reads the lazy pages while it holds
+// the tree nor serves them. Otherwise CRIU is given, as its page server's
+// connection (ps-socket, which only its configuration file can set over
+// RPC), a socket whose peer is already closed, so that the page server
+// reads the end of the stream, ends without error and lets the tree go.
+// (A listening TCP page server, CRIU's default, would let any local
 // process read the source's memory while the tree is frozen.)
 //
 // workDir is CRIU's work directory, where the configuration file is
-// written. The descriptor is left open, without close-on-exec, for the criu
-// process go-criu starts next; call the returned function once Dump has
-// returned.
-func LazyDump(opts *rpc.CriuOpts, workDir string) (func(), error) {
+// written, with the lines of extra too. The descriptor is left open,
+// without close-on-exec, for the criu process go-criu starts next; call
+// the returned function once Dump has returned.
+func LazyDump(opts *rpc.CriuOpts, workDir string, external bool, extra ...string) (func(), error) {
 	if opts.ConfigFile != nil {
 		return nil, fmt.Errorf("a lazy dump needs CRIU's configuration file, and the dump already has one (%s)", opts.GetConfigFile())
 	}
-	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM, 0)
-	if err != nil {
-		return nil, fmt.Errorf("lazy dump: page server socket: %w", err)
+	conf := append([]string(nil), extra...)
+	ps := -1
+	if external {
+		conf = append(conf, "lazy-pages-external")
+	} else {
+		fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM, 0)
+		if err != nil {
+			return nil, fmt.Errorf("lazy dump: page server socket: %w", err)
+		}
+		unix.Close(fds[1]) // fds[0] reads the end of the stream; it stays inheritable
+		ps = fds[0]
+		conf = append(conf, "ps-socket "+strconv.Itoa(ps))
 	}
-	unix.Close(fds[1]) // fds[0] reads the end of the stream; it stays inheritable
-	conf := filepath.Join(workDir, lazyDumpConf)
-	if err := os.WriteFile(conf, []byte("ps-socket "+strconv.Itoa(fds[0])+"\n"), 0o600); err != nil {
-		unix.Close(fds[0])
+	path := filepath.Join(workDir, lazyDumpConf)
+	if err := os.WriteFile(path, []byte(strings.Join(conf, "\n")+"\n"), 0o600); err != nil {
+		if ps >= 0 {
+			unix.Close(ps)
+		}
 		return nil, fmt.Errorf("lazy dump: %w", err)
 	}
 	opts.LazyPages = proto.Bool(true)
-	opts.ConfigFile = proto.String(conf)
+	opts.ConfigFile = proto.String(path)
 	return func() {
-		unix.Close(fds[0])
-		os.Remove(conf)
+		if ps >= 0 {
+			unix.Close(ps)
+		}
+		os.Remove(path)
 	}, nil
 }
 

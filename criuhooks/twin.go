@@ -15,7 +15,6 @@ import (
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/mm"
 	"github.com/checkpoint-restore/go-criu/v7/rpc"
 	"golang.org/x/sys/unix"
-	"google.golang.org/protobuf/proto"
 )
 
 // A twin capture (forkopts.MemoryTwin) needs no kernel module. CRIU makes a
@@ -88,58 +87,31 @@ func TwinDump(opts *rpc.CriuOpts, workDir string, c TwinCRIU) (*TwinCollector, [
 	}
 	col := &TwinCollector{recv: os.NewFile(uintptr(fds[0]), "twin socket"), send: fds[1], got: map[int]*Twin{},
 		done: make(chan struct{})}
+	go col.gather()
 	// CRIU inherits the plugin's end; the plugin makes it close-on-exec.
 	if _, err := unix.FcntlInt(uintptr(fds[1]), unix.F_SETFD, 0); err != nil {
 		col.Close()
 		return nil, nil, fmt.Errorf("twin dump: %w", err)
 	}
-	conf := []string{"libdir " + c.PluginDir}
-	if c.External {
-		conf = append(conf, "lazy-pages-external")
-	} else {
-		// Stock CRIU serves its lazy pages once post-dump returns; a
-		// page server socket whose peer is gone ends that at once.
-		ps, err := deadPageServer()
-		if err != nil {
-			col.Close()
-			return nil, nil, err
-		}
-		col.pageServer = ps
-		conf = append(conf, "ps-socket "+strconv.Itoa(ps))
-	}
-	confPath := filepath.Join(workDir, lazyDumpConf)
-	if err := os.WriteFile(confPath, []byte(strings.Join(conf, "\n")+"\n"), 0o600); err != nil {
+	end, err := LazyDump(opts, workDir, c.External, "libdir "+c.PluginDir)
+	if err != nil {
 		col.Close()
-		return nil, nil, fmt.Errorf("twin dump: %w", err)
+		return nil, nil, err
 	}
-	col.conf = confPath
-	opts.LazyPages = proto.Bool(true)
-	opts.ConfigFile = proto.String(confPath)
-	go col.gather()
+	col.endDump = end
 	return col, []string{twinFDEnv + "=" + strconv.Itoa(fds[1])}, nil
 }
 
 // TwinPluginName is the plugin's file in its directory.
 const TwinPluginName = "tclone_twin.so"
 
-// deadPageServer is a socket whose peer is already closed, left inheritable
-// for the criu process: see LazyDump.
-func deadPageServer() (int, error) {
-	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM, 0)
-	if err != nil {
-		return -1, fmt.Errorf("lazy dump: page server socket: %w", err)
-	}
-	unix.Close(fds[1])
-	return fds[0], nil
-}
-
 // TwinCollector gathers the twins the plugin hands over during a dump.
 type TwinCollector struct {
-	recv       *os.File
-	send       int
-	pageServer int
-	conf       string
-	done       chan struct{}
+	recv *os.File
+	send int
+	// endDump undoes LazyDump.
+	endDump func()
+	done    chan struct{}
 
 	closing atomic.Bool
 
@@ -292,13 +264,9 @@ func (c *TwinCollector) Close() []*Twin {
 		c.recv.Close()
 		c.recv = nil
 	}
-	if c.pageServer >= 0 {
-		unix.Close(c.pageServer)
-		c.pageServer = -1
-	}
-	if c.conf != "" {
-		os.Remove(c.conf)
-		c.conf = ""
+	if c.endDump != nil {
+		c.endDump()
+		c.endDump = nil
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()

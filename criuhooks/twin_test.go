@@ -36,7 +36,7 @@ func TestTwinCollectorReadsThePluginsMessages(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := &TwinCollector{recv: os.NewFile(uintptr(fds[0]), "recv"), send: fds[1], pageServer: -1, got: map[int]*Twin{}, done: make(chan struct{})}
+	c := &TwinCollector{recv: os.NewFile(uintptr(fds[0]), "recv"), send: fds[1], got: map[int]*Twin{}, done: make(chan struct{})}
 	go c.gather()
 	r, w, err := os.Pipe()
 	if err != nil {

@@ -372,7 +372,7 @@ func TestCRIULazyDumpEndsAtOnce(t *testing.T) {
 		LogFile:      proto.String("dump.log"),
 		LogLevel:     proto.Int32(4),
 	}
-	release, err := criuhooks.LazyDump(opts, images)
+	release, err := criuhooks.LazyDump(opts, images, false)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -159,7 +159,7 @@ func (e *Engine) captureAs(ctx context.Context, src *source, req CaptureRequest,
 	op.memory = memory
 	switch memory {
 	case forkopts.MemoryCow:
-		op.held = &cowCapture{}
+		op.held = &cowCapture{criu: externalCRIU(check)}
 	case forkopts.MemoryTwin:
 		op.held = &twinCapture{host: twin, images: plan.ImagesDir(op.dir)}
 	}

@@ -37,6 +37,10 @@ func cowAvailable(check *criucheck.Result) (bool, string) {
 
 // cowCapture is a copy-on-write capture's memory in the making.
 type cowCapture struct {
+	// criu is tclone's build of CRIU (lazy-pages-external), or "" for
+	// the host's, whose lazy dump still reads every page into pipes while
+	// it holds the tree.
+	criu  string
 	dev   *cherrypick.Device
 	snaps *criuhooks.Snapshots
 	// endDump undoes what criuhooks.LazyDump set up for CRIU.
@@ -49,12 +53,12 @@ func (c *cowCapture) begin(opts *rpc.CriuOpts, workDir string) (dumpSetup, error
 	if c.dev, err = cherrypick.Open(); err != nil {
 		return dumpSetup{}, fmt.Errorf("--memory cow: %w", err)
 	}
-	if c.endDump, err = criuhooks.LazyDump(opts, workDir); err != nil {
+	if c.endDump, err = criuhooks.LazyDump(opts, workDir, c.criu != ""); err != nil {
 		c.dev.Close()
 		c.dev = nil
 		return dumpSetup{}, err
 	}
-	return dumpSetup{}, nil
+	return dumpSetup{criuPath: c.criu}, nil
 }
 
 // dumpDone closes what the dump needed; the snapshots stay.

@@ -47,6 +47,20 @@ func criuDir() string {
 	return DefaultCriuDir
 }
 
+// externalCRIU is tclone's build of CRIU, with lazy-pages-external, where
+// it is installed for this CRIU version, or "".
+func externalCRIU(check *criucheck.Result) string {
+	dir := criuDir()
+	stamp, _ := os.ReadFile(filepath.Join(dir, ".stamp"))
+	if built := strings.Fields(string(stamp)); len(built) == 0 || built[0] != check.Version.String() {
+		return ""
+	}
+	if _, err := os.Stat(filepath.Join(dir, "criu")); err != nil {
+		return ""
+	}
+	return filepath.Join(dir, "criu")
+}
+
 // twinHost is what this host offers a twin capture.
 type twinHost struct {
 	criuhooks.TwinCRIU
@@ -177,8 +191,8 @@ type twinCapture struct {
 	host twinHost
 	// images is the plan's images directory.
 	images string
-	col   *criuhooks.TwinCollector
-	snaps *criuhooks.TwinSnapshots
+	col    *criuhooks.TwinCollector
+	snaps  *criuhooks.TwinSnapshots
 	// handedOver: the plan's daemon holds the twins.
 	handedOver bool
 }

@@ -30,7 +30,7 @@ func TestParseTwinStat(t *testing.T) {
 		{statLine(TwinName, "Z", 0), "Z", true},
 		{statLine(TwinName, "Z", 17), "", false},
 		{statLine("sleep", "Z", 0), "", false},
-		{statLine("x) (" + TwinName, "Z", 0), "", false},
+		{statLine("x) ("+TwinName, "Z", 0), "", false},
 		{"123 (" + TwinName + ") S 1 2", "", false},
 	} {
 		state, ok := parseTwinStat(c.line)

@@ -53,7 +53,7 @@ func cowDump(criuPath, dir string, pid int) (*criuhooks.Snapshots, error) {
 		LogFile:      proto.String("dump.log"),
 		LogLevel:     proto.Int32(4),
 	}
-	release, err := criuhooks.LazyDump(opts, dir)
+	release, err := criuhooks.LazyDump(opts, dir, false)
 	if err != nil {
 		return nil, err
 	}
