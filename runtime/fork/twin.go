@@ -99,12 +99,11 @@ func twinAvailable(check *criucheck.Result) (twinHost, bool, string) {
 		return h, false, fmt.Sprintf("tclone's CRIU plugin in %s was built for CRIU %s, and CRIU here is %s: run hack/build-criu.sh again", dir, firstField(built), check.Version)
 	}
 	h.CriuPath = check.Path
-	why := "tclone's CRIU plugin gives each process a twin; with stock CRIU, whose lazy dump still reads every page into pipes while it holds the tree (" + filepath.Join(dir, "criu") + " is not installed)"
-	if _, err := os.Stat(filepath.Join(dir, "criu")); err == nil {
-		h.CriuPath, h.External = filepath.Join(dir, "criu"), true
-		why = "tclone's CRIU plugin gives each process a twin, and tclone's build of CRIU reads no page while it holds the tree"
+	if c := externalCRIU(check); c != "" {
+		h.CriuPath, h.External = c, true
+		return h, true, "tclone's CRIU plugin gives each process a twin, and tclone's build of CRIU reads no page while it holds the tree"
 	}
-	return h, true, why
+	return h, true, "tclone's CRIU plugin gives each process a twin; with stock CRIU, whose lazy dump still reads every page into pipes while it holds the tree (" + filepath.Join(dir, "criu") + " is not installed)"
 }
 
 func firstField(f []string) string {
