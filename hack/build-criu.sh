@@ -39,7 +39,7 @@ esac
 # Two stamps: CRIU is rebuilt when its source or the patch changes, the
 # plugin when its own source does (against the CRIU tree kept in $cache).
 criu_stamp="$version $sum $(sha256sum <"$src_dir/lazy-pages-external.patch" | cut -c1-16)"
-plugin_stamp="$(cat "$src_dir/twin.c" "$src_dir/twin.h" "$src_dir/Makefile" | sha256sum | cut -c1-16)"
+plugin_stamp="$(cat "$src_dir/twin.c" "$src_dir/twin.h" "$src_dir/tramp.S" "$src_dir/Makefile" | sha256sum | cut -c1-16)"
 build=$cache/criu-$version
 criu_ok=0
 if [ -x "$dest/criu" ] && [ "$(sed -n 1p "$dest/.stamp" 2>/dev/null)" = "$criu_stamp" ] && [ -f "$build/criu/include/version.h" ]; then

@@ -99,28 +99,27 @@ extern void print_on_level(unsigned int loglevel, const char *format, ...) __att
 
 #define PAGE 4096UL
 
-/*
- * The code page. Every system call is run at its first instruction; what
- * follows runs only in a twin left to itself: it names the twin and exits.
- */
-static const unsigned char twin_code[] = {
-	0x0f, 0x05,			    /* 0x00 syscall                                  */
-	0xb8, 0x9d, 0x00, 0x00, 0x00,	    /* 0x02 mov eax, SYS_prctl                        */
-	0xbf, 0x0f, 0x00, 0x00, 0x00,	    /* 0x07 mov edi, PR_SET_NAME                      */
-	0x48, 0x8d, 0x35, 0x0d, 0x00, 0x00, 0x00, /* 0x0c lea rsi, [rip + 0x0d]  (the name)  */
-	0x0f, 0x05,			    /* 0x13 syscall                                  */
-	0xb8, 0x3c, 0x00, 0x00, 0x00,	    /* 0x15 mov eax, SYS_exit                         */
-	0x31, 0xff,			    /* 0x1a xor edi, edi                             */
-	0x0f, 0x05,			    /* 0x1c syscall                                  */
-	0x0f, 0x0b,			    /* 0x1e ud2                                      */
-	't', 'c', 'l', 'o', 'n', 'e', '-', 't', 'w', 'i', 'n', '\0', /* 0x20 the name   */
-};
-#define TWIN_NAME_OFF 0x20
+/* tramp.S: the code every system call runs at, with its data. */
+extern const unsigned char twin_tramp_start[], twin_tramp_end[];
+extern const unsigned char twin_tramp_parent[], twin_tramp_mask[], twin_tramp_regs[], twin_tramp_name[];
+#define TRAMP_LEN ((size_t)(twin_tramp_end - twin_tramp_start))
+#define TRAMP_OFF(sym) ((size_t)((sym) - twin_tramp_start))
 
 static int twin_sock = -1;
 
-/* The offset of a "syscall" instruction in the vDSO, the same in every process. */
-static long vdso_syscall_off = -1;
+/*
+ * test_stall waits where TCLONE_TWIN_TEST_STALL (POINT:MS) says, for the
+ * tests that kill CRIU there: "after-clone" (the process at the trampoline,
+ * its twin just born) or "parking" (the twin half parked).
+ */
+static void test_stall(const char *point)
+{
+	const char *v = getenv("TCLONE_TWIN_TEST_STALL");
+	size_t n = strlen(point);
+
+	if (v && !strncmp(v, point, n) && v[n] == ':')
+		usleep(atoi(v + n + 1) * 1000);
+}
 
 struct twin_err {
 	int err;
@@ -258,11 +257,17 @@ static void resumable(struct user_regs_struct *regs)
 	regs->orig_rax = -1;
 }
 
-/* vdso_site finds a "syscall" instruction in pid's vDSO. */
-static int vdso_site(pid_t pid, unsigned long *site, struct twin_err *e)
+/*
+ * vdso_pad finds, in pid's vDSO, room for the trampoline in the zero
+ * padding after the vDSO's image: an address where nothing of the
+ * process's ever runs or reads.
+ */
+static int vdso_pad(pid_t pid, unsigned long *site, struct twin_err *e)
 {
 	unsigned long start = 0, end = 0;
 	char path[64], line[512];
+	unsigned char *buf;
+	size_t len, zeros = 0;
 	FILE *f;
 
 	snprintf(path, sizeof(path), "/proc/%d/maps", pid);
@@ -274,27 +279,45 @@ static int vdso_site(pid_t pid, unsigned long *site, struct twin_err *e)
 			break;
 	fclose(f);
 	if (!end)
-		return fail(e, ENOENT, "process %d has no vDSO, where tclone runs its first system call", pid);
-	if (vdso_syscall_off < 0) {
-		size_t len = end - start;
-		unsigned char *buf = malloc(len);
-		struct iovec local = { buf, len }, remote = { (void *)start, len };
-
-		if (!buf)
-			return fail(e, ENOMEM, "no memory for a copy of the vDSO");
-		if (process_vm_readv(pid, &local, 1, &remote, 1, 0) != (ssize_t)len) {
-			int err = errno;
-			free(buf);
-			return fail(e, err, "reading the vDSO of process %d: %s", pid, strerror(err));
-		}
-		for (size_t i = 0; i + 1 < len && vdso_syscall_off < 0; i++)
-			if (buf[i] == 0x0f && buf[i + 1] == 0x05)
-				vdso_syscall_off = i;
+		return fail(e, ENOENT, "process %d has no vDSO, where tclone runs its system calls", pid);
+	len = end - start;
+	buf = malloc(len);
+	if (!buf)
+		return fail(e, ENOMEM, "no memory for a copy of the vDSO");
+	struct iovec local = { buf, len }, remote = { (void *)start, len };
+	if (process_vm_readv(pid, &local, 1, &remote, 1, 0) != (ssize_t)len) {
+		int err = errno;
 		free(buf);
-		if (vdso_syscall_off < 0)
-			return fail(e, ENOENT, "the vDSO holds no syscall instruction");
+		return fail(e, err, "reading the vDSO of process %d: %s", pid, strerror(err));
 	}
-	*site = start + vdso_syscall_off;
+	while (zeros < len && buf[len - 1 - zeros] == 0)
+		zeros++;
+	free(buf);
+	/* Clear of the image's last byte, 16-aligned. */
+	unsigned long at = (end - zeros + 32) & ~15UL;
+	if (at + TRAMP_LEN > end)
+		return fail(e, ENOSPC, "the vDSO of process %d has %zu bytes of padding, and tclone needs %zu", pid, zeros,
+			    TRAMP_LEN + 48);
+	*site = at;
+	return 0;
+}
+
+/* poke writes len bytes at addr of pid's memory, read-only or not. */
+static int poke(pid_t pid, unsigned long addr, const void *data, size_t len, struct twin_err *e)
+{
+	char path[64];
+	ssize_t n;
+	int fd;
+
+	snprintf(path, sizeof(path), "/proc/%d/mem", pid);
+	fd = open(path, O_RDWR | O_CLOEXEC);
+	if (fd < 0)
+		return fail(e, errno, "opening %s: %s", path, strerror(errno));
+	n = pwrite(fd, data, len, addr);
+	close(fd);
+	if (n != (ssize_t)len)
+		return fail(e, n < 0 ? errno : EIO, "writing %zu bytes at %#lx in process %d: %s", len, addr, pid,
+			    n < 0 ? strerror(errno) : "short write");
 	return 0;
 }
 
@@ -378,82 +401,80 @@ struct twin {
 };
 
 /*
- * make_twin runs the clone in process pid, at a code page mapped for it
- * and gone again before the process runs on, and returns the twin, which
- * is stopped at its birth and traced.
+ * make_twin runs the clone in process pid, at the trampoline (tramp.S) in
+ * its vDSO's padding, and returns the twin, stopped at its birth and
+ * traced, and where the trampoline is. From the moment the trampoline is
+ * in place until the process's registers are back, a CRIU that dies lets
+ * the process resume there: the trampoline puts it back as it was.
  */
-static int make_twin(pid_t pid, unsigned long *code, pid_t *twin, struct twin_err *e)
+static int make_twin(pid_t pid, unsigned long *site, pid_t *twin, struct twin_err *e)
 {
-	struct user_regs_struct saved, regs;
+	struct user_regs_struct saved, resume, regs;
 	uint64_t mask, all = ~0ULL;
-	unsigned long site = 0;
+	unsigned char tramp[512];
 	struct timespec t0;
-	long page, child = -1;
+	long child = -1;
 	pid_t before[4096];
-	char path[64];
-	int memfd, nbefore, ret = -1;
+	int nbefore;
 	pid_t tid;
 
+	if (TRAMP_LEN > sizeof(tramp))
+		return fail(e, E2BIG, "the trampoline is %zu bytes", TRAMP_LEN);
 	tid = live_thread(pid, &saved, e);
 	if (tid < 0)
 		return -1;
 	if (saved.cs != 0x33)
 		return fail(e, EOPNOTSUPP, "process %d runs in 32-bit mode", pid);
-	if (vdso_site(pid, &site, e))
+	if (vdso_pad(pid, site, e))
 		return -1;
-	if (ptrace(PTRACE_GETSIGMASK, tid, sizeof(mask), &mask) || ptrace(PTRACE_SETSIGMASK, tid, sizeof(all), &all))
-		return fail(e, errno, "blocking the signals of process %d: %s", pid, strerror(errno));
-
-	regs = saved;
+	if (ptrace(PTRACE_GETSIGMASK, tid, sizeof(mask), &mask))
+		return fail(e, errno, "reading the signal mask of process %d: %s", pid, strerror(errno));
+	resume = saved;
+	resumable(&resume);
+	memcpy(tramp, twin_tramp_start, TRAMP_LEN);
+	tramp[TRAMP_OFF(twin_tramp_parent)] = 1;
+	memcpy(tramp + TRAMP_OFF(twin_tramp_mask), &mask, sizeof(mask));
+	memcpy(tramp + TRAMP_OFF(twin_tramp_regs), &resume, sizeof(resume));
+	nbefore = children(pid, tid, before, 4096);
+	if (nbefore < 0)
+		return fail(e, errno, "reading the children of thread %d of %d: %s", tid, pid, strerror(errno));
 	clock_gettime(CLOCK_MONOTONIC, &t0);
-	page = CALL(tid, &regs, site, e, __NR_mmap, 0, PAGE, PROT_READ | PROT_EXEC, MAP_PRIVATE | MAP_ANONYMOUS,
-		    (unsigned long)-1, 0);
-	if (page < 0)
+	if (poke(pid, *site, tramp, TRAMP_LEN, e))
+		return -1;
+	if (ptrace(PTRACE_SETSIGMASK, tid, sizeof(all), &all)) {
+		fail(e, errno, "blocking the signals of process %d: %s", pid, strerror(errno));
 		goto restore;
-	snprintf(path, sizeof(path), "/proc/%d/mem", pid);
-	memfd = open(path, O_RDWR | O_CLOEXEC);
-	if (memfd < 0 || pwrite(memfd, twin_code, sizeof(twin_code), page) != (ssize_t)sizeof(twin_code)) {
-		fail(e, errno, "writing tclone's code page into process %d: %s", pid, strerror(errno));
-		if (memfd >= 0)
-			close(memfd);
-		goto unmap;
 	}
-	close(memfd);
 	/*
 	 * No exit signal: the twin's birth and death are no SIGCHLD of the
 	 * process's. The clone returns the twin's pid in the process's PID
 	 * namespace; its pid here is the thread's one new child.
 	 */
-	nbefore = children(pid, tid, before, 4096);
-	if (nbefore < 0) {
-		fail(e, errno, "reading the children of thread %d of %d: %s", tid, pid, strerror(errno));
-		goto unmap;
-	}
-	if (CALL(tid, &regs, page, e, __NR_clone, A1(CLONE_PTRACE | CLONE_FILES | CLONE_FS)) > 0) {
+	regs = saved;
+	if (CALL(tid, &regs, *site, e, __NR_clone, A1(CLONE_PTRACE | CLONE_FILES | CLONE_FS)) > 0) {
 		child = new_child(pid, tid, before, nbefore);
 		if (child < 0)
 			fail(e, ESRCH, "the clone in process %d made no child that can be found", pid);
 	}
-unmap:
-	if (CALL(tid, &regs, page, e, __NR_munmap, A2(page, PAGE)) < 0 && child > 0) {
-		kill(child, SIGKILL);
-		child = -1;
-	}
+	test_stall("after-clone");
 restore:
-	resumable(&saved);
-	if (ptrace(PTRACE_SETREGS, tid, NULL, &saved) || ptrace(PTRACE_SETSIGMASK, tid, sizeof(mask), &mask)) {
+	if (ptrace(PTRACE_SETREGS, tid, NULL, &resume) || ptrace(PTRACE_SETSIGMASK, tid, sizeof(mask), &mask)) {
 		fail(e, errno, "putting process %d back as it was: %s", pid, strerror(errno));
 		if (child > 0)
 			kill(child, SIGKILL);
 		return -1;
 	}
-	if (child > 0) {
-		*code = page;
-		*twin = child;
-		ret = 0;
-		twin_info("process %d (thread %d): twin %ld in %.3f ms", pid, tid, child, ms_since(&t0));
+	/* The twin has its own copy of the page by now (the clone shared it). */
+	memset(tramp, 0, TRAMP_LEN);
+	if (poke(pid, *site, tramp, TRAMP_LEN, e) && child > 0) {
+		kill(child, SIGKILL);
+		return -1;
 	}
-	return ret;
+	if (child <= 0)
+		return -1;
+	*twin = child;
+	twin_info("process %d (thread %d): twin %ld in %.3f ms", pid, tid, child, ms_since(&t0));
+	return 0;
 }
 
 /*
@@ -467,20 +488,24 @@ static int park(struct twin *t, unsigned long code, struct twin_err *e)
 	uint64_t all = ~0ULL;
 	long nspid, scratch;
 	struct iovec local, remote;
-	char path[64];
-	int fds[2], status;
+	char path[64], zero = 0;
+	int fds[2];
 	FILE *f;
 
+	/* Its trampoline exits, whatever a call left in rax. */
+	if (poke(t->pid, code + TRAMP_OFF(twin_tramp_parent), &zero, 1, e))
+		return -1;
 	/* The twin dies with CRIU until it is parked. */
 	if (ptrace(PTRACE_SETOPTIONS, t->pid, NULL, PTRACE_O_EXITKILL | PTRACE_O_TRACESYSGOOD) ||
 	    ptrace(PTRACE_SETSIGMASK, t->pid, sizeof(all), &all) || ptrace(PTRACE_GETREGS, t->pid, NULL, &regs))
 		return fail(e, errno, "taking hold of the twin %d: %s", t->pid, strerror(errno));
-	if (CALL(t->pid, &regs, code, e, __NR_prctl, A2(PR_SET_NAME, code + TWIN_NAME_OFF)) < 0 ||
+	if (CALL(t->pid, &regs, code, e, __NR_prctl, A2(PR_SET_NAME, code + TRAMP_OFF(twin_tramp_name))) < 0 ||
 	    /* No descriptor of the process's stays open in the twin. */
 	    CALL(t->pid, &regs, code, e, __NR_close_range, A3(0, ~0U, CLOSE_RANGE_UNSHARE)) < 0 ||
 	    /* Out of the process's session and group: no job control or group signal reaches it. */
 	    CALL(t->pid, &regs, code, e, __NR_setsid, A0) < 0)
 		return -1;
+	test_stall("parking");
 	nspid = CALL(t->pid, &regs, code, e, __NR_getpid, A0);
 	if (nspid < 0)
 		return -1;
@@ -521,7 +546,6 @@ static int park(struct twin *t, unsigned long code, struct twin_err *e)
 	regs.orig_rax = -1;
 	if (ptrace(PTRACE_SETREGS, t->pid, NULL, &regs))
 		return fail(e, errno, "parking the twin %d: %s", t->pid, strerror(errno));
-	(void)status;
 	return 0;
 }
 

@@ -156,7 +156,7 @@ func (e *Engine) recoverCapture(ctx context.Context, entry journal.Record, r *Re
 	var errs []error
 	// Twins the capture had die with their lifelines, in this process's
 	// death; their zombies are the source's to lose.
-	if rec.Source.CgroupDir != "" {
+	if rec.Source != nil && rec.Source.CgroupDir != "" {
 		if _, err := lazy.ReapTwinZombies(rec.Source.CgroupDir); err != nil {
 			errs = append(errs, err)
 		}

@@ -1,0 +1,101 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The code tclone's twin plugin runs its system calls at, in the process
+ * and in its twin (twin.c). The plugin copies it, with its data, into the
+ * zero padding at the end of the process's vDSO, where nothing of the
+ * process's ever runs, and runs each call at its first instruction. What
+ * follows the call runs only if CRIU dies while a call is in flight, and
+ * makes that harmless:
+ *  - in the process (the clone returned a pid, and the parent flag is
+ *    set), it puts back the process's signal mask and every register as
+ *    they were when CRIU stopped it, and jumps back to where it was: the
+ *    process goes on as if nothing had happened;
+ *  - in the twin (the clone returned 0, or the plugin cleared the parent
+ *    flag in the twin's copy), it names the twin "tclone-twin" and exits:
+ *    the twin never runs the process's code.
+ * Everything is addressed relative to rip, so the copy runs wherever it
+ * lands.
+ */
+/* Offsets in struct user_regs_struct (sys/user.h). */
+#define R15	0
+#define R14	8
+#define R13	16
+#define R12	24
+#define RBP	32
+#define RBX	40
+#define R11	48
+#define R10	56
+#define R9	64
+#define R8	72
+#define RAX	80
+#define RCX	88
+#define RDX	96
+#define RSI	104
+#define RDI	112
+#define RIP	128
+#define RFLAGS	144
+#define RSP	152
+
+	.section .note.GNU-stack,"",@progbits
+	.text
+	.globl	twin_tramp_start, twin_tramp_end
+	.globl	twin_tramp_parent, twin_tramp_mask, twin_tramp_regs, twin_tramp_name
+	/* Not for any other object: references stay PC-relative. */
+	.hidden	twin_tramp_start, twin_tramp_end
+	.hidden	twin_tramp_parent, twin_tramp_mask, twin_tramp_regs, twin_tramp_name
+
+twin_tramp_start:
+	syscall
+	test	%rax, %rax
+	jz	1f
+	cmpb	$1, twin_tramp_parent(%rip)
+	jne	1f
+	/* The process: its mask first (on its own stack, below the red zone). */
+	movq	twin_tramp_regs+RSP(%rip), %rsp
+	subq	$256, %rsp
+	movl	$14, %eax			/* rt_sigprocmask */
+	movl	$2, %edi			/* SIG_SETMASK */
+	leaq	twin_tramp_mask(%rip), %rsi
+	xorl	%edx, %edx
+	movl	$8, %r10d
+	syscall
+	pushq	twin_tramp_regs+RFLAGS(%rip)
+	popfq
+	movq	twin_tramp_regs+RAX(%rip), %rax
+	movq	twin_tramp_regs+RBX(%rip), %rbx
+	movq	twin_tramp_regs+RCX(%rip), %rcx
+	movq	twin_tramp_regs+RDX(%rip), %rdx
+	movq	twin_tramp_regs+RSI(%rip), %rsi
+	movq	twin_tramp_regs+RDI(%rip), %rdi
+	movq	twin_tramp_regs+RBP(%rip), %rbp
+	movq	twin_tramp_regs+R8(%rip), %r8
+	movq	twin_tramp_regs+R9(%rip), %r9
+	movq	twin_tramp_regs+R10(%rip), %r10
+	movq	twin_tramp_regs+R11(%rip), %r11
+	movq	twin_tramp_regs+R12(%rip), %r12
+	movq	twin_tramp_regs+R13(%rip), %r13
+	movq	twin_tramp_regs+R14(%rip), %r14
+	movq	twin_tramp_regs+R15(%rip), %r15
+	movq	twin_tramp_regs+RSP(%rip), %rsp
+	jmpq	*twin_tramp_regs+RIP(%rip)
+1:	/* The twin. */
+	movl	$157, %eax			/* prctl */
+	movl	$15, %edi			/* PR_SET_NAME */
+	leaq	twin_tramp_name(%rip), %rsi
+	syscall
+	movl	$60, %eax			/* exit */
+	xorl	%edi, %edi
+	syscall
+	ud2
+
+	.balign	8
+twin_tramp_parent:
+	.quad	0
+twin_tramp_mask:
+	.quad	0
+/* struct user_regs_struct's order, filled by the plugin. */
+twin_tramp_regs:
+	.fill	27, 8, 0
+twin_tramp_name:
+	.asciz	"tclone-twin"
+twin_tramp_end:
