@@ -1,6 +1,7 @@
 package branch
 
 import (
+	"os"
 	"testing"
 
 	"github.com/tclone/tclone/runtime/branch/signing"
@@ -27,4 +28,18 @@ func trusting(key *signing.Key, name string, check func(*Branch) error) ImportOp
 		}
 		return TreeRules{}, nil
 	}}
+}
+
+var exploitKeyDir string
+
+// signingKeyForTests is one key for the whole test binary.
+func signingKeyForTests() (*signing.Key, error) {
+	if exploitKeyDir == "" {
+		d, err := os.MkdirTemp("", "tclone-test-key-")
+		if err != nil {
+			return nil, err
+		}
+		exploitKeyDir = d
+	}
+	return signing.HostKey(exploitKeyDir)
 }
