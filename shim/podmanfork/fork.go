@@ -285,7 +285,7 @@ func (f *forker) begin() (archive string, err error) {
 		return "", fmt.Errorf("this must run on the Podman host, as root: %w", err)
 	}
 	f.nonce = f.call.Record().Nonce
-	if f.tmpDir, err = calls.MkdirTemp("tclone-fork-"); err != nil {
+	if f.tmpDir, err = calls.MkdirTemp(f.store, "tclone-fork-"); err != nil {
 		return "", err
 	}
 	if err := f.call.Update(func(r *calls.Record) { r.TempDirs = append(r.TempDirs, f.tmpDir) }); err != nil {
