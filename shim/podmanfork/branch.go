@@ -14,6 +14,7 @@ import (
 
 	"github.com/containers/podman/v5/libpod/define"
 	"github.com/containers/podman/v5/pkg/bindings/images"
+	"github.com/containers/podman/v5/pkg/bindings/system"
 
 	"github.com/tclone/tclone/runtime/branch"
 	"github.com/tclone/tclone/runtime/branch/signing"
@@ -228,6 +229,12 @@ func StartBranch(ctx context.Context, ref string, opts Options) (*Stats, error) 
 	if err := requireImage(ctx, b); err != nil {
 		return nil, err
 	}
+	var importedVolumes map[string]string
+	if b.Imported != nil {
+		if importedVolumes, err = importedVolumeDirs(ctx, b, eng.Volumes); err != nil {
+			return nil, err
+		}
+	}
 	plans := plan.DefaultStore()
 	collectDeadCalls(ctx, plans)
 	limits, err := checkIdentity(opts.Identity, eng.Source)
@@ -239,7 +246,8 @@ func StartBranch(ctx context.Context, ref string, opts Options) (*Stats, error) 
 		return nil, err
 	}
 	f := &forker{opts: opts, src: eng.Source, store: plans, start: start, names: names, branch: b,
-		identityLimits: limits, srcID: sourceIdentity{hostname: eng.Hostname, machineID: eng.MachineID}, volumes: eng.Volumes}
+		identityLimits: limits, srcID: sourceIdentity{hostname: eng.Hostname, machineID: eng.MachineID}, volumes: eng.Volumes,
+		importedVolumes: importedVolumes}
 	defer f.cleanupFiles()
 	stats, err := f.startBranch(ctx, r)
 	if err != nil {
@@ -358,7 +366,16 @@ func (f *forker) startBranch(ctx context.Context, r *branch.Reader) (*Stats, err
 		return nil, err
 	}
 	ref := plan.ReferenceTo(p.ID, f.planDir, f.src.ID)
-	if err := writeSiblingArchive(r.Path(branch.ArchiveFile), archive, siblingEdit{Reference: &ref}); err != nil {
+	base := r.Path(branch.ArchiveFile)
+	if f.branch.Imported != nil {
+		// Only what a container of its image could have had here.
+		trimmed := filepath.Join(f.tmpDir, "imported.tar")
+		if err := sanitizeImported(base, trimmed, f.importedVolumes); err != nil {
+			return nil, fmt.Errorf("branch %s: %w", f.branch.Name, err)
+		}
+		base = trimmed
+	}
+	if err := writeSiblingArchive(base, archive, siblingEdit{Reference: &ref}); err != nil {
 		return nil, fmt.Errorf("branch %s: %w", f.branch.Name, err)
 	}
 	stats.CheckpointMs = ms(time.Since(t))
@@ -461,4 +478,17 @@ func imageLayers(ctx context.Context, image string) ([]string, error) {
 		layers = append(layers, strings.Split(lower, ":")...)
 	}
 	return layers, nil
+}
+
+// importedVolumeDirs localizes an imported branch's volumes (see
+// localizeVolumes) under this host's volume directory.
+func importedVolumeDirs(ctx context.Context, b *branch.Branch, uses []VolumeUse) (map[string]string, error) {
+	info, err := system.Info(ctx, nil)
+	if err != nil {
+		return nil, fmt.Errorf("asking Podman where it keeps volumes: %w", err)
+	}
+	if info.Store == nil || info.Store.VolumePath == "" {
+		return nil, fmt.Errorf("podman does not say where it keeps volumes")
+	}
+	return localizeVolumes(uses, b.Plan.Volumes, info.Store.VolumePath)
 }

@@ -182,11 +182,14 @@ func collectDeadCalls(ctx context.Context, store plan.Store) {
 
 // forker carries one fork call and what it has made so far.
 type forker struct {
-	opts  Options
-	src   *define.InspectContainerData
-	store plan.Store
-	start time.Time
-	names *namer
+	// importedVolumes are an imported branch's volume mount points and
+	// their directories here (nil for every other start).
+	importedVolumes map[string]string
+	opts            Options
+	src             *define.InspectContainerData
+	store           plan.Store
+	start           time.Time
+	names           *namer
 	// srcID and identityLimits are what the siblings' identities are
 	// checked against.
 	srcID          sourceIdentity
