@@ -684,15 +684,7 @@ func (w *Writer) readFile(in io.Reader, base string, size int64) error {
 	if size > maxArchiveFileBytes {
 		return invalid("file %s has %d bytes (at most %d)", base, size, maxArchiveFileBytes)
 	}
-	out, err := os.OpenFile(filepath.Join(w.dir, base), os.O_WRONLY|os.O_CREATE|os.O_EXCL|oNoFollow, 0o600)
-	if err != nil {
-		return err
-	}
-	_, err = io.Copy(out, in)
-	if cerr := out.Close(); err == nil {
-		err = cerr
-	}
-	return err
+	return writeNewFile(filepath.Join(w.dir, base), in)
 }
 
 type hashingReader struct {

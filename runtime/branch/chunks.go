@@ -330,11 +330,16 @@ func copyFile(src, dst string) error {
 		return err
 	}
 	defer in.Close()
-	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	return writeNewFile(dst, in)
+}
+
+// writeNewFile writes r into a file of the branch that must not exist yet.
+func writeNewFile(dst string, r io.Reader) error {
+	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL|oNoFollow, 0o600)
 	if err != nil {
 		return err
 	}
-	_, err = io.Copy(out, in)
+	_, err = io.Copy(out, r)
 	if cerr := out.Close(); err == nil {
 		err = cerr
 	}
