@@ -20,7 +20,7 @@ STATICCHECK_VERSION := v0.8.2
 BENCHGO := $(GO) -C test/bench
 export PODMAN_IGNORE_CGROUPSV1_WARNING := 1
 
-.PHONY: all build install setup test unit-test integration-test demo ci-example bench bench-quick lint clean
+.PHONY: all build install setup test unit-test fuzz-test integration-test demo ci-example bench bench-quick lint clean
 
 all: build
 
@@ -44,7 +44,7 @@ setup: build
 # Everything: unit tests, then the real-stack integration and fidelity
 # suites (root, Podman, crun, CRIU), the kernel module's VM suite and the
 # benchmark harness smoke test. Nothing here skips: a missing piece fails.
-test: setup unit-test integration-test kernel-test bench-quick
+test: setup unit-test fuzz-test integration-test kernel-test bench-quick
 
 # One package at a time: the lazy-pages tests run real CRIU restores of
 # 1 GiB, which fail when they share this machine's two CPUs with other
@@ -52,6 +52,13 @@ test: setup unit-test integration-test kernel-test bench-quick
 unit-test:
 	$(GOTEST) -count=1 -p 1 $$($(GO) list ./... | grep -v -e /test/integration -e /kernel/vmtest)
 	$(BENCHGO) test -count=1 ./...
+
+# Go's native fuzzing of the branch archive reader and the manifest checks,
+# for a bounded time (35 s); a crasher is kept in runtime/branch/testdata/fuzz
+# and fails unit-test from then on.
+fuzz-test:
+	$(GOTEST) -count=1 -run '^$$' -fuzz '^FuzzImport$$' -fuzztime 25s ./runtime/branch
+	$(GOTEST) -count=1 -run '^$$' -fuzz '^FuzzManifest$$' -fuzztime 10s ./runtime/branch
 
 # The REST tests need the Podman API service; a service this target starts,
 # it also stops.

@@ -19,7 +19,7 @@ const ServiceBinary = "tclone-service"
 
 var serviceCommand = &cli.Command{
 	Name:            "service",
-	Usage:           "serve Podman's API with the fork endpoint added, for REST clients local or remote (see 'tclone service --help')",
+	Usage:           "serve Podman's API with the fork and branch endpoints added, for REST clients local or remote (see 'tclone service --help')",
 	SkipFlagParsing: true,
 	HideHelp:        true,
 	Action: func(c *cli.Context) error {

@@ -164,8 +164,17 @@ struct mm_struct *vcp_snapshot_mm(int fd)
 /*
  * The areas a snapshot takes: private anonymous memory a checkpoint would
  * otherwise copy page by page. Everything else is left to the checkpoint:
- * file mappings, shared memory, special mappings, and mlocked areas (CRIU
- * restores them eagerly, and a snapshot must not hold locked pages).
+ * file mappings (memfd and tmpfs ones included: they have vm_ops), shared
+ * memory, special mappings, and mlocked areas (CRIU restores them eagerly,
+ * and a snapshot must not hold locked pages).
+ *
+ * vma_is_anonymous() is only "no vm_ops": a private mapping of /dev/zero
+ * passes it with vm_file set (mmap_zero() in 6.12 calls
+ * vma_set_anonymous(), 7.x's mmap_prepare_zero() clears desc->vm_ops;
+ * __mmap_region() set vm_file before either). Its pages are anonymous
+ * (do_anonymous_page(), anon_vma rmap) and CRIU restores it as anonymous
+ * memory, so it is taken, as anonymous memory: vcp_snap_area() leaves its
+ * file out of the copy.
  */
 static bool vcp_snap_takes(struct vm_area_struct *vma)
 {
@@ -187,6 +196,18 @@ static int vcp_snap_area(struct mm_struct *mm, struct vm_area_struct *src)
 	if (!vma)
 		return -ENOMEM;
 	vma->vm_mm = mm;
+	/*
+	 * vm_area_dup() copies vm_file and the file's interval-tree node
+	 * (vma->shared) as they are, without get_file() and without inserting
+	 * the node: dup_mmap() does both afterwards. The copy is anonymous
+	 * memory that no one faults, so it must hold neither: with vm_file
+	 * kept, mmput() would fput() a reference it never took and erase a
+	 * node from the file's i_mmap tree it is not in (corrupting it for the
+	 * source). Only a /dev/zero-like area (no vm_ops, see
+	 * vcp_snap_takes()) gets here with a file.
+	 */
+	vma->vm_file = NULL;
+	memset(&vma->shared, 0, sizeof(vma->shared));
 #ifdef CONFIG_NUMA
 	/* No fault ever happens here, so no policy; none to put either. */
 	vma->vm_policy = NULL;

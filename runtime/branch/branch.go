@@ -64,6 +64,9 @@ type Branch struct {
 	// siblings from it; this package does not read it.
 	Engine json.RawMessage `json:"engine,omitempty"`
 	Size   Size            `json:"size"`
+	// Imported is set by this host's import (whatever the archive said):
+	// a branch from elsewhere, which a start trusts less than its own.
+	Imported *Imported `json:"imported,omitempty"`
 }
 
 // Source is what a branch remembers of the container it was taken from.

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/tclone/tclone/runtime/rootfs"
 )
 
 // pages returns n pages of pseudo-random data from seed, each page's bytes
@@ -98,7 +100,7 @@ func createWith(t *testing.T, s Store, name string, files map[string][]byte, fil
 	t.Helper()
 	plan := t.TempDir()
 	writePlan(t, plan, files)
-	w, err := s.Begin(name, Source{ID: "src", Name: "ws"})
+	w, err := s.Begin(name, Source{ID: testSourceID, Name: "ws"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -111,12 +113,19 @@ func createWith(t *testing.T, s Store, name string, files map[string][]byte, fil
 	if err := w.AddTree(context.Background(), tree, RootfsTree, true); err != nil {
 		t.Fatal(err)
 	}
-	b, err := w.Commit(fill)
+	b, err := w.Commit(func(b *Branch) {
+		// As a capture with a root filesystem records it.
+		b.Plan.Rootfs = &rootfs.Snapshot{Kind: rootfs.KindOverlay}
+		fill(b)
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	return b
 }
+
+// testSourceID is a container ID, as Podman makes them.
+var testSourceID = strings.Repeat("5a", 32)
 
 // readBack writes the plan of branch ref into a new directory, and returns
 // it; any error fails the test.
@@ -195,7 +204,7 @@ func TestCorruptChunkIsNamed(t *testing.T) {
 	path := s.chunks().path(victim)
 	packed, _ := os.ReadFile(path)
 	// Same size, other contents: a bit flipped on disk.
-	data, _ := zstdDecoder().DecodeAll(packed, nil)
+	data, _ := boundedDecoder().DecodeAll(packed, nil)
 	data[100] ^= 1
 	os.WriteFile(path, zstdEncoder().EncodeAll(data, nil), 0o600)
 	r, err := s.Open("c")

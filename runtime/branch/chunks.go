@@ -93,12 +93,17 @@ func zstdEncoder() *zstd.Encoder {
 	return encoder
 }
 
-func zstdDecoder() *zstd.Decoder {
+// boundedDecoder decodes chunks: no chunk is bigger than maxChunkBytes, so
+// neither is what it decodes, whatever a chunk's frame header claims.
+func boundedDecoder() *zstd.Decoder {
 	decoderOnce.Do(func() {
-		decoder, _ = zstd.NewReader(nil, zstd.WithDecoderConcurrency(0))
+		decoder, _ = zstd.NewReader(nil, zstd.WithDecoderConcurrency(0), zstd.WithDecoderMaxMemory(maxChunkBytes))
 	})
 	return decoder
 }
+
+// oNoFollow refuses to open a symlink: a branch's own files never are.
+const oNoFollow = unix.O_NOFOLLOW
 
 // put stores data unless a chunk with its hash is there already. It
 // returns the bytes it added to the disk (0 for a chunk shared with
@@ -141,6 +146,9 @@ var ErrCorrupt = errors.New("branch data is corrupt")
 
 // get reads chunk ch back and checks it against its hash.
 func (c chunkStore) get(ch Chunk) ([]byte, error) {
+	if !hashRE.MatchString(ch.Hash) || ch.Size <= 0 || ch.Size > maxChunkBytes {
+		return nil, invalid("chunk %.80q of %d bytes", ch.Hash, ch.Size)
+	}
 	packed, err := os.ReadFile(c.path(ch.Hash))
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, fmt.Errorf("%w: chunk %s is missing from %s", ErrCorrupt, ch.Hash, c.dir)
@@ -148,7 +156,7 @@ func (c chunkStore) get(ch Chunk) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	data, err := zstdDecoder().DecodeAll(packed, make([]byte, 0, ch.Size))
+	data, err := boundedDecoder().DecodeAll(packed, make([]byte, 0, ch.Size))
 	if err != nil {
 		return nil, fmt.Errorf("%w: chunk %s does not decompress: %v", ErrCorrupt, c.path(ch.Hash), err)
 	}
@@ -161,6 +169,9 @@ func (c chunkStore) get(ch Chunk) ([]byte, error) {
 
 // storedSize is the size of chunk hash on disk, 0 when it is missing.
 func (c chunkStore) storedSize(hash string) int64 {
+	if !hashRE.MatchString(hash) {
+		return 0
+	}
 	st, err := os.Stat(c.path(hash))
 	if err != nil {
 		return 0
@@ -216,7 +227,7 @@ func (c chunkStore) putFile(path string) ([]Chunk, int64, error) {
 // getFile writes the file at path, which must not exist, from its chunks,
 // checking each.
 func (c chunkStore) getFile(path string, mode os.FileMode, chunks []Chunk) error {
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, mode)
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL|oNoFollow, mode.Perm())
 	if err != nil {
 		return err
 	}
@@ -319,11 +330,16 @@ func copyFile(src, dst string) error {
 		return err
 	}
 	defer in.Close()
-	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	return writeNewFile(dst, in)
+}
+
+// writeNewFile writes r into a file of the branch that must not exist yet.
+func writeNewFile(dst string, r io.Reader) error {
+	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL|oNoFollow, 0o600)
 	if err != nil {
 		return err
 	}
-	_, err = io.Copy(out, in)
+	_, err = io.Copy(out, r)
 	if cerr := out.Close(); err == nil {
 		err = cerr
 	}

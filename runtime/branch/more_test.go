@@ -175,24 +175,25 @@ func TestExportImport(t *testing.T) {
 		}, func(b *Branch) { b.Labels = map[string]string{"k": "v"} })
 	os.WriteFile(filepath.Join(src.dirOf(a.ID), ArchiveFile), []byte("podman archive"), 0o600)
 	file := filepath.Join(t.TempDir(), "nightly.tar.zst")
-	if _, err := src.Export("nightly", file); err != nil {
+	key := testKey(t)
+	if _, err := src.Export("nightly", file, key); err != nil {
 		t.Fatal(err)
 	}
 
 	dst := Store{Dir: t.TempDir()}
 	refused := errors.New("no such image here")
-	if _, err := dst.Import(file, "", func(*Branch) error { return refused }); !errors.Is(err, refused) {
+	if _, err := dst.Import(file, trusting(key, "", func(*Branch) error { return refused })); !errors.Is(err, refused) {
 		t.Fatalf("a refused import: %v", err)
 	}
 	if infos, _ := dst.List(); len(infos) != 0 {
 		t.Fatalf("a refused import left %v", infos)
 	}
-	b, err := dst.Import(file, "copy", func(in *Branch) error {
+	b, err := dst.Import(file, trusting(key, "copy", func(in *Branch) error {
 		if in.Name != "nightly" {
 			t.Errorf("check saw %q", in.Name)
 		}
 		return nil
-	})
+	}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -216,7 +217,10 @@ func TestExportImport(t *testing.T) {
 	if got, _ := os.ReadFile(filepath.Join(dst.dirOf(b.ID), ArchiveFile)); string(got) != "podman archive" {
 		t.Errorf("checkpoint archive: %q", got)
 	}
-	if _, err := dst.Import(file, "copy", func(*Branch) error { return nil }); err == nil || !strings.Contains(err.Error(), "exists") {
+	if b.Imported == nil || !b.Imported.Trusted || b.Imported.Key != key.Public().String() {
+		t.Errorf("import record: %+v", b.Imported)
+	}
+	if _, err := dst.Import(file, trusting(key, "copy", nil)); err == nil || !strings.Contains(err.Error(), "exists") {
 		t.Errorf("a second import as copy: %v", err)
 	}
 }
@@ -226,7 +230,8 @@ func TestImportRefusesCorruptChunk(t *testing.T) {
 	src := Store{Dir: t.TempDir()}
 	createWith(t, src, "x", map[string][]byte{"images/pages-1.img": pages(4, 0, 64)}, func(string) {}, func(*Branch) {})
 	file := filepath.Join(t.TempDir(), "x.tar.zst")
-	if _, err := src.Export("x", file); err != nil {
+	key := testKey(t)
+	if _, err := src.Export("x", file, key); err != nil {
 		t.Fatal(err)
 	}
 	// Rewrite the archive with one chunk's data changed, still valid zstd.
@@ -243,7 +248,7 @@ func TestImportRefusesCorruptChunk(t *testing.T) {
 		}
 		data, _ := io.ReadAll(tr)
 		if strings.HasPrefix(h.Name, archiveChunks) && !altered {
-			raw, _ := zstdDecoder().DecodeAll(data, nil)
+			raw, _ := boundedDecoder().DecodeAll(data, nil)
 			raw[0] ^= 0xff
 			data = zstdEncoder().EncodeAll(raw, nil)
 			altered = true
@@ -259,17 +264,17 @@ func TestImportRefusesCorruptChunk(t *testing.T) {
 	os.WriteFile(file, buf.Bytes(), 0o600)
 
 	dst := Store{Dir: t.TempDir()}
-	if _, err := dst.Import(file, "", func(*Branch) error { return nil }); !errors.Is(err, ErrCorrupt) {
+	if _, err := dst.Import(file, trusting(key, "", nil)); !errors.Is(err, ErrCorrupt) {
 		t.Fatalf("import of a corrupt archive: %v", err)
 	}
 	if infos, _ := dst.List(); len(infos) != 0 {
 		t.Fatalf("left %v", infos)
 	}
-	if _, err := dst.Import(filepath.Join(t.TempDir(), "none"), "", nil); err == nil {
+	if _, err := dst.Import(filepath.Join(t.TempDir(), "none"), trusting(key, "", nil)); err == nil {
 		t.Fatal("import of a missing file")
 	}
 	os.WriteFile(file, []byte("not zstd"), 0o600)
-	if _, err := dst.Import(file, "", func(*Branch) error { return nil }); !errors.Is(err, ErrNotBranchArchive) {
+	if _, err := dst.Import(file, trusting(key, "", nil)); !errors.Is(err, ErrNotBranchArchive) {
 		t.Fatalf("import of garbage: %v", err)
 	}
 }

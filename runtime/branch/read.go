@@ -195,7 +195,13 @@ func (r *Reader) Close() {
 // WritePlan writes the branch's plan files but plan.json (Branch.Plan) into dir, checking every chunk
 // against its hash. A corrupt or missing chunk fails with ErrCorrupt,
 // naming it and the file it belongs to.
+//
+// The manifest is checked first (a branch imported by an older tclone was
+// not): every file's path must stay inside dir.
 func (r *Reader) WritePlan(dir string) error {
+	if _, err := checkFiles(r.b.Files); err != nil {
+		return fmt.Errorf("branch %s cannot be started: %w; remove it (podman container branch rm %s)", r.b.Name, err, r.b.Name)
+	}
 	for _, f := range r.b.Files {
 		path := filepath.Join(dir, f.Path)
 		if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {

@@ -73,14 +73,14 @@ func newFixture(t *testing.T) *fixture {
 	root := t.TempDir()
 	store := plan.Store{Layout: plan.LayoutUnder(root)}
 	return &fixture{
-		store: store, dir: DirOf(store), tmp: filepath.Join(root, "tmp"),
+		store: store, dir: DirOf(store), tmp: TempDir(store),
 		pm: &fakePodman{ctrs: map[string]map[string]string{}},
 	}
 }
 
 func (f *fixture) collector() Collector {
-	os.MkdirAll(f.tmp, 0o755)
-	return Collector{Dir: f.dir, Store: f.store, Podman: f.pm, TempRoots: []string{f.tmp}}
+	ensureTempDir(f.tmp)
+	return Collector{Dir: f.dir, Store: f.store, Podman: f.pm}
 }
 
 func (f *fixture) records(t *testing.T) []string {
@@ -248,12 +248,11 @@ func TestClaims(t *testing.T) {
 func TestTempDirs(t *testing.T) {
 	f := newFixture(t)
 	col := f.collector()
-	t.Setenv("TMPDIR", f.tmp)
-	mine, err := MkdirTemp("tclone-fork-")
+	mine, err := MkdirTemp(f.store, "tclone-fork-")
 	if err != nil {
 		t.Fatal(err)
 	}
-	dead, _ := MkdirTemp("podman-fork-")
+	dead, _ := MkdirTemp(f.store, "podman-fork-")
 	writeDirOwner(dead, DirOwner{Owner: deadOwner(t)})
 	// A dead client's service, still running in a process group of its own.
 	svc := exec.Command("sleep", "60")
@@ -263,7 +262,7 @@ func TestTempDirs(t *testing.T) {
 	}
 	exited := make(chan struct{})
 	go func() { svc.Wait(); close(exited) }()
-	withSvc, _ := MkdirTemp("podman-fork-")
+	withSvc, _ := MkdirTemp(f.store, "podman-fork-")
 	svcOwner, _ := journal.OwnerOf(svc.Process.Pid)
 	if err := RecordService(withSvc, svcOwner); err != nil {
 		t.Fatal(err)
@@ -334,11 +333,14 @@ func TestZombieIsDead(t *testing.T) {
 }
 
 func TestIsTempDir(t *testing.T) {
+	root := "/run/tclone/tmp"
 	for path, want := range map[string]bool{
-		"/tmp/tclone-fork-1": true, "/tmp/podman-fork-x": true, "/tmp/x/../tclone-fork-1": false,
-		"tclone-fork-1": false, "/tmp/other": false, "/": false,
+		root + "/tclone-fork-1": true, root + "/podman-fork-x": true, root + "/x/../tclone-fork-1": false,
+		"tclone-fork-1": false, root + "/other": false, "/": false,
+		// Named as a client's, but not in the clients' directory.
+		"/tmp/tclone-fork-1": false, root + "/sub/tclone-fork-1": false,
 	} {
-		if got := isTempDir(path); got != want {
+		if got := isTempDir(root, path); got != want {
 			t.Errorf("isTempDir(%q) = %v", path, got)
 		}
 	}

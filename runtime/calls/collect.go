@@ -47,9 +47,10 @@ type Collector struct {
 	Dir    Dir
 	Store  plan.Store
 	Podman Podman
-	// TempRoots are searched for dead clients' temporary directories;
-	// empty means the system's temporary directory and /tmp.
-	TempRoots []string
+	// TempDir is searched for dead clients' temporary directories; empty
+	// means TempDir(Store). Never /tmp: a directory anyone can make there
+	// must not lead a collector to remove or signal anything.
+	TempDir string
 }
 
 // Collect rolls back, with Podman's own CLI, every fork call whose client
@@ -68,11 +69,11 @@ func Collect(ctx context.Context, store plan.Store) (*Report, error) {
 // looked), then their siblings, captures and directories are removed.
 func (c Collector) Collect(ctx context.Context) (*Report, error) {
 	rep := &Report{}
-	roots := c.TempRoots
-	if len(roots) == 0 {
-		roots = []string{os.TempDir(), "/tmp"}
+	root := c.TempDir
+	if root == "" {
+		root = TempDir(c.Store)
 	}
-	errTemp := collectTempDirs(roots, time.Now(), rep)
+	errTemp := collectTempDirs(root, time.Now(), rep)
 	c.Dir.removeDeadTemps()
 	dead, err := c.Dir.claimDead()
 	if err != nil || len(dead) == 0 {
@@ -137,8 +138,12 @@ func (c Collector) removeOwnFiles(rec Record, u *Undone) error {
 			u.PlanDir = dir
 		}
 	}
+	root := c.TempDir
+	if root == "" {
+		root = TempDir(c.Store)
+	}
 	for _, dir := range rec.TempDirs {
-		if isTempDir(dir) {
+		if isTempDir(root, dir) && ownDir(dir) {
 			errs = append(errs, os.RemoveAll(dir))
 		}
 	}

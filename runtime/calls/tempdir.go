@@ -1,8 +1,10 @@
 package calls
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -10,8 +12,11 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/tclone/tclone/runtime/internal/atomicfile"
 	"github.com/tclone/tclone/runtime/journal"
+	"github.com/tclone/tclone/runtime/plan"
 )
 
 // OwnerFile is written into every temporary directory a fork client makes,
@@ -31,12 +36,57 @@ type DirOwner struct {
 	Service *journal.Owner `json:"service,omitempty"`
 }
 
+// TempDir is where the fork clients of store's host make their temporary
+// directories: <Root>/tmp, root's and 0700. Nothing anyone else can write
+// is ever looked at by a collector, which may remove what it finds there
+// and signal the services it names.
+func TempDir(store plan.Store) string { return filepath.Join(store.Root, "tmp") }
+
+// ensureTempDir makes TempDir, or checks that it is a directory (not a
+// symlink) of this user's that no one else can enter.
+func ensureTempDir(dir string) error {
+	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
+		return fmt.Errorf("creating %s: %w", filepath.Dir(dir), err)
+	}
+	if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+		return fmt.Errorf("creating the fork clients' temporary directory %s: %w", dir, err)
+	}
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("the fork clients' temporary directory %s: %w", dir, err)
+	}
+	defer unix.Close(fd)
+	if err := ownedBySelf(fd); err != nil {
+		return fmt.Errorf("the fork clients' temporary directory %s: %w: remove it", dir, err)
+	}
+	return unix.Fchmod(fd, 0o700)
+}
+
+// ownedBySelf refuses what another user owns, or what others may write.
+func ownedBySelf(fd int) error {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return err
+	}
+	if int(st.Uid) != os.Geteuid() {
+		return fmt.Errorf("owned by uid %d, not %d", st.Uid, os.Geteuid())
+	}
+	if st.Mode&0o022 != 0 {
+		return fmt.Errorf("writable by others (mode %#o)", st.Mode&0o7777)
+	}
+	return nil
+}
+
 // MkdirTemp makes a temporary directory named prefix<pid>-* (prefix one of
-// TempPrefixes) in the system's temporary directory, owned by the calling
-// process. The PID in the name lets a collector remove at once a directory
-// whose maker was killed before it could write the owner file.
-func MkdirTemp(prefix string) (string, error) {
-	dir, err := os.MkdirTemp("", fmt.Sprintf("%s%d-", prefix, os.Getpid()))
+// TempPrefixes) in TempDir(store), owned by the calling process. The PID
+// in the name lets a collector remove at once a directory whose maker was
+// killed before it could write the owner file.
+func MkdirTemp(store plan.Store, prefix string) (string, error) {
+	root := TempDir(store)
+	if err := ensureTempDir(root); err != nil {
+		return "", err
+	}
+	dir, err := os.MkdirTemp(root, fmt.Sprintf("%s%d-", prefix, os.Getpid()))
 	if err != nil {
 		return "", fmt.Errorf("creating a temporary directory: %w", err)
 	}
@@ -65,19 +115,47 @@ func writeDirOwner(dir string, o DirOwner) error {
 	return nil
 }
 
+// maxOwnerFile bounds what a collector reads of an owner file.
+const maxOwnerFile = 64 << 10
+
+// readDirOwner reads dir's owner file, which must be a regular file of
+// this user's: opened without following a symlink and without waiting
+// (a FIFO of that name answers at once, and is refused).
 func readDirOwner(dir string) (*DirOwner, error) {
-	var o DirOwner
-	if err := atomicfile.ReadJSON(filepath.Join(dir, OwnerFile), &o); err != nil {
+	path := filepath.Join(dir, OwnerFile)
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, &os.PathError{Op: "open", Path: path, Err: err}
+	}
+	f := os.NewFile(uintptr(fd), path)
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
 		return nil, err
+	}
+	if !st.Mode().IsRegular() || st.Size() > maxOwnerFile {
+		return nil, fmt.Errorf("%s is not an owner file (%v, %d bytes)", path, st.Mode().Type(), st.Size())
+	}
+	if err := ownedBySelf(fd); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	data, err := io.ReadAll(io.LimitReader(f, maxOwnerFile))
+	if err != nil {
+		return nil, err
+	}
+	var o DirOwner
+	if err := json.Unmarshal(data, &o); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	return &o, nil
 }
 
-// isTempDir accepts only a fork client's temporary directory: an absolute
-// path whose name has one of TempPrefixes. A record names the directories
-// it removes, and nothing else may be removed through it.
-func isTempDir(path string) bool {
-	if !filepath.IsAbs(path) || filepath.Clean(path) != path {
+// isTempDir accepts only a fork client's temporary directory: a directory
+// directly in root (TempDir) whose name has one of TempPrefixes. A record
+// names the directories it removes, and nothing else may be removed
+// through it.
+func isTempDir(root, path string) bool {
+	if !filepath.IsAbs(path) || filepath.Clean(path) != path || filepath.Dir(path) != root {
 		return false
 	}
 	for _, p := range TempPrefixes {
@@ -112,28 +190,45 @@ func makerGone(path string) bool {
 	return false
 }
 
-// collectTempDirs removes the temporary directories of dead clients under
-// roots, stopping first any Podman service such a client left running.
-func collectTempDirs(roots []string, now time.Time, rep *Report) error {
+// collectTempDirs removes the temporary directories of dead clients in
+// root (TempDir), stopping first any Podman service such a client left
+// running. Only a root of this user's that no one else can write is looked
+// at, and in it only directories of this user's.
+func collectTempDirs(root string, now time.Time, rep *Report) error {
+	fd, err := unix.Open(root, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if errors.Is(err, unix.ENOENT) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("reading the fork clients' temporary directory %s: %w", root, err)
+	}
+	err = ownedBySelf(fd)
+	unix.Close(fd)
+	if err != nil {
+		return fmt.Errorf("the fork clients' temporary directory %s: %w; it is not collected until it is removed", root, err)
+	}
+	entries, err := os.ReadDir(root)
+	if err != nil {
+		return err
+	}
 	var errs []error
-	seen := map[string]bool{}
-	for _, root := range roots {
-		entries, err := os.ReadDir(root)
-		if err != nil {
+	for _, de := range entries {
+		path := filepath.Join(root, de.Name())
+		if !de.IsDir() || !isTempDir(root, path) || !ownDir(path) {
 			continue
 		}
-		for _, de := range entries {
-			path := filepath.Join(root, de.Name())
-			if seen[path] || !de.IsDir() || !isTempDir(path) {
-				continue
-			}
-			seen[path] = true
-			if err := collectTempDir(path, now, rep); err != nil {
-				errs = append(errs, err)
-			}
+		if err := collectTempDir(path, now, rep); err != nil {
+			errs = append(errs, err)
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// ownDir reports whether path is a directory (not a symlink) of this
+// user's.
+func ownDir(path string) bool {
+	var st unix.Stat_t
+	return unix.Lstat(path, &st) == nil && st.Mode&unix.S_IFMT == unix.S_IFDIR && int(st.Uid) == os.Geteuid()
 }
 
 func collectTempDir(path string, now time.Time, rep *Report) error {
@@ -150,6 +245,8 @@ func collectTempDir(path string, now time.Time, rep *Report) error {
 			return nil
 		}
 	case err != nil:
+		// Not an owner file of a client's (another user's, a FIFO, a
+		// symlink): nothing here is trusted, nothing is done.
 		return err
 	case o.Owner.Running():
 		return nil

@@ -5,12 +5,15 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/url"
 	"regexp"
+	"strconv"
 	"time"
 
 	"github.com/sirupsen/logrus"
 
 	"github.com/tclone/tclone/runtime/branch"
+	"github.com/tclone/tclone/runtime/branch/signing"
 	"github.com/tclone/tclone/shim/forkflags/podmanflags"
 	"github.com/tclone/tclone/shim/podmanfork"
 )
@@ -26,7 +29,8 @@ import (
 //	DELETE /libpod/branches/{branch}                               rm
 //	POST   /libpod/branches/prune?keep-last=N&older-than=D&yes=true prune
 //	GET    /libpod/branches/{branch}/export                        export (the archive)
-//	POST   /libpod/branches/import?name=N                          import (the archive as body)
+//	POST   /libpod/branches/import?name=N&trust=KEY&insecure-unsigned=true
+//	                                                               import (the archive as body)
 var (
 	branchCreatePath = regexp.MustCompile(`^(?:/v\d[\d.]*)?/libpod/containers/([^/]+)/branches$`)
 	branchesPath     = regexp.MustCompile(`^(?:/v\d[\d.]*)?/libpod/branches(?:/([^/]+)(?:/(json|diff|start|export))?)?$`)
@@ -76,13 +80,17 @@ func (s *Service) routeBranches(w http.ResponseWriter, r *http.Request) bool {
 			return store.Prune(rule, time.Now(), yes)
 		})
 	case ref == "import" && verb == "" && r.Method == http.MethodPost:
-		name := r.URL.Query().Get("name")
+		opts, err := importOptions(r.URL.Query())
+		if err != nil {
+			writeError(w, http.StatusBadRequest, err)
+			break
+		}
 		s.long(w, r, "import of a branch", func(ctx context.Context) (any, error) {
 			conn, err := s.connect(ctx)
 			if err != nil {
 				return nil, err
 			}
-			return podmanfork.ImportBranchFrom(conn, r.Body, "the request's body", name)
+			return podmanfork.ImportBranchFrom(conn, r.Body, "the request's body", opts)
 		})
 	case verb == "export":
 		if !allow(w, r, http.MethodGet) {
@@ -97,7 +105,7 @@ func (s *Service) routeBranches(w http.ResponseWriter, r *http.Request) bool {
 		w.Header().Set("Content-Disposition", fmt.Sprintf("attachment; filename=%q", b.Name+".tar.zst"))
 		// A failure midway cuts the archive short, which an import
 		// refuses.
-		if _, err := store.ExportTo(b.ID, w); err != nil {
+		if _, err := podmanfork.ExportBranch(b.ID, w); err != nil {
 			logrus.Warnf("exporting branch %s to %s: %v", b.Name, clientOf(r), err)
 		}
 	case verb == "json":
@@ -204,4 +212,34 @@ func (s *Service) long(w http.ResponseWriter, r *http.Request, what string, fn f
 	if err := http.NewResponseController(w).Flush(); err != nil {
 		logrus.Debugf("sending the answer: %v", err)
 	}
+}
+
+// importOptions reads the import endpoint's query: name, trust (a public
+// key, repeatable) and insecure-unsigned, as the command's flags.
+func importOptions(q url.Values) (podmanfork.ImportOptions, error) {
+	opts := podmanfork.ImportOptions{Name: q.Get("name")}
+	for k := range q {
+		switch k {
+		case "name", "trust", "insecure-unsigned", "insecureUnsigned":
+		default:
+			return opts, fmt.Errorf("unknown parameter %q of the import endpoint: it takes name, trust and insecure-unsigned", k)
+		}
+	}
+	for _, v := range q["trust"] {
+		key, err := signing.ParsePublicKey(v)
+		if err != nil {
+			return opts, err
+		}
+		opts.Trust = append(opts.Trust, key)
+	}
+	for _, k := range []string{"insecure-unsigned", "insecureUnsigned"} {
+		if v := q.Get(k); v != "" {
+			b, err := strconv.ParseBool(v)
+			if err != nil {
+				return opts, fmt.Errorf("%s=%s: give true or false", k, v)
+			}
+			opts.InsecureUnsigned = b
+		}
+	}
+	return opts, nil
 }

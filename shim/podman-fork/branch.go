@@ -13,6 +13,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/tclone/tclone/runtime/branch"
+	"github.com/tclone/tclone/runtime/branch/signing"
 	"github.com/tclone/tclone/runtime/buildinfo"
 	"github.com/tclone/tclone/shim/forkflags/podmanflags"
 	"github.com/tclone/tclone/shim/podmanfork"
@@ -143,8 +144,23 @@ deleted (D) or changed (C) relative to A, as podman diff does.`,
 				OnUsageError: usageError,
 				Usage:        "read a branch from a file written by export; its image must be on this host",
 				ArgsUsage:    "FILE",
-				Flags:        []cli.Flag{&cli.StringFlag{Name: "name", Usage: "name the branch (default: its name when exported)"}, debug},
-				Action:       branchImport,
+				Description: `The archive must be signed by a key this host trusts: its own, one given
+with --trust, or one in ` + signing.DefaultTrustDir + ` (a file KEY.pub a key, root's,
+writable by root only). An export is signed by its host's key; that host
+prints it with podman container branch key.`,
+				Flags: []cli.Flag{
+					&cli.StringFlag{Name: "name", Usage: "name the branch (default: its name when exported)"},
+					&cli.StringSliceFlag{Name: "trust", Usage: "trust this public key (as podman container branch key prints it, or a file holding it) for this import (repeatable)"},
+					&cli.BoolFlag{Name: "insecure-unsigned", Usage: "import an archive that is unsigned or signed by a key this host does not trust: its processes then run from images no one vouches for"},
+					debug},
+				Action: branchImport,
+			},
+			{
+				Name:         "key",
+				OnUsageError: usageError,
+				Usage:        "print this host's public signing key (made on first use), which other hosts trust to import its exports",
+				Flags:        []cli.Flag{debug},
+				Action:       branchKey,
 			},
 		},
 	}
@@ -406,7 +422,20 @@ func branchExport(c *cli.Context) error {
 	if c.NArg() != 2 {
 		return fmt.Errorf("podman container branch export takes a branch NAME and a FILE; see --help")
 	}
-	_, err := branch.DefaultStore().Export(c.Args().Get(0), c.Args().Get(1))
+	_, err := podmanfork.ExportBranchFile(c.Args().Get(0), c.Args().Get(1))
+	return err
+}
+
+func branchKey(c *cli.Context) error {
+	setDebug(c)
+	if c.NArg() != 0 {
+		return fmt.Errorf("podman container branch key takes no arguments; see --help")
+	}
+	key, err := signing.HostKey(signing.KeyDir())
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Println(key.Public())
 	return err
 }
 
@@ -415,12 +444,20 @@ func branchImport(c *cli.Context) error {
 	if c.NArg() != 1 {
 		return fmt.Errorf("podman container branch import takes one FILE; see --help")
 	}
+	opts := podmanfork.ImportOptions{Name: c.String("name"), InsecureUnsigned: c.Bool("insecure-unsigned")}
+	for _, v := range c.StringSlice("trust") {
+		k, err := signing.ParseTrust(v)
+		if err != nil {
+			return err
+		}
+		opts.Trust = append(opts.Trust, k)
+	}
 	ctx, stop, err := connectTo(c.Context, target{url: c.String("url")}, false)
 	if err != nil {
 		return err
 	}
 	defer stop()
-	b, err := podmanfork.ImportBranch(ctx, c.Args().First(), c.String("name"))
+	b, err := podmanfork.ImportBranch(ctx, c.Args().First(), opts)
 	if err != nil {
 		return err
 	}

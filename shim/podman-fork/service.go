@@ -17,6 +17,7 @@ import (
 
 	"github.com/tclone/tclone/runtime/calls"
 	"github.com/tclone/tclone/runtime/journal"
+	"github.com/tclone/tclone/runtime/plan"
 )
 
 // DefaultSocket is where a system Podman service listens.
@@ -94,7 +95,7 @@ func privateService(ctx context.Context) (context.Context, func(), error) {
 	}
 	// The directory names its owner, so that if this process is killed a
 	// later fork or tclone gc can tell it was left behind.
-	dir, err := calls.MkdirTemp("podman-fork-")
+	dir, err := calls.MkdirTemp(plan.DefaultStore(), "podman-fork-")
 	if err != nil {
 		return nil, nil, err
 	}

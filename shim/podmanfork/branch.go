@@ -14,8 +14,10 @@ import (
 
 	"github.com/containers/podman/v5/libpod/define"
 	"github.com/containers/podman/v5/pkg/bindings/images"
+	"github.com/containers/podman/v5/pkg/bindings/system"
 
 	"github.com/tclone/tclone/runtime/branch"
+	"github.com/tclone/tclone/runtime/branch/signing"
 	"github.com/tclone/tclone/runtime/calls"
 	"github.com/tclone/tclone/runtime/forkopts"
 	"github.com/tclone/tclone/runtime/journal"
@@ -227,6 +229,12 @@ func StartBranch(ctx context.Context, ref string, opts Options) (*Stats, error) 
 	if err := requireImage(ctx, b); err != nil {
 		return nil, err
 	}
+	var importedVolumes map[string]string
+	if b.Imported != nil {
+		if importedVolumes, err = importedVolumeDirs(ctx, b, eng.Volumes); err != nil {
+			return nil, err
+		}
+	}
 	plans := plan.DefaultStore()
 	collectDeadCalls(ctx, plans)
 	limits, err := checkIdentity(opts.Identity, eng.Source)
@@ -238,7 +246,8 @@ func StartBranch(ctx context.Context, ref string, opts Options) (*Stats, error) 
 		return nil, err
 	}
 	f := &forker{opts: opts, src: eng.Source, store: plans, start: start, names: names, branch: b,
-		identityLimits: limits, srcID: sourceIdentity{hostname: eng.Hostname, machineID: eng.MachineID}, volumes: eng.Volumes}
+		identityLimits: limits, srcID: sourceIdentity{hostname: eng.Hostname, machineID: eng.MachineID}, volumes: eng.Volumes,
+		importedVolumes: importedVolumes}
 	defer f.cleanupFiles()
 	stats, err := f.startBranch(ctx, r)
 	if err != nil {
@@ -251,34 +260,83 @@ func StartBranch(ctx context.Context, ref string, opts Options) (*Stats, error) 
 	return stats, nil
 }
 
+// ImportOptions configure an import.
+type ImportOptions struct {
+	// Name is the branch's name here (its own when empty).
+	Name string
+	// Trust are keys trusted for this import, beside this host's own and
+	// those of its trusted-keys directory (signing.TrustDir).
+	Trust []signing.PublicKey
+	// InsecureUnsigned accepts an archive that is unsigned or signed by a
+	// key not trusted. Its contents are then trusted as far as the checks
+	// every import makes go, no further (see README.md).
+	InsecureUnsigned bool
+}
+
 // ImportBranch imports a branch exported by ExportBranch (podman container
-// branch export), as name (its own when empty). The branch's image must be
-// on this host.
-func ImportBranch(ctx context.Context, file, name string) (*branch.Branch, error) {
+// branch export). The archive must be signed by a trusted key (or
+// opts.InsecureUnsigned), and the branch's image must be on this host.
+func ImportBranch(ctx context.Context, file string, opts ImportOptions) (*branch.Branch, error) {
 	f, err := os.Open(file)
 	if err != nil {
 		return nil, ofKind(ErrInvalidOption, err)
 	}
 	defer f.Close()
-	return ImportBranchFrom(ctx, f, file, name)
+	return ImportBranchFrom(ctx, f, file, opts)
 }
 
 // ImportBranchFrom is ImportBranch of the archive read from in, which what
 // names in errors.
-func ImportBranchFrom(ctx context.Context, in io.Reader, what, name string) (*branch.Branch, error) {
-	if name != "" {
-		if err := branch.CheckName(name); err != nil {
+func ImportBranchFrom(ctx context.Context, in io.Reader, what string, opts ImportOptions) (*branch.Branch, error) {
+	if opts.Name != "" {
+		if err := branch.CheckName(opts.Name); err != nil {
 			return nil, ofKind(ErrInvalidOption, err)
 		}
 	}
-	b, err := branch.DefaultStore().ImportFrom(in, what, name, func(b *branch.Branch) error { return requireImage(ctx, b) })
-	if errors.Is(err, branch.ErrNotBranchArchive) {
-		return nil, ofKind(ErrInvalidOption, err)
+	trust, err := signing.HostTrust(signing.KeyDir(), signing.TrustDir())
+	if err != nil {
+		return nil, err
 	}
-	if errors.Is(err, branch.ErrNameTaken) {
+	for _, k := range opts.Trust {
+		trust.Add(k, "--trust")
+	}
+	b, err := branch.DefaultStore().ImportFrom(in, what, branch.ImportOptions{
+		Name:             opts.Name,
+		Trust:            trust,
+		InsecureUnsigned: opts.InsecureUnsigned,
+		Prepare: func(b *branch.Branch) (branch.TreeRules, error) {
+			if err := requireImage(ctx, b); err != nil {
+				return branch.TreeRules{}, err
+			}
+			return imageRules(ctx, b)
+		},
+	})
+	switch {
+	case errors.Is(err, branch.ErrNotBranchArchive), errors.Is(err, branch.ErrInvalid), errors.Is(err, branch.ErrUntrusted), errors.Is(err, branch.ErrCorrupt):
+		return nil, ofKind(ErrInvalidOption, err)
+	case errors.Is(err, branch.ErrNameTaken):
 		return nil, ofKind(ErrConflict, err)
 	}
 	return b, err
+}
+
+// ExportBranch writes branch ref to w, signed with this host's key (made
+// on first use).
+func ExportBranch(ref string, w io.Writer) (*branch.Branch, error) {
+	key, err := signing.HostKey(signing.KeyDir())
+	if err != nil {
+		return nil, err
+	}
+	return branch.DefaultStore().ExportTo(ref, w, key)
+}
+
+// ExportBranchFile is ExportBranch to a file, written atomically.
+func ExportBranchFile(ref, dest string) (*branch.Branch, error) {
+	key, err := signing.HostKey(signing.KeyDir())
+	if err != nil {
+		return nil, err
+	}
+	return branch.DefaultStore().Export(ref, dest, key)
 }
 
 // requireImage fails, naming it, when the branch's image is not on this
@@ -308,7 +366,16 @@ func (f *forker) startBranch(ctx context.Context, r *branch.Reader) (*Stats, err
 		return nil, err
 	}
 	ref := plan.ReferenceTo(p.ID, f.planDir, f.src.ID)
-	if err := writeSiblingArchive(r.Path(branch.ArchiveFile), archive, siblingEdit{Reference: &ref}); err != nil {
+	base := r.Path(branch.ArchiveFile)
+	if f.branch.Imported != nil {
+		// Only what a container of its image could have had here.
+		trimmed := filepath.Join(f.tmpDir, "imported.tar")
+		if err := sanitizeImported(base, trimmed, f.importedVolumes); err != nil {
+			return nil, fmt.Errorf("branch %s: %w", f.branch.Name, err)
+		}
+		base = trimmed
+	}
+	if err := writeSiblingArchive(base, archive, siblingEdit{Reference: &ref}); err != nil {
 		return nil, fmt.Errorf("branch %s: %w", f.branch.Name, err)
 	}
 	stats.CheckpointMs = ms(time.Since(t))
@@ -344,14 +411,18 @@ func (f *forker) planFromBranch(ctx context.Context, r *branch.Reader) (*plan.Pl
 	p.Volumes = slices.Clone(p.Volumes)
 	now := time.Now().UTC()
 	p.ID, p.CreatedAt, p.ExpiresAt = id, now, now.Add(f.opts.TTL)
+	// The source's host paths and process mean nothing to a start.
+	p.Source.Bundle, p.Source.Rootfs, p.Source.CgroupPath, p.Source.Pid = "", "", "", 0
 	// The start's own choice (StartBranch refused cow): a branch holds
 	// page images whatever its capture was.
 	p.Memory = f.opts.Memory
 	if p.Rootfs != nil {
 		snap := *p.Rootfs
-		if snap.Kind == rootfs.KindOverlay && !allExist(snap.LowerDirs) {
-			// Imported from another host: the same image has its
-			// layers elsewhere here.
+		// The layers under the capture are always this host's layers of
+		// the branch's image, never the manifest's: those are paths the
+		// sibling's root would be made of.
+		snap.LowerDirs = nil
+		if snap.Kind == rootfs.KindOverlay {
 			layers, err := imageLayers(ctx, f.branch.Source.ImageID)
 			if err != nil {
 				return nil, fmt.Errorf("branch %s: %w", f.branch.Name, err)
@@ -392,15 +463,6 @@ func (f *forker) planFromBranch(ctx context.Context, r *branch.Reader) (*plan.Pl
 	return &p, nil
 }
 
-func allExist(paths []string) bool {
-	for _, p := range paths {
-		if _, err := os.Stat(p); err != nil {
-			return false
-		}
-	}
-	return true
-}
-
 // imageLayers are the directories of image's layers on this host, top
 // first: the lower layers of its containers' root filesystems.
 func imageLayers(ctx context.Context, image string) ([]string, error) {
@@ -416,4 +478,17 @@ func imageLayers(ctx context.Context, image string) ([]string, error) {
 		layers = append(layers, strings.Split(lower, ":")...)
 	}
 	return layers, nil
+}
+
+// importedVolumeDirs localizes an imported branch's volumes (see
+// localizeVolumes) under this host's volume directory.
+func importedVolumeDirs(ctx context.Context, b *branch.Branch, uses []VolumeUse) (map[string]string, error) {
+	info, err := system.Info(ctx, nil)
+	if err != nil {
+		return nil, fmt.Errorf("asking Podman where it keeps volumes: %w", err)
+	}
+	if info.Store == nil || info.Store.VolumePath == "" {
+		return nil, fmt.Errorf("podman does not say where it keeps volumes")
+	}
+	return localizeVolumes(uses, b.Plan.Volumes, info.Store.VolumePath)
 }

@@ -182,11 +182,14 @@ func collectDeadCalls(ctx context.Context, store plan.Store) {
 
 // forker carries one fork call and what it has made so far.
 type forker struct {
-	opts  Options
-	src   *define.InspectContainerData
-	store plan.Store
-	start time.Time
-	names *namer
+	// importedVolumes are an imported branch's volume mount points and
+	// their directories here (nil for every other start).
+	importedVolumes map[string]string
+	opts            Options
+	src             *define.InspectContainerData
+	store           plan.Store
+	start           time.Time
+	names           *namer
 	// srcID and identityLimits are what the siblings' identities are
 	// checked against.
 	srcID          sourceIdentity
@@ -285,7 +288,7 @@ func (f *forker) begin() (archive string, err error) {
 		return "", fmt.Errorf("this must run on the Podman host, as root: %w", err)
 	}
 	f.nonce = f.call.Record().Nonce
-	if f.tmpDir, err = calls.MkdirTemp("tclone-fork-"); err != nil {
+	if f.tmpDir, err = calls.MkdirTemp(f.store, "tclone-fork-"); err != nil {
 		return "", err
 	}
 	if err := f.call.Update(func(r *calls.Record) { r.TempDirs = append(r.TempDirs, f.tmpDir) }); err != nil {

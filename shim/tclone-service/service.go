@@ -31,18 +31,31 @@ const DefaultServiceURL = "unix:///run/tclone/tclone.sock"
 func newApp() *cli.App {
 	return &cli.App{
 		Name:      "tclone service",
-		Usage:     "serve Podman's API with the fork endpoint added, for REST clients local or remote",
+		Usage:     "serve Podman's API with the fork and branch endpoints added, for REST clients local or remote",
 		Version:   buildinfo.Version,
 		ArgsUsage: " ",
 		Description: `Listens on --url (or on the socket systemd passes, with tclone.socket) and
 hands every request to Podman's API service at --podman-url unchanged
-(streams, attach and exec included), except
-  POST /{version}/libpod/containers/{name}/fork?count=N&label=K=V&...
-which forks the container as podman container fork does: its query
-parameters are that command's flags (readyTimeout or ready-timeout), and it
-answers the fork's stats as JSON, or Podman's error body with 400 (bad
-parameter), 404 (no such container), 409 (paused, stopped, name or port
-taken), 503 (Podman's service not running) or 500.
+(streams, attach and exec included), except these, which it serves itself
+(each under /{version} or without it):
+
+  POST   /libpod/containers/{name}/fork?count=N&label=K=V&...   fork
+  POST   /libpod/containers/{name}/branches?name=B&label=K=V    branch create
+  GET    /libpod/branches[?source=S]                            branch ls
+  GET    /libpod/branches/{branch}/json                         branch inspect
+  GET    /libpod/branches/{branch}/diff?with=OTHER              branch diff
+  POST   /libpod/branches/{branch}/start?count=N&...            branch start
+  DELETE /libpod/branches/{branch}                              branch rm
+  POST   /libpod/branches/prune?keep-last=N&older-than=D&yes=true  branch prune
+  GET    /libpod/branches/{branch}/export                       branch export (the signed archive)
+  POST   /libpod/branches/import?name=N&trust=KEY&insecure-unsigned=true
+                                                                branch import (the archive as body)
+
+Their query parameters are the commands' flags (readyTimeout or
+ready-timeout). They answer JSON (the fork's stats, the branch), or Podman's
+error body with 400 (bad parameter, or an import refused), 404 (no such
+container or branch), 409 (paused, stopped, name or port taken, image
+missing), 503 (Podman's service not running) or 500.
 
 Clients reach it as they reach Podman: unix:///run/tclone/tclone.sock, or
 ssh://USER@HOST/run/tclone/tclone.sock for a user allowed on the socket

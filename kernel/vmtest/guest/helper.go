@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"fmt"
 	"os"
 	"strconv"
@@ -186,6 +187,18 @@ func mapRegion(addr, length uint64, kind, prot string, rest []string) error {
 		}
 		defer f.Close()
 		fd = int(f.Fd())
+		flags |= unix.MAP_PRIVATE
+	case "memfd": // a private mapping of a new memfd holding MEMFD_FILL bytes
+		memfd, err := unix.MemfdCreate("vcp-private", unix.MFD_CLOEXEC)
+		if err != nil {
+			return fmt.Errorf("memfd_create: %w", err)
+		}
+		f := os.NewFile(uintptr(memfd), "memfd")
+		defer f.Close()
+		if _, err := f.Write(bytes.Repeat([]byte{memfdFill}, int(length))); err != nil {
+			return fmt.Errorf("filling the memfd: %w", err)
+		}
+		fd = memfd
 		flags |= unix.MAP_PRIVATE
 	default:
 		return fmt.Errorf("unknown kind %q", kind)

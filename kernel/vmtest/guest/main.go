@@ -112,6 +112,7 @@ func runSuite(only []string) int {
 		{"snapshot-frees", testSnapshotFrees},
 		{"snapshot-refusals", testSnapshotRefusals},
 		{"snapshot-device", testSnapshotDevice},
+		{"snapshot-file-areas", testSnapshotFileAreas},
 		{"snapshot-benchmark-1g", testSnapshotBenchmark},
 		{"benchmark-1g", testBenchmark1G},
 		{"stress", testStress},

@@ -1,0 +1,96 @@
+package podmanfork
+
+import (
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+)
+
+// A spec as Podman makes it for `podman run -v data:/data IMAGE`.
+const plainSpec = `{"ociVersion":"1.0.0","process":{"args":["sh"],"capabilities":{"bounding":["CAP_CHOWN","CAP_KILL"],"effective":["CAP_CHOWN"]}},
+"mounts":[{"destination":"/proc","type":"proc","source":"proc","options":["nosuid","noexec","nodev"]},
+{"destination":"/dev","type":"tmpfs","source":"tmpfs","options":["nosuid","strictatime","mode=755","size=65536k"]},
+{"destination":"/sys","type":"sysfs","source":"sysfs","options":["nosuid","noexec","nodev","ro"]},
+{"destination":"/dev/shm","type":"bind","source":"/var/lib/containers/storage/overlay-containers/x/userdata/shm","options":["bind"]},
+{"destination":"/data","type":"bind","source":"/elsewhere/data/_data","options":["rbind"]}],
+"linux":{"namespaces":[{"type":"pid"},{"type":"network","path":"/run/netns/x"},{"type":"ipc"},{"type":"uts"},{"type":"mount"},{"type":"cgroup"}],
+"seccomp":{"defaultAction":"SCMP_ACT_ERRNO"},"cgroupsPath":"machine.slice:libpod:x","resources":{"devices":[{"allow":false,"access":"rwm"}]}},
+"annotations":{"io.tclone.memory-merge":"true","run.oci.hooks.stdout":"/etc/x"}}`
+
+// Exploit 2: the archive's configuration passed to Podman nearly
+// untouched, so an archive could ask for a privileged container with /
+// bind-mounted, or hooks run on this host.
+func TestImportedConfigurationRefusesPrivileges(t *testing.T) {
+	vols := map[string]string{"/data": "/var/lib/containers/storage/volumes/data/_data"}
+	out, err := checkImportedSpec([]byte(plainSpec), vols)
+	if err != nil {
+		t.Fatalf("a plain container's spec was refused: %v", err)
+	}
+	var spec map[string]any
+	json.Unmarshal(out, &spec)
+	text := string(out)
+	if !strings.Contains(text, vols["/data"]) || strings.Contains(text, "/elsewhere") || strings.Contains(text, "userdata/shm") ||
+		strings.Contains(text, "run.oci.hooks") || strings.Contains(text, "/run/netns/x") || strings.Contains(text, "cgroupsPath") {
+		t.Errorf("trimmed spec: %s", out)
+	}
+	for what, change := range map[string]func(string) string{
+		"host root bind-mounted": func(s string) string {
+			return strings.Replace(s, `"mounts":[`, `"mounts":[{"destination":"/host","type":"bind","source":"/","options":["rbind"]},`, 1)
+		},
+		"a prestart hook": func(s string) string {
+			return strings.Replace(s, `"ociVersion":"1.0.0",`, `"ociVersion":"1.0.0","hooks":{"prestart":[{"path":"/bin/sh"}]},`, 1)
+		},
+		"CAP_SYS_ADMIN":      func(s string) string { return strings.Replace(s, `"CAP_KILL"`, `"CAP_SYS_ADMIN"`, 1) },
+		"host PID namespace": func(s string) string { return strings.Replace(s, `{"type":"pid"},`, ``, 1) },
+		"no seccomp": func(s string) string {
+			return strings.Replace(s, `"seccomp":{"defaultAction":"SCMP_ACT_ERRNO"},`, ``, 1)
+		},
+		"a device":         func(s string) string { return strings.Replace(s, `"allow":false`, `"allow":true`, 1) },
+		"a user namespace": func(s string) string { return strings.Replace(s, `{"type":"cgroup"}`, `{"type":"user"}`, 1) },
+		"a mount ns by path": func(s string) string {
+			return strings.Replace(s, `{"type":"mount"}`, `{"type":"mount","path":"/proc/1/ns/mnt"}`, 1)
+		},
+		"an unknown volume": func(s string) string { return strings.Replace(s, `"destination":"/data"`, `"destination":"/other"`, 1) },
+		"a non-namespaced sysctl": func(s string) string {
+			return strings.Replace(s, `"seccomp":`, `"sysctl":{"kernel.core_pattern":"|/tmp/x"},"seccomp":`, 1)
+		},
+	} {
+		if _, err := checkImportedSpec([]byte(change(plainSpec)), vols); !errors.Is(err, ErrInvalidOption) {
+			t.Errorf("%s: %v, want a refusal", what, err)
+		}
+	}
+	for what, cfg := range map[string]string{
+		"privileged":                  `{"privileged":true}`,
+		"another container's PID ns":  `{"pidNsCtr":"abc"}`,
+		"conmon PID file on the host": `{"conmonPidFile":"/etc/shadow"}`,
+		"a timezone out of zoneinfo":  `{"timezone":"../../etc/shadow"}`,
+		"this host's secrets":         `{"secrets":[{"Name":"db-password"}]}`,
+		"host network":                `{"networkMode":"host"}`,
+	} {
+		if _, err := checkImportedConfig([]byte(cfg)); !errors.Is(err, ErrInvalidOption) {
+			t.Errorf("config with %s: %v, want a refusal", what, err)
+		}
+	}
+	out, err = checkImportedConfig([]byte(`{"name":"x","staticDir":"/etc","ShmDir":"/etc","lockID":3,"command":["sh"],"networkMode":"bridge","timezone":"Europe/Paris"}`))
+	if err != nil || strings.Contains(string(out), "/etc") || !strings.Contains(string(out), "Europe/Paris") {
+		t.Errorf("plain config: %s, %v", out, err)
+	}
+}
+
+func TestLocalizeVolumes(t *testing.T) {
+	uses := []VolumeUse{{Name: "data", Source: "/etc/cron.d/x/_data", Destination: "/data", Mode: VolumeCopy}}
+	dirs, err := localizeVolumes(uses, nil, "/var/lib/containers/storage/volumes")
+	if err != nil || dirs["/data"] != "/var/lib/containers/storage/volumes/data/_data" || uses[0].Source != dirs["/data"] {
+		t.Fatalf("%v %v %+v", dirs, err, uses)
+	}
+	for _, u := range []VolumeUse{
+		{Name: "prod-db", Source: "/x", Destination: "/db", Mode: VolumeShare},
+		{Source: "/", Destination: "/host", Mode: volumeBind},
+		{Name: "../x", Destination: "/d", Mode: VolumeCopy},
+	} {
+		if _, err := localizeVolumes([]VolumeUse{u}, nil, "/v"); !errors.Is(err, ErrInvalidOption) {
+			t.Errorf("%+v: %v, want a refusal", u, err)
+		}
+	}
+}
