@@ -284,7 +284,7 @@ func TestBundleForkTwinRefusals(t *testing.T) {
 			}
 			sib.remove(t)
 			sib, sibIO = memfillBundle(t, "twra", false, 16)
-			r = forkBundle(t, src, sib, nil, "--memory", "auto", "--print-stats", "--debug")
+			r = runDetached(t, nil, tcloneBin(), "--debug", "fork", "--bundle", sib.dir, "--memory", "auto", "--print-stats", src.id, sib.id)
 			if r.code != 0 {
 				t.Fatalf("--memory auto: exit %d: %s", r.code, r.stderr)
 			}
