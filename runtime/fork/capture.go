@@ -109,6 +109,9 @@ func (e *Engine) captureSource(ctx context.Context, src *source, req CaptureRequ
 	if !req.Fork.FilesOnly {
 		var host forkopts.CaptureHost
 		host.Cow, host.CowWhy = cowAvailable(check)
+		if req.Fork.Durable && host.Cow {
+			host.Cow, host.CowWhy = false, "a branch keeps page images, which module snapshots are not"
+		}
 		twin, host.Twin, host.TwinWhy = twinAvailable(check)
 		if host.Twin {
 			if fits, why := twinFits(src); !fits {

@@ -51,6 +51,10 @@ type Fork struct {
 	// process: each sibling runs its command from the start on the
 	// source's files.
 	FilesOnly bool `json:"files_only,omitempty"`
+	// Durable: the capture must end as page images, for a branch that
+	// outlives it. Auto then never takes module snapshots (they live only
+	// as long as the plan); twins are drained into images, and do.
+	Durable bool `json:"durable,omitempty"`
 	// Volumes are the source's mounted volumes each sibling gets its own
 	// copy of, as they were at the fork instant. Every other mount of a
 	// host directory is shared with the source.

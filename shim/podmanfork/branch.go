@@ -21,6 +21,7 @@ import (
 	"github.com/tclone/tclone/runtime/calls"
 	"github.com/tclone/tclone/runtime/forkopts"
 	"github.com/tclone/tclone/runtime/journal"
+	"github.com/tclone/tclone/runtime/lazy"
 	"github.com/tclone/tclone/runtime/plan"
 	"github.com/tclone/tclone/runtime/rootfs"
 )
@@ -83,10 +84,11 @@ func CreateBranch(ctx context.Context, source, name string, opts BranchOptions) 
 	// The branch's labels are its own, not its siblings'.
 	fo := Options{VolumeModes: opts.VolumeModes}
 	fo.FileLocks = opts.FileLocks
-	// A branch keeps page images: never a copy-on-write capture, whose
-	// memory lives only as long as its plan. Its starts choose their own
-	// memory mode.
-	fo.Memory = forkopts.MemoryLazy
+	// A branch keeps page images: never module snapshots, whose memory
+	// lives only as long as the plan, but twins, which the plan's daemon
+	// drains into images, where the host can (the pause is then the
+	// fork's); its starts choose their own memory mode.
+	fo.Durable = true
 	if err := fo.normalize(); err != nil {
 		return nil, ofKind(ErrInvalidOption, err)
 	}
@@ -135,7 +137,14 @@ func (f *forker) writeBranch(ctx context.Context, w *branch.Writer, opts BranchO
 	stats.CheckpointMs = ms(time.Since(t))
 	stats.SourcePauseMs = capture.Timings.SourcePauseMs
 
-	// The source runs on from here.
+	// The source runs on from here. A twin capture's pages reach the
+	// plan's images once its daemon has drained them out of the twins.
+	if capture.Memory == forkopts.MemoryTwin {
+		if err := waitDrained(ctx, f.store, capture.ID); err != nil {
+			return nil, err
+		}
+		capture.Memory, capture.Snapshots = "", nil
+	}
 	if opts.Runnable != nil {
 		b := w.Branch()
 		if err := opts.Runnable(&b); err != nil {
@@ -491,4 +500,18 @@ func importedVolumeDirs(ctx context.Context, b *branch.Branch, uses []VolumeUse)
 		return nil, fmt.Errorf("podman does not say where it keeps volumes")
 	}
 	return localizeVolumes(uses, b.Plan.Volumes, info.Store.VolumePath)
+}
+
+// waitDrained waits until the daemon of plan id has drained its twins into
+// page images.
+func waitDrained(ctx context.Context, store plan.Store, id string) error {
+	c, err := lazy.Connect(lazy.PathsFor(store.Layout, id))
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	if err := c.WaitDrained(ctx); err != nil {
+		return fmt.Errorf("writing the branch: the capture's twins: %w", err)
+	}
+	return nil
 }
