@@ -1,17 +1,21 @@
 package integration
 
 import (
+	"encoding/json"
 	"fmt"
+	"math/rand"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/tclone/tclone/runtime/lazy"
+	"github.com/tclone/tclone/runtime/plan"
 )
 
 // A twin capture needs tclone's CRIU plugin, which the set-up builds
@@ -299,5 +303,66 @@ func TestBundleForkTwinRefusals(t *testing.T) {
 			}
 			requireNoLeftovers(t)
 		})
+	}
+}
+
+// The worst case for a twin plan: its lazy-pages daemon and the daemon's
+// guard are killed together, at a random instant of the drain and of three
+// siblings' fills. Memory is never wrong (each sibling is complete, with
+// the fork instant's memory, or gone), the twins die with their last
+// lifeline, and tclone gc reaps their zombies: nothing of them is left in
+// the source, which runs on.
+func TestTwinDaemonAndGuardKilledWhileDraining(t *testing.T) {
+	requireStack(t)
+	requireTwins(t)
+	requireNoLeftovers(t)
+	src, want, planDir, sibs := lazySiblings(t, "tk", 3, "20ms")
+	seed := time.Now().UnixNano()
+	rng := rand.New(rand.NewSource(seed))
+	t.Logf("seed %d", seed)
+	p, err := plan.Read(planDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Memory != "twin" {
+		t.Fatalf("the plan's memory is %q: auto did not take twins", p.Memory)
+	}
+	id := filepath.Base(planDir)
+	time.Sleep(time.Duration(rng.Int63n(int64(400 * time.Millisecond))))
+	killed := lazyDaemons(id + ".sock")
+	for _, pid := range killed {
+		syscall.Kill(pid, syscall.SIGKILL)
+	}
+	t.Logf("killed the daemon and its guard: %v", killed)
+	for i, sib := range sibs {
+		sibExec := func(t *testing.T, a ...string) result { return sib.exec(t, rewriteWorkload(a)...) }
+		eventually(t, 30*time.Second, fmt.Sprintf("sibling %d complete or gone", i), func() error {
+			if st := crunState(t, sib.id); st != "running" {
+				return nil
+			}
+			res := sibExec(t, "/workload", "probe", "--hash")
+			if res.code != 0 {
+				return fmt.Errorf("probe: exit %d: %s", res.code, res.stderr)
+			}
+			var r report
+			if err := json.Unmarshal([]byte(res.stdout), &r); err != nil {
+				return err
+			}
+			if r.MemSHA256 != want {
+				t.Fatalf("sibling %d runs with memory that is not the fork instant's: hash %s, want %s", i, r.MemSHA256, want)
+			}
+			return nil
+		})
+		run(t, time.Minute, tcloneBin(), "delete", "--force", sib.id)
+	}
+	if g := run(t, 2*time.Minute, tcloneBin(), "gc"); g.code != 0 {
+		t.Fatalf("tclone gc: exit %d: %s", g.code, g.stderr)
+	}
+	if tw := twinsOf(t, src); len(tw) > 0 {
+		t.Fatalf("tclone gc left twins in the source (state pid): %v", tw)
+	}
+	srcExec := func(t *testing.T, a ...string) result { return src.exec(t, rewriteWorkload(a)...) }
+	if got := workloadCmd(t, srcExec, "probe", "--hash").MemSHA256; got != want {
+		t.Fatalf("the source's memory changed: %s, want %s", got, want)
 	}
 }
