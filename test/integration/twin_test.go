@@ -271,7 +271,7 @@ func TestBundleForkTwinRefusals(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			src, io := c.setup(t)
 			hash := memfillAsk(t, io, "hash", time.Minute)
-			sib, sibIO := memfillBundle(t, "twrs", false, 16)
+			sib, _ := memfillBundle(t, "twrs", false, 16)
 			r := forkBundle(t, src, sib, nil, "--memory", "twin")
 			if r.code == 0 || !strings.Contains(r.stderr, "--memory twin") && !strings.Contains(r.stderr, "twin capture") || !strings.Contains(r.stderr, c.why) {
 				t.Fatalf("--memory twin: exit %d: %s; want a refusal naming %q", r.code, r.stderr, c.why)
@@ -287,7 +287,7 @@ func TestBundleForkTwinRefusals(t *testing.T) {
 				return
 			}
 			sib.remove(t)
-			sib, sibIO = memfillBundle(t, "twra", false, 16)
+			sib, sibIO := memfillBundle(t, "twra", false, 16)
 			r = runDetached(t, nil, tcloneBin(), "--debug", "fork", "--bundle", sib.dir, "--memory", "auto", "--print-stats", src.id, sib.id)
 			if r.code != 0 {
 				t.Fatalf("--memory auto: exit %d: %s", r.code, r.stderr)
