@@ -20,6 +20,7 @@ import (
 	"github.com/tclone/tclone/runtime/cgroups"
 	"github.com/tclone/tclone/runtime/criucheck"
 	"github.com/tclone/tclone/runtime/forkopts"
+	"github.com/tclone/tclone/runtime/internal/procfs"
 	"github.com/tclone/tclone/runtime/lazy"
 	"github.com/tclone/tclone/runtime/plan"
 )
@@ -124,7 +125,7 @@ func twinFits(src *source) (bool, string) {
 	if err != nil {
 		return false, fmt.Sprintf("cannot read the limits of the source's cgroup: %v", err)
 	}
-	tree := treeOf(src.state.Pid)
+	tree := procfs.Tree(src.state.Pid)
 	for _, pid := range tree {
 		if reg, err := lazypages.Registered(pid); err == nil && reg {
 			return false, fmt.Sprintf("process %d of the source has memory registered with a userfaultfd, whose reader could be told of its twin", pid)
@@ -144,26 +145,6 @@ func twinFits(src *source) (bool, string) {
 		return false, fmt.Sprintf("the source's memory limit leaves %d MiB free, less than the %d MiB of private memory its twins could come to hold while the source writes", room.MemoryBytes>>20, anon>>20)
 	}
 	return true, ""
-}
-
-// treeOf lists pid and its descendants.
-func treeOf(pid int) []int {
-	out := []int{pid}
-	for i := 0; i < len(out); i++ {
-		tasks, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", out[i]))
-		for _, t := range tasks {
-			b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/children", out[i], t.Name()))
-			if err != nil {
-				continue
-			}
-			for _, f := range strings.Fields(string(b)) {
-				if c, err := strconv.Atoi(f); err == nil {
-					out = append(out, c)
-				}
-			}
-		}
-	}
-	return out
 }
 
 // rssAnon is a process's resident private anonymous memory (RssAnon), in

@@ -4,8 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -214,7 +212,7 @@ func ReapTwinZombies(procsDir string) (int, error) {
 	reaped := 0
 	var errs []error
 	for _, parent := range procs {
-		for _, child := range childrenOf(parent) {
+		for _, child := range procfs.Children(parent) {
 			if !isTwinZombie(child) {
 				continue
 			}
@@ -243,7 +241,7 @@ func LiveTwins(procsDir string) ([]int, error) {
 	}
 	var out []int
 	for _, parent := range procs {
-		for _, child := range childrenOf(parent) {
+		for _, child := range procfs.Children(parent) {
 			if state, ok := twinState(child); ok && state != "Z" && state != "X" {
 				out = append(out, child)
 			}
@@ -252,22 +250,6 @@ func LiveTwins(procsDir string) ([]int, error) {
 	return out, nil
 }
 
-func childrenOf(pid int) []int {
-	var out []int
-	tasks, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
-	for _, t := range tasks {
-		b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "task", t.Name(), "children"))
-		if err != nil {
-			continue
-		}
-		for _, f := range strings.Fields(string(b)) {
-			if c, err := strconv.Atoi(f); err == nil {
-				out = append(out, c)
-			}
-		}
-	}
-	return out
-}
 
 // isTwinZombie: an exited twin.
 func isTwinZombie(pid int) bool {

@@ -145,15 +145,23 @@ func Exists(pid int) bool {
 func Tree(pid int) []int {
 	pids := []int{pid}
 	for i := 0; i < len(pids); i++ {
-		tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", pids[i]))
-		for _, t := range tasks {
-			data, _ := os.ReadFile(t)
-			for _, f := range strings.Fields(string(data)) {
-				if c, err := strconv.Atoi(f); err == nil {
-					pids = append(pids, c)
-				}
+		pids = append(pids, Children(pids[i])...)
+	}
+	return pids
+}
+
+// Children lists the children of every thread of pid (zombies included,
+// until reaped); none if pid is gone.
+func Children(pid int) []int {
+	var out []int
+	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", pid))
+	for _, t := range tasks {
+		data, _ := os.ReadFile(t)
+		for _, f := range strings.Fields(string(data)) {
+			if c, err := strconv.Atoi(f); err == nil {
+				out = append(out, c)
 			}
 		}
 	}
-	return pids
+	return out
 }
