@@ -62,11 +62,19 @@ func branchList(t *testing.T) []branch.Info {
 // image, with a named volume at /data, and waits until it answers.
 func workloadSource(t *testing.T, prefix, image string, memMiB int) (src, vol string, exec execer) {
 	t.Helper()
+	return startWorkloadSource(t, prefix, image, memMiB, "-v", workloadBin()+":/workload:ro")
+}
+
+// startWorkloadSource is workloadSource with the run's own options: an
+// image that holds /workload itself needs no bind mount of it.
+func startWorkloadSource(t *testing.T, prefix, image string, memMiB int, opts ...string) (src, vol string, exec execer) {
+	t.Helper()
 	// Cleanups run last first: the container goes before its volume.
 	vol = volume(t, prefix+"v")
 	src = name(t, prefix)
-	podman(t, "run", "-d", "--name", src, "-v", workloadBin()+":/workload:ro", "-v", vol+":/data", image,
-		"sh", "-c", "echo volume-before > /data/f; /workload serve --mem-mib "+strconv.Itoa(memMiB)+"; sleep 1000000")
+	args := append([]string{"run", "-d", "--name", src}, opts...)
+	podman(t, append(args, "-v", vol+":/data", image,
+		"sh", "-c", "echo volume-before > /data/f; /workload serve --mem-mib "+strconv.Itoa(memMiB)+"; sleep 1000000")...)
 	exec = func(t *testing.T, a ...string) result { return podmanTry(t, append([]string{"exec", src}, a...)...) }
 	workloadCmd(t, exec, "probe")
 	return src, vol, exec
@@ -210,15 +218,18 @@ func counterAdvancesWorkload(t *testing.T, in execer) error {
 
 // Diff, prune and the export/import round trip, on a busybox source made
 // from an image of its own, which is then removed: the import names it.
+// The image holds the workload itself: a start of an imported branch gives
+// no host directory, so the source mounts none.
 func TestBranchDiffPruneExportImport(t *testing.T) {
 	requireStack(t)
 	store := branchStore(t)
 	image := "localhost/" + uniqueName("brimg")
 	base := name(t, "brbase")
 	podman(t, "run", "--name", base, busybox, "sh", "-c", "echo image-file > /etc/from-image; echo gone > /etc/to-delete")
+	podman(t, "cp", workloadBin(), base+":/workload")
 	podman(t, "commit", "-q", base, image)
 	t.Cleanup(func() { exec.Command("/usr/bin/podman", "rmi", "-f", image).Run() })
-	src, _, srcExec := workloadSource(t, "brdiff", image, 16)
+	src, _, srcExec := startWorkloadSource(t, "brdiff", image, 16)
 
 	srcExec(t, "sh", "-c", "mkdir -p /var/tmp/workload; echo before > /var/tmp/workload/before; echo one > /tmp/edited")
 	branchOK(t, "create", "--file-locks", src, "b-1")
