@@ -107,6 +107,18 @@ func (e *Engine) captureSource(ctx context.Context, src *source, req CaptureRequ
 	memory, why := req.Fork.Memory, ""
 	var twin twinHost
 	if !req.Fork.FilesOnly {
+		// The waits come first: a sibling still filling has its memory
+		// registered with a userfaultfd, which twins cannot take, until
+		// its daemon is done.
+		if err := checkDumpableCredentials(src.state.Pid); err != nil {
+			return nil, err
+		}
+		if err := e.waitMemoryComplete(ctx, src, req.Fork.CaptureTimeout); err != nil {
+			return nil, err
+		}
+		if err := waitTwinsGone(ctx, src, req.Fork.CaptureTimeout); err != nil {
+			return nil, err
+		}
 		var host forkopts.CaptureHost
 		host.Cow, host.CowWhy = cowAvailable(check)
 		if req.Fork.Durable && host.Cow {
@@ -119,15 +131,6 @@ func (e *Engine) captureSource(ctx context.Context, src *source, req CaptureRequ
 			}
 		}
 		if memory, why, err = req.Fork.Memory.Capture(host); err != nil {
-			return nil, err
-		}
-		if err := checkDumpableCredentials(src.state.Pid); err != nil {
-			return nil, err
-		}
-		if err := e.waitMemoryComplete(ctx, src, req.Fork.CaptureTimeout); err != nil {
-			return nil, err
-		}
-		if err := waitTwinsGone(ctx, src, req.Fork.CaptureTimeout); err != nil {
 			return nil, err
 		}
 	}

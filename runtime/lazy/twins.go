@@ -160,11 +160,33 @@ func reapTwin(r twinRecord) error {
 	if !st.Exited() {
 		return fmt.Errorf("twin %d has not exited", r.Twin)
 	}
-	if err := inject.Reap(st.PPid, r.Twin, r.Started); err != nil {
-		return fmt.Errorf("twin %d of process %d: %w", r.Twin, r.Pid, err)
+	// Another reaper may hold the parent traced for a moment (a capture of
+	// the same source reaps the zombies an earlier fork left, and a
+	// release of another plan's twins may run at once): try again until
+	// the twin is gone or the wait is over.
+	deadline := time.Now().Add(twinReapWait)
+	for {
+		err := inject.Reap(st.PPid, r.Twin, r.Started)
+		if err == nil {
+			return nil
+		}
+		now, serr := procfs.ReadStat(r.Twin)
+		if errors.Is(serr, os.ErrNotExist) || (serr == nil && now.StartTime != r.Started) {
+			return nil // someone else reaped it
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("twin %d of process %d: %w", r.Twin, r.Pid, err)
+		}
+		if serr == nil {
+			st = now // reparented, maybe
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
-	return nil
 }
+
+// twinReapWait bounds how long reapTwin tries again while the twin's
+// parent is traced by another process.
+var twinReapWait = 2 * time.Second
 
 // collectTwins reaps the twins a dead daemon of plan id had on record, and
 // removes the record once none is left.
@@ -249,7 +271,6 @@ func LiveTwins(procsDir string) ([]int, error) {
 	}
 	return out, nil
 }
-
 
 // isTwinZombie: an exited twin.
 func isTwinZombie(pid int) bool {

@@ -401,7 +401,7 @@ func gcReport(t *testing.T) gcResult {
 // directory and the plans held for it.
 func clientFiles(t *testing.T, pid int) (dirs, plans []string) {
 	t.Helper()
-	matches, _ := filepath.Glob(filepath.Join(os.TempDir(), "tclone-fork-"+"*"))
+	matches, _ := filepath.Glob(filepath.Join(calls.TempDir(hostStore), "tclone-fork-*"))
 	for _, d := range matches {
 		data, _ := os.ReadFile(filepath.Join(d, calls.OwnerFile))
 		var o calls.DirOwner

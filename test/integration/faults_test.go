@@ -236,8 +236,8 @@ func counterAdvances(t *testing.T, src string) error {
 func forkLeftovers() []string {
 	found := leftovers()
 	for _, pattern := range []string{
-		filepath.Join(os.TempDir(), "podman-fork-*"),
-		filepath.Join(os.TempDir(), "tclone-fork-*"),
+		filepath.Join(calls.TempDir(hostStore), "podman-fork-*"),
+		filepath.Join(calls.TempDir(hostStore), "tclone-fork-*"),
 		// Fork intents, their results and cancellations.
 		filepath.Join(hostStore.IntentsDir(), "*"),
 		// What a killed Podman service was packing or unpacking.

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tclone/tclone/criuhooks/lazypages"
 	"github.com/tclone/tclone/runtime/fork"
 	"github.com/tclone/tclone/runtime/lazy"
 )
@@ -182,11 +183,20 @@ func lazySiblings(t *testing.T, prefix string, n int, pause string) (src *bundle
 func TestForkOfFillingSibling(t *testing.T) {
 	requireStack(t)
 	requireNoLeftovers(t)
-	_, want, _, sibs := lazySiblings(t, "lf", 1, "50ms")
+	_, want, planDir, sibs := lazySiblings(t, "lf", 1, "50ms")
 	sib := sibs[0]
 	sibExec := func(t *testing.T, a ...string) result { return sib.exec(t, rewriteWorkload(a)...) }
 
+	// The daemon is stopped while the first fork tries, so the sibling
+	// cannot complete meanwhile.
+	daemon := daemonOf(t, filepath.Base(planDir))
+	syscall.Kill(daemon, syscall.SIGSTOP)
+	if f, err := lazypages.Filling(crunPid(t, sib.id)); err != nil || !f {
+		syscall.Kill(daemon, syscall.SIGCONT)
+		t.Fatalf("the sibling's memory was complete before the first fork (filling %v, %v)", f, err)
+	}
 	r := run(t, time.Minute, tcloneBin(), "fork", "--plan-only", "--file-locks", "--capture-timeout", "100ms", sib.id)
+	syscall.Kill(daemon, syscall.SIGCONT)
 	if r.code == 0 {
 		t.Fatal("a fork of a sibling still filling was not refused (its memory completed within 100ms?)")
 	}

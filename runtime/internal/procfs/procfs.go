@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 )
 
 // Stat is what tclone reads of /proc/PID/stat.
@@ -29,6 +30,10 @@ func (s Stat) Exited() bool { return s.State == 'Z' || s.State == 'X' }
 // ReadStat reads /proc/PID/stat.
 func ReadStat(pid int) (Stat, error) {
 	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if errors.Is(err, syscall.ESRCH) {
+		// Reaped between the open and the read: gone, as ENOENT is.
+		return Stat{}, fmt.Errorf("%w: %w", os.ErrNotExist, err)
+	}
 	if err != nil {
 		return Stat{}, err
 	}
