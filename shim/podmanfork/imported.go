@@ -56,8 +56,6 @@ var configRefused = map[string]string{
 	"preserveFds":        "descriptors of the restoring process",
 	"preserveFd":         "descriptors of the restoring process",
 	"sdnotifySocket":     "a host socket for sd_notify",
-	"conmonPidFile":      "a host path for conmon's PID file",
-	"pid_file":           "a host path for its PID file",
 	"cgroupParent":       "a cgroup of its own choosing",
 	"noCgroups":          "no cgroup",
 	"network_options":    "network options",
@@ -66,7 +64,11 @@ var configRefused = map[string]string{
 
 // configDropped are settings Podman makes again for the new container.
 var configDropped = []string{"staticDir", "ShmDir", "logPath", "lockID", "createdTime", "spec",
-	"runtime", "cgroupManager", "namespace", "CreateCommand", "secretsPath"}
+	"runtime", "cgroupManager", "namespace", "CreateCommand", "secretsPath",
+	// Podman names these files in the source's own run directory on the
+	// host it came from; without them it names them anew in the new
+	// container's.
+	"conmonPidFile", "pid_file"}
 
 var timezoneRE = regexp.MustCompile(`^(local|[A-Za-z0-9_+-]+(/[A-Za-z0-9_+-]+)*)$`)
 

@@ -61,18 +61,17 @@ func TestImportedConfigurationRefusesPrivileges(t *testing.T) {
 		}
 	}
 	for what, cfg := range map[string]string{
-		"privileged":                  `{"privileged":true}`,
-		"another container's PID ns":  `{"pidNsCtr":"abc"}`,
-		"conmon PID file on the host": `{"conmonPidFile":"/etc/shadow"}`,
-		"a timezone out of zoneinfo":  `{"timezone":"../../etc/shadow"}`,
-		"this host's secrets":         `{"secrets":[{"Name":"db-password"}]}`,
-		"host network":                `{"networkMode":"host"}`,
+		"privileged":                 `{"privileged":true}`,
+		"another container's PID ns": `{"pidNsCtr":"abc"}`,
+		"a timezone out of zoneinfo": `{"timezone":"../../etc/shadow"}`,
+		"this host's secrets":        `{"secrets":[{"Name":"db-password"}]}`,
+		"host network":               `{"networkMode":"host"}`,
 	} {
 		if _, err := checkImportedConfig([]byte(cfg)); !errors.Is(err, ErrInvalidOption) {
 			t.Errorf("config with %s: %v, want a refusal", what, err)
 		}
 	}
-	out, err = checkImportedConfig([]byte(`{"name":"x","staticDir":"/etc","ShmDir":"/etc","lockID":3,"command":["sh"],"networkMode":"bridge","timezone":"Europe/Paris"}`))
+	out, err = checkImportedConfig([]byte(`{"name":"x","staticDir":"/etc","ShmDir":"/etc","conmonPidFile":"/etc/shadow","pid_file":"/etc/passwd","lockID":3,"command":["sh"],"networkMode":"bridge","timezone":"Europe/Paris"}`))
 	if err != nil || strings.Contains(string(out), "/etc") || !strings.Contains(string(out), "Europe/Paris") {
 		t.Errorf("plain config: %s, %v", out, err)
 	}

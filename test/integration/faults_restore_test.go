@@ -546,7 +546,13 @@ func ownedDir(t *testing.T, live bool) string {
 	if !ok {
 		t.Fatal("the owner process is gone")
 	}
-	dir, err := os.MkdirTemp("", "podman-fork-"+"tct-")
+	// The collector looks only in the store's temp root, and only at a
+	// directory whose name carries the prefix and a maker's PID.
+	root := calls.TempDir(hostStore)
+	if err := os.MkdirAll(root, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	dir, err := os.MkdirTemp(root, fmt.Sprintf("podman-fork-%d-tct-", owner.Process.Pid))
 	if err != nil {
 		t.Fatal(err)
 	}
