@@ -95,7 +95,7 @@ CGO_ENABLED=0 "$GO" build -trimpath -o "$build/vcptest" "$top/kernel/vmtest/gues
 criu_tests=${VCP_CRIU_TESTS-TestCRIUCow|TestCRIULazyRestoreTree}
 # The stack stage: test/integration's runtime-level bundle forks through the
 # tclone binary, with the root's crun (and the libcriu it loads) and criu.
-stack_tests=${VCP_STACK_TESTS-TestBundleForkContinuesAndDiverges|TestPlanServesSeveralSiblings|TestBundleForkCow|TestFidelityBundle}
+stack_tests=${VCP_STACK_TESTS-TestBundleForkContinuesAndDiverges|TestPlanServesSeveralSiblings|TestBundleForkCow|TestFidelityBundle|TestBundleForkTwinUnderWriteStorm}
 stage=$build/criu-stage
 rm -rf "$stage"
 if [ -n "$criu_tests" ] || [ -n "$stack_tests" ]; then
@@ -133,6 +133,20 @@ if [ -n "$stack_tests" ]; then
 	root_copy /usr/bin/crun /usr/lib/x86_64-linux-gnu/libcriu.so.2 /usr/bin/tar /usr/bin/ip /usr/sbin/xtables-nft-multi
 	for t in iptables ip6tables iptables-save ip6tables-save iptables-restore ip6tables-restore; do
 		ln -sf xtables-nft-multi "$stage/root/usr/sbin/$t"
+	done
+	# tclone's CRIU (hack/build-criu.sh: the root's CRIU version with the
+	# lazy-pages-external patch, and the twin plugin): the copy-on-write
+	# and twin captures dump with it, as on a host. It is built on this
+	# host for the same CRIU release as the root's, so it loads no library
+	# the root's criu does not, and those are in the stage already: checked.
+	tclone_criu=${TCLONE_CRIU_DIR:-/usr/local/lib/tclone/criu}
+	[ -x "$tclone_criu/criu" ] && [ -f "$tclone_criu/plugins/tclone_twin.so" ] || "$top/hack/build-criu.sh"
+	mkdir -p "$stage/root/usr/local/lib/tclone"
+	cp -a "$tclone_criu" "$stage/root/usr/local/lib/tclone/criu"
+	for lib in $(readelf -d "$tclone_criu/criu" "$tclone_criu/plugins/tclone_twin.so" | awk '/\(NEEDED\)/ { gsub(/[][]/, "", $NF); print $NF }' | sort -u); do
+		ls "$stage/root/lib/x86_64-linux-gnu/$lib" "$stage/root/usr/lib/x86_64-linux-gnu/$lib" >/dev/null 2>&1 && continue
+		ls "$stage/root/lib64/$lib" >/dev/null 2>&1 ||
+			die "tclone's CRIU in $tclone_criu needs $lib, which the root's criu does not load: rebuild it (hack/build-criu.sh) for the root's CRIU release"
 	done
 	# A busybox root for the containers, every applet a link.
 	rootfs=$stage/stack/rootfs
