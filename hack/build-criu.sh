@@ -54,24 +54,37 @@ fi
 # library the host's criu runs with (they come from several suites on a
 # bookworm host), and protoc from the suite criu came from.
 installed() { dpkg-query -W -f='${Version}' "$1" 2>/dev/null; }
-first_installed() {
-	local p
-	for p in "$@"; do
-		if [ -n "$(installed "$p")" ]; then
-			installed "$p"
-			return
-		fi
-	done
-}
 criu_suite=$(apt-cache policy criu | awk '/\*\*\*/ {getline; print $3; exit}')
 criu_suite=${criu_suite%%/*}
 need=()
+# available PKG: every version of PKG the archive has.
+available() { apt-cache madison "$1" 2>/dev/null | awk -F'|' '{gsub(/ /, "", $2); print $2}'; }
 add_dev() { # add_dev DEVPKG RUNTIME-PKG...
-	local dev=$1 v
+	local dev=$1 v lib p newer
 	shift
-	v=$(first_installed "$@")
-	[ -n "$v" ] || die "none of $* is installed, so $dev cannot be matched to it"
-	[ "$(installed "$dev")" = "$v" ] || need+=("$dev=$v")
+	for p in "$@"; do
+		if [ -n "$(installed "$p")" ]; then
+			lib=$p
+			break
+		fi
+	done
+	[ -n "${lib:-}" ] || die "none of $* is installed, so $dev cannot be matched to it"
+	v=$(installed "$lib")
+	[ "$(installed "$dev")" = "$v" ] && return
+	if available "$dev" | grep -qxF "$v"; then
+		need+=("$dev=$v")
+		return
+	fi
+	# The archive moved on from the installed library (a point release
+	# or a rebuild replaced it): the newest build of the same upstream
+	# release, the library raised to it along with its -dev package.
+	newer=$(available "$dev" | grep -F "${v%%+*}" | while read -r p; do
+		[ "${p#"${v%%+*}"}" != "$p" ] && dpkg --compare-versions "$p" gt "$v" && echo "$p"
+	done | sort -V | tail -1)
+	[ -n "$newer" ] ||
+		die "the archive has no $dev for $lib $v (nor a later build of ${v%%+*}): update the host's packages (apt-get update && apt-get upgrade $lib) and run the set-up again"
+	log "$lib $v is no longer in the archive: raising it to $newer, with $dev"
+	need+=("$dev=$newer" "$lib=$newer")
 }
 add_dev libprotobuf-c-dev libprotobuf-c1
 add_dev protobuf-c-compiler libprotobuf-c1
