@@ -110,17 +110,25 @@ func writeSiblingArchive(src, dst string, edit siblingEdit) error {
 		return err
 	}
 	tw := tar.NewWriter(out)
+	var ref []byte
+	if edit.Reference != nil {
+		if ref, err = json.Marshal(edit.Reference); err != nil {
+			out.Close()
+			return err
+		}
+	}
+	refWritten := false
 	err = walkArchive(src, func(h *tar.Header, r io.Reader) error {
 		name := path.Clean(h.Name)
 		if name == devShmTar || name == volumesDir || strings.HasPrefix(name, volumesDir+"/") {
 			return nil
 		}
-		if name == planRef && edit.Reference != nil {
-			data, err := json.Marshal(edit.Reference)
-			if err != nil {
-				return err
+		if name == planRef && ref != nil {
+			if refWritten {
+				return nil
 			}
-			return replaceEntry(tw, h, data)
+			refWritten = true
+			return replaceEntry(tw, h, ref)
 		}
 		if name != configDump && name != specDump {
 			if err := tw.WriteHeader(h); err != nil {
@@ -143,6 +151,11 @@ func writeSiblingArchive(src, dst string, edit siblingEdit) error {
 		}
 		return replaceEntry(tw, h, data)
 	})
+	// An archive without a reference (an imported branch's keeps none of
+	// the source host's) gets the sibling's.
+	if err == nil && ref != nil && !refWritten {
+		err = writeTarFile(tw, planRef, ref)
+	}
 	if cerr := tw.Close(); err == nil {
 		err = cerr
 	}

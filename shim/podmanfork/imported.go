@@ -39,7 +39,6 @@ var configRefused = map[string]string{
 	"secrets":            "this host's secrets",
 	"secret_env":         "this host's secrets",
 	"HostUsers":          "this host's users",
-	"idMappingsOptions":  "user namespace mappings",
 	"storageOpts":        "storage options",
 	"chroot_directories": "chroot directories",
 	"pod":                "a pod",
@@ -56,7 +55,6 @@ var configRefused = map[string]string{
 	"preserveFds":        "descriptors of the restoring process",
 	"preserveFd":         "descriptors of the restoring process",
 	"sdnotifySocket":     "a host socket for sd_notify",
-	"cgroupParent":       "a cgroup of its own choosing",
 	"noCgroups":          "no cgroup",
 	"network_options":    "network options",
 	"dependencies":       "dependencies on other containers",
@@ -67,8 +65,10 @@ var configDropped = []string{"staticDir", "ShmDir", "logPath", "lockID", "create
 	"runtime", "cgroupManager", "namespace", "CreateCommand", "secretsPath",
 	// Podman names these files in the source's own run directory on the
 	// host it came from; without them it names them anew in the new
-	// container's.
-	"conmonPidFile", "pid_file"}
+	// container's; and the cgroup parent it gave (its default there, or
+	// the source's own choice of that host's cgroups) and the mounts it
+	// added (its shm directory there).
+	"conmonPidFile", "pid_file", "cgroupParent", "mounts"}
 
 var timezoneRE = regexp.MustCompile(`^(local|[A-Za-z0-9_+-]+(/[A-Za-z0-9_+-]+)*)$`)
 
@@ -111,6 +111,9 @@ func checkImportedConfig(data []byte) ([]byte, error) {
 			return nil, refuse(why + " (" + k + ")")
 		}
 	}
+	if err := checkIDMappings(asMap(cfg["idMappingsOptions"])); err != nil {
+		return nil, err
+	}
 	for _, k := range configDropped {
 		delete(cfg, k)
 	}
@@ -138,6 +141,29 @@ func checkImportedConfig(data []byte) ([]byte, error) {
 }
 
 func asList(v any) []any { l, _ := v.([]any); return l }
+
+// checkIDMappings accepts only what Podman writes for a container without
+// a user namespace of its own: the host's IDs, no maps, no automatic
+// namespace.
+func checkIDMappings(m map[string]any) error {
+	for _, k := range []string{"UIDMap", "GIDMap", "AutoUserNs"} {
+		if !empty(m[k]) {
+			return refuse("user namespace mappings (idMappingsOptions." + k + ")")
+		}
+	}
+	auto := asMap(m["AutoUserNsOpts"])
+	for k, v := range auto {
+		if !empty(v) {
+			return refuse("user namespace mappings (idMappingsOptions.AutoUserNsOpts." + k + ")")
+		}
+	}
+	for _, k := range []string{"HostUIDMapping", "HostGIDMapping"} {
+		if v, ok := m[k].(bool); ok && !v {
+			return refuse("user namespace mappings (idMappingsOptions." + k + " false)")
+		}
+	}
+	return nil
+}
 
 // podmanOwnMounts are the bind mounts Podman makes for each container,
 // and removes from a restored one's configuration to make again.

@@ -3,8 +3,14 @@ package podmanfork
 import (
 	"encoding/json"
 	"errors"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
+
+	"github.com/tclone/tclone/runtime/plan"
 )
 
 // A spec as Podman makes it for `podman run -v data:/data IMAGE`.
@@ -91,5 +97,73 @@ func TestLocalizeVolumes(t *testing.T) {
 		if _, err := localizeVolumes([]VolumeUse{u}, nil, "/v"); !errors.Is(err, ErrInvalidOption) {
 			t.Errorf("%+v: %v, want a refusal", u, err)
 		}
+	}
+}
+
+// What Podman itself writes for a plain `podman run IMAGE sleep` (5.4, saved
+// from `podman container checkpoint --export`) is what an imported branch
+// of an ordinary container carries: it must pass, without the source host's
+// paths, and with the user's settings kept.
+func TestImportedPlainPodmanDumps(t *testing.T) {
+	cfg, err := os.ReadFile("testdata/podman-5.4-config.dump")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := checkImportedConfig(cfg)
+	if err != nil {
+		t.Fatalf("Podman's own config.dump refused: %v", err)
+	}
+	if strings.Contains(string(out), "/var/lib/containers") || strings.Contains(string(out), "/run/containers") || strings.Contains(string(out), "libpod_parent") {
+		t.Errorf("the source host's paths or cgroup kept: %s", out)
+	}
+	if !strings.Contains(string(out), `"command":["sleep","600"]`) || !strings.Contains(string(out), `"stopSignal":15`) {
+		t.Errorf("the container's own settings lost: %s", out)
+	}
+	spec, err := os.ReadFile("testdata/podman-5.4-spec.dump")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := checkImportedSpec(spec, nil); err != nil {
+		t.Fatalf("Podman's own spec.dump refused: %v", err)
+	}
+	// A user namespace is still refused.
+	var m map[string]any
+	if err := json.Unmarshal(cfg, &m); err != nil {
+		t.Fatal(err)
+	}
+	m["idMappingsOptions"].(map[string]any)["UIDMap"] = []any{map[string]any{"container_id": 0, "host_id": 100000, "size": 65536}}
+	mapped, _ := json.Marshal(m)
+	if _, err := checkImportedConfig(mapped); !errors.Is(err, ErrInvalidOption) {
+		t.Errorf("config with a UID mapping: %v, want a refusal", err)
+	}
+}
+
+// An imported branch's archive, trimmed to what its start may use, keeps
+// no plan reference of the source host's: the sibling's archive gets the
+// reference to the plan made here (without it the runtime takes the
+// restore for an ordinary checkpoint's).
+func TestImportedArchiveGetsTheSiblingsReference(t *testing.T) {
+	dir := t.TempDir()
+	cfg, _ := os.ReadFile("testdata/podman-5.4-config.dump")
+	spec, _ := os.ReadFile("testdata/podman-5.4-spec.dump")
+	src := filepath.Join(dir, "src.tar")
+	elsewhere := plan.Reference{PlanID: "theirs", PlanDir: "/run/tclone/plans/theirs"}
+	writeTar(t, src, map[string]any{"checkpoint/" + plan.ReferenceFile: elsewhere},
+		map[string]string{"config.dump": string(cfg), "spec.dump": string(spec), "checkpoint/inventory.img": "inv", "checkpoint/pages-1.img": "x"})
+	trimmed := filepath.Join(dir, "trimmed.tar")
+	if err := sanitizeImported(src, trimmed, nil); err != nil {
+		t.Fatal(err)
+	}
+	if got := readTar(t, trimmed); got["checkpoint/"+plan.ReferenceFile] != nil || got["checkpoint/pages-1.img"] != nil {
+		t.Fatalf("the trimmed archive kept entries of the source host's: %v", slices.Collect(maps.Keys(got)))
+	}
+	ours := plan.Reference{PlanID: "ours", PlanDir: "/run/tclone/plans/ours"}
+	dst := filepath.Join(dir, "sib.tar")
+	if err := writeSiblingArchive(trimmed, dst, siblingEdit{Reference: &ours}); err != nil {
+		t.Fatal(err)
+	}
+	got, err := readReference(dst)
+	if err != nil || got == nil || got.PlanID != "ours" {
+		t.Fatalf("the sibling's archive has reference %+v (%v), want plan ours", got, err)
 	}
 }
