@@ -53,6 +53,7 @@ test: setup unit-test fuzz-test integration-test kernel-test bench-quick
 unit-test:
 	$(GOTEST) -count=1 -p 1 $$($(GO) list ./... | grep -v -e /test/integration -e /kernel/vmtest)
 	kernel/vmtest/bootagain-test.sh
+	kernel/vmtest/selection-test.sh
 	$(BENCHGO) test -count=1 ./...
 
 # Go's native fuzzing of the branch archive reader and the manifest checks,
