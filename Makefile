@@ -49,8 +49,11 @@ test: setup unit-test fuzz-test integration-test kernel-test bench-quick
 # One package at a time: the lazy-pages tests run real CRIU restores of
 # 1 GiB, which fail when they share this machine's two CPUs with other
 # packages' tests (a CRIU lazy restore once hung there until killed).
+# The VM harness's own rules are checked on saved guest logs (no VM).
 unit-test:
 	$(GOTEST) -count=1 -p 1 $$($(GO) list ./... | grep -v -e /test/integration -e /kernel/vmtest)
+	kernel/vmtest/bootagain-test.sh
+	kernel/vmtest/selection-test.sh
 	$(BENCHGO) test -count=1 ./...
 
 # Go's native fuzzing of the branch archive reader and the manifest checks,

@@ -117,7 +117,8 @@ fi
 
 # The CRIU stage: copy-on-write dumps and lazy restores with the root's criu
 # and the module still loaded. Its output is indented, for run.sh's summary;
-# a failure fails the run.
+# a failure fails the run, and so does a selection that ran no test for one
+# of its alternatives (a test renamed or removed: vcp_selection_missing).
 if [ -x /lazypages.test ]; then
 	bench=$(cat /criu-bench)
 	PATH=/usr/sbin:/bin TCLONE_REQUIRE_INTEGRATION=1 TCLONE_REQUIRE_MODULE=1 \
@@ -130,11 +131,16 @@ if [ -x /lazypages.test ]; then
 		echo "VCP-CRIU: the CRIU stage failed (exit $crc)"
 		rc=1
 	fi
+	if missing=$(vcp_selection_missing "$(cat /criu-tests)" /tmp/criu.out); then
+		echo "VCP-CRIU: the CRIU stage ran no test for: $(echo "$missing" | tr '\n' ' ')"
+		rc=1
+	fi
 fi
 
 # The stack stage: runtime-level forks of bare bundles through the tclone
-# binary, crun and CRIU, on pure cgroup v2. A failure fails the run; the
-# CRIU logs tclone kept of a failed dump or restore are shown (their end).
+# binary, crun and CRIU, on pure cgroup v2. A failure fails the run, as does
+# a selection that ran no test for one of its alternatives; the CRIU logs
+# tclone kept of a failed dump or restore are shown (their end).
 if [ -x /integration.test ]; then
 	[ -e /sys/fs/cgroup/cgroup.procs ] || mount -t cgroup2 cgroup2 /sys/fs/cgroup
 	echo "+cpu +memory +pids" >/sys/fs/cgroup/cgroup.subtree_control ||
@@ -151,6 +157,10 @@ if [ -x /integration.test ]; then
 			echo "VCP-STACK: kept CRIU log $log (its last 60 lines):"
 			tail -60 "$log" | sed 's/^/  stack-log: /'
 		done
+		rc=1
+	fi
+	if missing=$(vcp_selection_missing "$(cat /stack-tests)" /tmp/stack.out); then
+		echo "VCP-STACK: the stack stage ran no test for: $(echo "$missing" | tr '\n' ' ')"
 		rc=1
 	fi
 fi

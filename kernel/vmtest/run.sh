@@ -159,29 +159,6 @@ if [ -n "$stack_tests" ]; then
 	echo 'root:x:0:' >"$rootfs/etc/group"
 fi
 
-# emulator_fault CONSOLE: the VM's log shows a fault of the emulator's, not
-# of the kernel, the module or the suite, and the VM is booted again (up to
-# three boots in all; any other problem in the log counts):
-# - a kernel that died before init ran, so before the module or the suite
-#   did anything: under TCG with two vCPUs the stock kernels now and then
-#   take an int3 Oops while patching their own text (static keys), at boot
-#   (enqueue_task_fair from dquot_init);
-# - an int3 Oops at any point, the same fault later: init.sh holds a perf
-#   event so that CRIU's breakpoints no longer make the kernel patch
-#   __schedule (where all of them were seen), but other keys may flip;
-# - a VM the host starved: the guest's clocksource watchdog found a clock
-#   read taking far too long (the emulator did not run), and the log shows
-#   nothing but the stalls that follow (an RCU stall, a soft lockup of a
-#   vCPU that did not run, their traces). Seen once, on 7.3, with the host
-#   at a load of 10 and 100% iowait: a 98 s "soft lockup" in kcompactd's
-#   idle loop.
-emulator_fault() {
-	vcp_log_bad "$1" >/dev/null || return 1
-	! grep -q '^VCP-KERNEL: ' "$1" || grep -q 'Oops: int3' "$1" && return 0
-	grep -q 'clocksource: Watchdog .*read timed out' "$1" &&
-		! vcp_log_bad "$1" | grep -v -E '^VCP-RESULT: |rcu: INFO: .*detected stalls|BUG: soft lockup|Call Trace|Kernel panic - not syncing: softlockup' | grep -q .
-}
-
 vmlinuz_of() {
 	local v=$1
 	for f in "$root/boot/vmlinuz-$v" "$root/usr/lib/modules/$v/vmlinuz"; do
@@ -193,6 +170,8 @@ vmlinuz_of() {
 # The same check the guest makes on dmesg, applied to the whole console
 # log, so a guest that dies before it can check is still caught.
 . "$here/logcheck.sh"
+# The boot-again rule: which consoles show a fault of the emulator's alone.
+. "$here/bootagain.sh"
 
 # The modules CRIU's feature detection needs, which the cloud kernels build
 # as modules: nf_tables (CRIU 4.1 fails without it), the socket diag
@@ -300,6 +279,10 @@ run_one() {
 			cp "$console.txt" "$dir/console.crash-$attempt.txt"
 			log "$v: the kernel took an emulator int3 Oops, crashed before init ran, or stalled while the host starved the emulator (log: $dir/console.crash-$attempt.txt); booting it again (attempt $((attempt + 1)) of 3)"
 			continue
+		fi
+		if vcp_log_bad "$console.txt" >/dev/null && [ -n "$(vcp_bootagain_blockers "$console.txt")" ]; then
+			log "$v: not booted again: the log shows more than a fault of the emulator's:"
+			vcp_bootagain_blockers "$console.txt" | head -10 >&2
 		fi
 		break
 	done

@@ -118,6 +118,10 @@ func runSuite(only []string) int {
 		{"stress", testStress},
 	}
 	passed, failed := 0, 0
+	for _, name := range unknownNames(only, tests) {
+		failed++
+		fmt.Printf("FAIL selection: the suite has no test %q\n", name)
+	}
 	for _, tc := range tests {
 		if !selected(only, tc.name) {
 			continue
@@ -163,6 +167,24 @@ func selected(args []string, name string) bool {
 		return false
 	}
 	return len(only) == 0 || contains(only, name)
+}
+
+// unknownNames lists the names on the command line (to run or, prefixed
+// with "-", to leave out) that name no test of the suite: a test renamed
+// or removed must not leave a selection that silently runs less.
+func unknownNames(args []string, tests []testCase) []string {
+	var unknown []string
+	for _, a := range args {
+		name := strings.TrimPrefix(a, "-")
+		known := false
+		for _, tc := range tests {
+			known = known || strings.EqualFold(tc.name, name)
+		}
+		if !known {
+			unknown = append(unknown, a)
+		}
+	}
+	return unknown
 }
 
 func contains(list []string, s string) bool {
