@@ -9,9 +9,9 @@ import (
 	"testing"
 )
 
-// fakeRun is a run of one 1 GiB memory workload, tclone copy and lazy and
-// stock Podman, one cold and two warm forks each, with the given stock
-// restore runtime.
+// fakeRun is a run of one 1 GiB memory workload, tclone copy, lazy and
+// twin and stock Podman, one cold and two warm forks each, with the given
+// stock restore runtime.
 func fakeRun(stockRT string) *Results {
 	w := &WorkloadResult{Name: "mem-1024", Kind: "mem", MemMiB: 1024, Procs: 4, Methods: map[string]*MethodResult{}}
 	for _, c := range []struct {
@@ -20,6 +20,7 @@ func fakeRun(stockRT string) *Results {
 	}{
 		{MethodTclone, "tclone", []float64{900, 800, 820}},
 		{MethodTcloneLazy, "tclone", []float64{880, 790, 810}},
+		{MethodTcloneTwin, "tclone", []float64{90, 60, 70}},
 		{MethodPodman, stockRT, []float64{700, 1207, 3288}},
 	} {
 		mr := &MethodResult{Method: c.method}
@@ -55,10 +56,10 @@ func TestHeadlineShowsColdAndWarm(t *testing.T) {
 	data, _ := os.ReadFile(md)
 	text := string(data)
 	for _, want := range []string{
-		"| ms | tclone copy cold | tclone copy warm | tclone lazy cold | tclone lazy warm | stock Podman cold | stock Podman warm | stock / copy cold | stock / copy warm | stock / lazy cold | stock / lazy warm |",
-		"| source pause, measured by the runtime | 900 | 810 | 880 | 800 | 700 | 2248 |",
+		"| ms | tclone copy cold | tclone copy warm | tclone lazy cold | tclone lazy warm | tclone twin cold | tclone twin warm | stock Podman cold | stock Podman warm | stock / copy cold | stock / copy warm | stock / lazy cold | stock / lazy warm | stock / twin cold | stock / twin warm |",
+		"| source pause, measured by the runtime | 900 | 810 | 880 | 800 | 90.0 | 65.0 | 700 | 2248 | **0.78×** | **2.77×** | **0.80×** | **2.81×** | **7.78×** | **34.6×** |",
 		"from 1207 to 3288 ms for stock Podman",
-		"restored by `tclone` (tclone copy), `tclone` (tclone lazy) and `crun` (stock Podman)",
+		"restored by `tclone` (tclone copy), `tclone` (tclone lazy), `tclone` (tclone twin) and `crun` (stock Podman)",
 		"podman --runtime crun container restore --import",
 	} {
 		if !strings.Contains(text, want) {
