@@ -51,8 +51,9 @@ func variantNames(vs []fanOutVariant) []string {
 	return out
 }
 
-// parseKinds reads --lazy-kinds.
-func parseKinds(s string) ([]string, error) {
+// parseKinds reads a list of workload kinds, the value of the flag name
+// (--lazy-kinds, --twin-kinds).
+func parseKinds(name, s string) ([]string, error) {
 	out := []string{}
 	for _, f := range strings.Split(s, ",") {
 		f = strings.TrimSpace(f)
@@ -60,7 +61,10 @@ func parseKinds(s string) ([]string, error) {
 			continue
 		}
 		if f != "procs" && f != "mem" && f != "workspace" {
-			return nil, fmt.Errorf("--lazy-kinds: unknown workload kind %q (procs, mem, workspace)", f)
+			return nil, fmt.Errorf("%s: unknown workload kind %q (procs, mem, workspace)", name, f)
+		}
+		if slices.Contains(out, f) {
+			return nil, fmt.Errorf("%s: workload kind %q given twice", name, f)
 		}
 		out = append(out, f)
 	}

@@ -56,6 +56,9 @@ type Config struct {
 	Workspace       bool
 	WorkspaceMiB    int
 	LazyKinds       []string
+	TwinKinds       []string
+	ForkRefMiB      int
+	ForkRefReps     int
 	FanOutCounts    []int
 	FanOutReps      int
 	FanOutVariants  []fanOutVariant
@@ -115,7 +118,7 @@ func intList(s string) ([]int, error) {
 
 func run() int {
 	var cfg Config
-	var procs, mems, fan, only, check, holder, lazyKinds, variants string
+	var procs, mems, fan, only, check, holder, lazyKinds, twinKinds, variants string
 	var render bool
 	flag.BoolVar(&cfg.Quick, "quick", false, "smoke test: tiny workloads, one warm repetition, short waits; checks only that the outputs are well formed")
 	flag.StringVar(&cfg.Out, "out", "bench-results", "directory for results.json and the plots")
@@ -130,6 +133,9 @@ func run() int {
 	flag.IntVar(&cfg.WorkspaceMiB, "workspace-mib", 200, "memory of the workspace's multi-threaded process")
 	flag.StringVar(&fan, "fan-out", "1,4,16", "sibling counts of the fan-out experiment (empty: skip)")
 	flag.StringVar(&lazyKinds, "lazy-kinds", "mem", "workload kinds (procs, mem, workspace) measured with tclone --memory lazy as well as copy (empty: none)")
+	flag.StringVar(&twinKinds, "twin-kinds", "procs,mem", "workload kinds (procs, mem, workspace) measured with tclone --memory twin as well as copy (empty: none)")
+	flag.IntVar(&cfg.ForkRefMiB, "fork-ref-mib", 1024, "memory of the fork() reference, MiB: one process touches it, then fork() is timed (0: skip it)")
+	flag.IntVar(&cfg.ForkRefReps, "fork-ref-reps", 7, "fork() calls timed for the fork() reference (its median is reported)")
 	flag.IntVar(&cfg.FanOutReps, "fan-out-reps", 5, "repetitions per fan-out count of the main (first) variant")
 	flag.StringVar(&variants, "fan-out-variants", "lazy:0,lazy:1,copy:0", "fan-out variants MEMORY:PARALLEL (parallel 0: podman-fork's default); the first is the main one")
 	flag.IntVar(&cfg.FanOutExtraReps, "fan-out-extra-reps", 3, "repetitions per fan-out count of the other variants")
@@ -177,16 +183,23 @@ func run() int {
 		setDefault("proxy-reps", "12")
 		setDefault("branch-mem", "16")
 		setDefault("branch-reps", "1")
+		setDefault("fork-ref-mib", "32")
+		setDefault("fork-ref-reps", "3")
 	}
 	var err error
 	if cfg.ProcCounts, err = intList(procs); err == nil {
 		if cfg.MemMiBs, err = intList(mems); err == nil {
 			if cfg.FanOutCounts, err = intList(fan); err == nil {
 				if cfg.FanOutVariants, err = parseVariants(variants); err == nil {
-					cfg.LazyKinds, err = parseKinds(lazyKinds)
+					if cfg.LazyKinds, err = parseKinds("--lazy-kinds", lazyKinds); err == nil {
+						cfg.TwinKinds, err = parseKinds("--twin-kinds", twinKinds)
+					}
 				}
 			}
 		}
+	}
+	if err == nil && (cfg.ForkRefMiB < 0 || (cfg.ForkRefMiB > 0 && cfg.ForkRefReps < 1)) {
+		err = fmt.Errorf("--fork-ref-mib must be 0 or more, and --fork-ref-reps 1 or more")
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
@@ -444,7 +457,8 @@ func (b *Bench) run(ctx context.Context, holder string) (*Results, error) {
 		WarmReps: b.cfg.WarmReps, LargeWarmReps: b.cfg.LargeWarmReps, LargeFromMiB: b.cfg.LargeFromMiB,
 		ProcCounts: b.cfg.ProcCounts, MemMiBs: b.cfg.MemMiBs, MemProcs: b.cfg.MemProcs,
 		Workspace: b.cfg.Workspace, WorkspaceMiB: b.cfg.WorkspaceMiB,
-		LazyKinds:    b.cfg.LazyKinds,
+		LazyKinds: b.cfg.LazyKinds, TwinKinds: b.cfg.TwinKinds,
+		ForkRefMiB: b.cfg.ForkRefMiB, ForkRefReps: b.cfg.ForkRefReps,
 		FanOutCounts: b.cfg.FanOutCounts, FanOutReps: b.cfg.FanOutReps, FanOutMemMiB: b.cfg.FanOutMemMiB,
 		FanOutVariants: variantNames(b.cfg.FanOutVariants), FanOutExtraReps: b.cfg.FanOutExtraReps,
 		VolumeMiB: b.cfg.VolumeMiB, VolumeReps: b.cfg.VolumeReps, FilesOnlyMemMiB: b.cfg.FilesOnlyMemMiB,
@@ -479,6 +493,9 @@ func (b *Bench) run(ctx context.Context, holder string) (*Results, error) {
 		if slices.Contains(b.cfg.LazyKinds, w.Kind) {
 			b.runContainerMethod(ctx, w, wr, MethodTcloneLazy)
 		}
+		if slices.Contains(b.cfg.TwinKinds, w.Kind) {
+			b.runContainerMethod(ctx, w, wr, MethodTcloneTwin)
+		}
 		b.runContainerMethod(ctx, w, wr, MethodPodman)
 		b.runCriu(ctx, w, wr)
 		b.runFork(ctx, w, wr)
@@ -492,6 +509,11 @@ func (b *Bench) run(ctx context.Context, holder string) (*Results, error) {
 			}
 		}
 		b.writeJSON() // partial results survive a crash later on
+	}
+	if b.cfg.ForkRefMiB > 0 && b.selected("fork-ref") && ctx.Err() == nil {
+		b.logf("fork() of %d MiB, %d times", b.cfg.ForkRefMiB, b.cfg.ForkRefReps)
+		b.res.ForkRef = b.runForkRef(ctx)
+		b.writeJSON()
 	}
 	if len(b.cfg.FanOutCounts) > 0 && b.selected("fanout") && ctx.Err() == nil {
 		b.logf("fan-out %v", b.cfg.FanOutCounts)
@@ -596,7 +618,7 @@ func sanitize(r *Results) {
 		}
 	}
 	h := &r.Headline
-	for _, hv := range []*HeadlineValues{&h.Lazy, &h.LazyCold} {
+	for _, hv := range []*HeadlineValues{&h.Lazy, &h.LazyCold, &h.Twin, &h.TwinCold} {
 		for _, v := range []*float64{&hv.TclonePauseMs, &hv.PodmanPauseMs, &hv.TcloneGapMs, &hv.PodmanGapMs,
 			&hv.TcloneFirstCommandMs, &hv.PodmanFirstCommandMs, &hv.PauseRatio, &hv.GapRatio, &hv.FirstCommandRatio} {
 			fix(v)
@@ -609,10 +631,17 @@ func sanitize(r *Results) {
 	for _, v := range []*float64{&h.TclonePauseMs, &h.PodmanPauseMs, &h.TcloneGapMs, &h.PodmanGapMs,
 		&h.TcloneFirstCommandMs, &h.PodmanFirstCommandMs, &h.PauseRatio, &h.GapRatio, &h.FirstCommandRatio,
 		&h.TcloneMsPerProcess, &h.TclonePauseMsPerProcess, &h.PodmanMsPerProcess, &h.MarginalMsPerChild,
+		&h.TwinMsPerProcess, &h.TwinPauseMsPerProcess,
 		&h.Cold.TclonePauseMs, &h.Cold.PodmanPauseMs, &h.Cold.TcloneGapMs, &h.Cold.PodmanGapMs,
 		&h.Cold.TcloneFirstCommandMs, &h.Cold.PodmanFirstCommandMs, &h.Cold.PauseRatio, &h.Cold.GapRatio, &h.Cold.FirstCommandRatio,
 		&h.TclonePauseRange[0], &h.TclonePauseRange[1], &h.PodmanPauseRange[0], &h.PodmanPauseRange[1]} {
 		fix(v)
+	}
+	if r.ForkRef != nil {
+		fix(&r.ForkRef.MedianMs)
+		for i := range r.ForkRef.ForkMs {
+			fix(&r.ForkRef.ForkMs[i])
+		}
 	}
 	if r.FanOut != nil {
 		for _, v := range r.FanOut.Variants {
@@ -655,10 +684,16 @@ func headline(r *Results) Headline {
 			h.Lazy = headlineValues(l, s, (*MethodResult).warmMedian)
 			h.LazyCold = headlineValues(l, s, (*MethodResult).coldValue)
 		}
+		if tw := mem.Methods[MethodTcloneTwin]; tw != nil {
+			h.Twin = headlineValues(tw, s, (*MethodResult).warmMedian)
+			h.TwinCold = headlineValues(tw, s, (*MethodResult).coldValue)
+		}
 	}
 	h.TcloneMsPerProcess = procSlope(r, MethodTclone, "to_running_ms")
 	h.TclonePauseMsPerProcess = procSlope(r, MethodTclone, "pause_ms")
 	h.PodmanMsPerProcess = procSlope(r, MethodPodman, "to_running_ms")
+	h.TwinMsPerProcess = procSlope(r, MethodTcloneTwin, "to_running_ms")
+	h.TwinPauseMsPerProcess = procSlope(r, MethodTcloneTwin, "pause_ms")
 	if r.FanOut != nil && len(r.FanOut.Variants) > 0 {
 		h.MarginalMsPerChild = r.FanOut.Variants[0].MarginalMsPerChild
 	}
@@ -711,6 +746,7 @@ func standardNotes(cfg Config) []string {
 		"Stock Podman's tmpfs bytes are the export archive (written to " + cfg.ArchiveDir + " here); its disk bytes are CRIU's image directory in the source container's storage; `restore --import` writes those images once more under the new container (not counted).",
 		"The source's root process ticks every 1 ms to measure the observer gap. Its copies in another PID namespace (tclone's siblings, stock Podman's restores; not raw CRIU's, restored in the host's) stop ticking within 128 ms: nothing reads their gaps, and each ticker takes 6-10% of a CPU here, which a fan-out's later restores would otherwise compete with.",
 		"The fork() floor is fork() of one process holding as much anonymous memory as the whole source tree, plus one fork() of a tiny process for each other process of the tree.",
+		"`--memory twin` takes each source process's memory as fork() does, by a twin cloned inside the pause, and drains the twins into page images after the source runs on; its memory complete is when the sibling's memory is, not when the drain ended.",
 	}
 	if cfg.LargeWarmReps < cfg.WarmReps {
 		notes = append(notes, fmt.Sprintf("Memory workloads of %d MiB and more ran %d warm repetitions instead of %d, to keep the run short.", cfg.LargeFromMiB, cfg.LargeWarmReps, cfg.WarmReps))

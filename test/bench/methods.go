@@ -47,7 +47,7 @@ type forkStats struct {
 type forkRequest struct {
 	name   string
 	count  int
-	memory string // --memory: copy, lazy or ksm (empty: none, for --files-only)
+	memory string // --memory: copy, lazy, twin or ksm (empty: none, for --files-only)
 	// ready is --ready (empty: podman-fork's default, running).
 	ready string
 	// parallel is --parallel (0: podman-fork's default).
@@ -212,13 +212,16 @@ func (b *Bench) warmReps(w Workload) int {
 
 // memoryOf is the --memory of a tclone method.
 func memoryOf(method string) string {
-	if method == MethodTcloneLazy {
+	switch method {
+	case MethodTcloneLazy:
 		return "lazy"
+	case MethodTcloneTwin:
+		return "twin"
 	}
 	return "copy"
 }
 
-// runContainerMethod measures tclone (copy or lazy) or stock Podman on a
+// runContainerMethod measures tclone (copy, lazy or twin) or stock Podman on a
 // fresh source container of w.
 func (b *Bench) runContainerMethod(ctx context.Context, w Workload, wr *WorkloadResult, method string) {
 	mr := &MethodResult{Method: method}
@@ -229,6 +232,8 @@ func (b *Bench) runContainerMethod(ctx context.Context, w Workload, wr *Workload
 		rt, tag = stockRuntime, "pd"
 	case MethodTcloneLazy:
 		tag = "tl"
+	case MethodTcloneTwin:
+		tag = "tw"
 	}
 	prefix := fmt.Sprintf("tcb-%s-%s-%s", b.runID, w.Name, tag)
 	src, err := b.startSource(ctx, w, prefix+"-src", rt)
@@ -243,7 +248,7 @@ func (b *Bench) runContainerMethod(ctx context.Context, w Workload, wr *Workload
 	}
 	var fork forkFunc
 	switch method {
-	case MethodTclone, MethodTcloneLazy:
+	case MethodTclone, MethodTcloneLazy, MethodTcloneTwin:
 		memory := memoryOf(method)
 		fork = func(ctx context.Context, rep int) (*Sample, string, error) {
 			return b.tcloneFork(ctx, src, fmt.Sprintf("%s%d", prefix, rep), memory)
@@ -327,6 +332,14 @@ func (b *Bench) tcloneFork(ctx context.Context, src *Source, sib, memory string)
 		m["disk_bytes"] = float64(st.Capture.Rootfs.Stats.Bytes)
 	} else {
 		m["disk_bytes"] = 0
+	}
+	if memory == "twin" {
+		// What the capture held: validation checks that every process
+		// got a twin (a capture that fell back to copying has none).
+		m["twins"], m["held_processes"], m["twins_took_ms"] = 0, 0, 0
+		if sn := st.Capture.Snapshots; sn != nil {
+			m["twins"], m["held_processes"], m["twins_took_ms"] = float64(sn.Twins), float64(sn.Processes), sn.TookMs
+		}
 	}
 	if err := b.readMem(ctx, m, src.InitPid, sib); err != nil {
 		return nil, sib, err
@@ -629,9 +642,11 @@ func openStats[T any](dir string, get func(*os.File) (T, error)) (T, error) {
 
 // floorResult is holder forkfloor's output.
 type floorResult struct {
-	MemMiB int       `json:"mem_mib"`
-	RssKiB int64     `json:"rss_kib"`
-	ForkMs []float64 `json:"fork_ms"`
+	MemMiB   int       `json:"mem_mib"`
+	RssKiB   int64     `json:"rss_kib"`
+	ForkMs   []float64 `json:"fork_ms"`
+	TouchMs  float64   `json:"touch_ms"`
+	MedianMs float64   `json:"median_ms"`
 }
 
 func (b *Bench) forkFloor(ctx context.Context, memMiB, reps int) (*floorResult, error) {
@@ -646,6 +661,27 @@ func (b *Bench) forkFloor(ctx context.Context, memMiB, reps int) (*floorResult, 
 	return &r, nil
 }
 
+// runForkRef measures fork() of one process that touched
+// --fork-ref-mib MiB, --fork-ref-reps times, and keeps the median: the
+// yardstick of the twin capture's pause.
+func (b *Bench) runForkRef(ctx context.Context) *ForkRefResult {
+	res := &ForkRefResult{MemMiB: b.cfg.ForkRefMiB, ForkMs: []float64{}}
+	f, err := b.forkFloor(ctx, b.cfg.ForkRefMiB, b.cfg.ForkRefReps)
+	if err == nil && len(f.ForkMs) != b.cfg.ForkRefReps {
+		err = fmt.Errorf("holder forkfloor timed %d forks, want %d", len(f.ForkMs), b.cfg.ForkRefReps)
+	}
+	if err != nil {
+		res.Error = err.Error()
+		b.fail("fork-ref", MethodFork, -1, err)
+		return res
+	}
+	res.RssKiB, res.TouchMs, res.ForkMs, res.MedianMs = f.RssKiB, f.TouchMs, f.ForkMs, f.MedianMs
+	if m := summarize(f.ForkMs).Median; math.Abs(m-f.MedianMs) > 1e-6 {
+		b.fail("fork-ref", MethodFork, -1, fmt.Errorf("holder forkfloor reported a median of %v ms, its samples' is %v ms", f.MedianMs, m))
+	}
+	return res
+}
+
 // runFork measures the fork() floor for w: fork() of one process holding
 // as much anonymous memory as the source tree, plus one fork() of a tiny
 // process for every other process of the tree.
@@ -653,7 +689,7 @@ func (b *Bench) runFork(ctx context.Context, w Workload, wr *WorkloadResult) {
 	mr := &MethodResult{Method: MethodFork}
 	wr.Methods[MethodFork] = mr
 	anonKiB, procs := -1.0, 0.0
-	for _, method := range []string{MethodTclone, MethodTcloneLazy, MethodPodman} {
+	for _, method := range []string{MethodTclone, MethodTcloneLazy, MethodTcloneTwin, MethodPodman} {
 		if m := wr.Methods[method]; m != nil {
 			for _, s := range m.Samples {
 				if s.Cold {

@@ -25,6 +25,8 @@ var (
 		{"tclone copy: observer gap", MethodTclone, "observer_gap_ms", true},
 		{"tclone lazy: pause (runtime)", MethodTcloneLazy, "pause_ms", false},
 		{"tclone lazy: observer gap", MethodTcloneLazy, "observer_gap_ms", true},
+		{"tclone twin: pause (runtime)", MethodTcloneTwin, "pause_ms", false},
+		{"tclone twin: observer gap", MethodTcloneTwin, "observer_gap_ms", true},
 		{"stock Podman: pause (CRIU)", MethodPodman, "pause_ms", false},
 		{"stock Podman: observer gap", MethodPodman, "observer_gap_ms", true},
 		{"raw CRIU: pause", MethodCriu, "pause_ms", false},
@@ -36,6 +38,9 @@ var (
 		{"tclone lazy: to running", MethodTcloneLazy, "to_running_ms", false},
 		{"tclone lazy: first command", MethodTcloneLazy, "first_command_ms", true},
 		{"tclone lazy: memory complete", MethodTcloneLazy, "memory_complete_ms", true},
+		{"tclone twin: to running", MethodTcloneTwin, "to_running_ms", false},
+		{"tclone twin: first command", MethodTcloneTwin, "first_command_ms", true},
+		{"tclone twin: memory complete", MethodTcloneTwin, "memory_complete_ms", true},
 		{"stock Podman: to running", MethodPodman, "to_running_ms", false},
 		{"stock Podman: first command", MethodPodman, "first_command_ms", true},
 		{"raw CRIU: dump + restore", MethodCriu, "to_running_ms", false},
@@ -46,6 +51,7 @@ var (
 var methodColors = map[string]color.Color{
 	MethodTclone:     color.RGBA{R: 0x1f, G: 0x77, B: 0xb4, A: 0xff},
 	MethodTcloneLazy: color.RGBA{R: 0x94, G: 0x67, B: 0xbd, A: 0xff},
+	MethodTcloneTwin: color.RGBA{R: 0xff, G: 0x7f, B: 0x0e, A: 0xff},
 	MethodPodman:     color.RGBA{R: 0xd6, G: 0x27, B: 0x28, A: 0xff},
 	MethodCriu:       color.RGBA{R: 0x2c, G: 0xa0, B: 0x2c, A: 0xff},
 	MethodFork:       color.RGBA{R: 0x7f, G: 0x7f, B: 0x7f, A: 0xff},
@@ -197,7 +203,7 @@ func pssPlot(r *Results) (*plot.Plot, error) {
 		p.Add(l)
 		p.Legend.Add("source PSS (tclone's source), for reference", l)
 	}
-	for _, meth := range []string{MethodTclone, MethodTcloneLazy, MethodPodman, MethodCriu} {
+	for _, meth := range []string{MethodTclone, MethodTcloneLazy, MethodTcloneTwin, MethodPodman, MethodCriu} {
 		var after, later plotter.XYs
 		for _, w := range r.Workloads {
 			if w.Kind != "mem" {

@@ -100,10 +100,10 @@ func coldCell(m *MethodResult, metric string) string {
 	return fmtMs(m.coldValue(metric))
 }
 
-var methodOrder = []string{MethodTclone, MethodTcloneLazy, MethodPodman, MethodCriu, MethodFork}
+var methodOrder = []string{MethodTclone, MethodTcloneLazy, MethodTcloneTwin, MethodPodman, MethodCriu, MethodFork}
 
-// tcloneMethods are tclone's methods, copy then lazy.
-var tcloneMethods = []string{MethodTclone, MethodTcloneLazy}
+// tcloneMethods are tclone's methods, copy, lazy, then twin.
+var tcloneMethods = []string{MethodTclone, MethodTcloneLazy, MethodTcloneTwin}
 
 // measuredCopies yields, workload by workload, the measured results of the
 // methods that make a copy (tclone, stock Podman, raw CRIU), in report
@@ -111,7 +111,7 @@ var tcloneMethods = []string{MethodTclone, MethodTcloneLazy}
 func measuredCopies(r *Results) iter.Seq2[*WorkloadResult, *MethodResult] {
 	return func(yield func(*WorkloadResult, *MethodResult) bool) {
 		for _, w := range r.Workloads {
-			for _, meth := range []string{MethodTclone, MethodTcloneLazy, MethodPodman, MethodCriu} {
+			for _, meth := range []string{MethodTclone, MethodTcloneLazy, MethodTcloneTwin, MethodPodman, MethodCriu} {
 				if mr := w.Methods[meth]; mr != nil && mr.NotMeasured == "" && !yield(w, mr) {
 					return
 				}
@@ -150,22 +150,33 @@ func writeMarkdown(r *Results, path, outDir string) error {
 		if w != nil {
 			desc = fmt.Sprintf("%d MiB of touched memory in %d processes (`%s`)", w.MemMiB, w.Procs, w.Name)
 		}
-		c, lc, l := h.Cold, h.LazyCold, h.Lazy
-		p("At %s. *Cold* is the first fork after the source started, *warm* the median of the repetitions after it. tclone copy is `--memory copy`, tclone lazy `--memory lazy`:\n\n", desc)
-		p("| ms | tclone copy cold | tclone copy warm | tclone lazy cold | tclone lazy warm | stock Podman cold | stock Podman warm | stock / copy cold | stock / copy warm | stock / lazy cold | stock / lazy warm |\n| --- |%s\n", strings.Repeat(" ---: |", 10))
-		p("| source pause, measured by the runtime | %s | %s | %s | %s | %s | %s | **%s** | **%s** | **%s** | **%s** |\n",
-			fmtHl(c.TclonePauseMs), fmtHl(h.TclonePauseMs), fmtHl(lc.TclonePauseMs), fmtHl(l.TclonePauseMs), fmtHl(c.PodmanPauseMs), fmtHl(h.PodmanPauseMs),
-			fmtRatio(c.PauseRatio, true), fmtRatio(h.PauseRatio, true), fmtRatio(lc.PauseRatio, true), fmtRatio(l.PauseRatio, true))
-		p("| source pause, seen by a 1 ms ticker inside the source | %s | %s | %s | %s | %s | %s | **%s** | **%s** | **%s** | **%s** |\n",
-			fmtHl(c.TcloneGapMs), fmtHl(h.TcloneGapMs), fmtHl(lc.TcloneGapMs), fmtHl(l.TcloneGapMs), fmtHl(c.PodmanGapMs), fmtHl(h.PodmanGapMs),
-			fmtRatio(c.GapRatio, true), fmtRatio(h.GapRatio, true), fmtRatio(lc.GapRatio, true), fmtRatio(l.GapRatio, true))
-		p("| time to the first command answered in the sibling | %s | %s | %s | %s | %s | %s | **%s** | **%s** | **%s** | **%s** |\n\n",
-			fmtHl(c.TcloneFirstCommandMs), fmtHl(h.TcloneFirstCommandMs), fmtHl(lc.TcloneFirstCommandMs), fmtHl(l.TcloneFirstCommandMs), fmtHl(c.PodmanFirstCommandMs), fmtHl(h.PodmanFirstCommandMs),
-			fmtRatio(c.FirstCommandRatio, true), fmtRatio(h.FirstCommandRatio, true), fmtRatio(lc.FirstCommandRatio, true), fmtRatio(l.FirstCommandRatio, true))
+		// Cold and warm, for copy, lazy and twin against the same stock
+		// Podman samples.
+		kinds := []struct{ cold, warm HeadlineValues }{{h.Cold, h.HeadlineValues}, {h.LazyCold, h.Lazy}, {h.TwinCold, h.Twin}}
+		p("At %s. *Cold* is the first fork after the source started, *warm* the median of the repetitions after it. tclone copy is `--memory copy`, tclone lazy `--memory lazy`, tclone twin `--memory twin`:\n\n", desc)
+		p("| ms | tclone copy cold | tclone copy warm | tclone lazy cold | tclone lazy warm | tclone twin cold | tclone twin warm | stock Podman cold | stock Podman warm | stock / copy cold | stock / copy warm | stock / lazy cold | stock / lazy warm | stock / twin cold | stock / twin warm |\n| --- |%s\n", strings.Repeat(" ---: |", 14))
+		row := func(title string, tc, st, ratio func(HeadlineValues) float64) {
+			p("| %s |", title)
+			for _, k := range kinds {
+				p(" %s | %s |", fmtHl(tc(k.cold)), fmtHl(tc(k.warm)))
+			}
+			p(" %s | %s |", fmtHl(st(h.Cold)), fmtHl(st(h.HeadlineValues)))
+			for _, k := range kinds {
+				p(" **%s** | **%s** |", fmtRatio(ratio(k.cold), true), fmtRatio(ratio(k.warm), true))
+			}
+			p("\n")
+		}
+		row("source pause, measured by the runtime", func(v HeadlineValues) float64 { return v.TclonePauseMs },
+			func(v HeadlineValues) float64 { return v.PodmanPauseMs }, func(v HeadlineValues) float64 { return v.PauseRatio })
+		row("source pause, seen by a 1 ms ticker inside the source", func(v HeadlineValues) float64 { return v.TcloneGapMs },
+			func(v HeadlineValues) float64 { return v.PodmanGapMs }, func(v HeadlineValues) float64 { return v.GapRatio })
+		row("time to the first command answered in the sibling", func(v HeadlineValues) float64 { return v.TcloneFirstCommandMs },
+			func(v HeadlineValues) float64 { return v.PodmanFirstCommandMs }, func(v HeadlineValues) float64 { return v.FirstCommandRatio })
+		p("\n")
 		p("Warm source pauses ranged from %s to %s ms for tclone copy and from %s to %s ms for stock Podman. ",
 			fmtMs(h.TclonePauseRange[0]), fmtMs(h.TclonePauseRange[1]), fmtMs(h.PodmanPauseRange[0]), fmtMs(h.PodmanPauseRange[1]))
-		p("The copies were restored by %s (tclone copy), %s (tclone lazy) and %s (stock Podman), as Podman recorded them.\n\n",
-			runtimesOf(r, MethodTclone), runtimesOf(r, MethodTcloneLazy), runtimesOf(r, MethodPodman))
+		p("The copies were restored by %s (tclone copy), %s (tclone lazy), %s (tclone twin) and %s (stock Podman), as Podman recorded them.\n\n",
+			runtimesOf(r, MethodTclone), runtimesOf(r, MethodTcloneLazy), runtimesOf(r, MethodTcloneTwin), runtimesOf(r, MethodPodman))
 	}
 	p("- Process count (`--memory copy`): a tclone fork takes **%.2f ms more per process** to the sibling running (least-squares slope of warm medians over %s processes), its source pause %.2f ms more per process; stock Podman %.2f ms per process.",
 		h.TcloneMsPerProcess, joinInts(r.Config.ProcCounts), h.TclonePauseMsPerProcess, h.PodmanMsPerProcess)
@@ -175,6 +186,14 @@ func writeMarkdown(r *Results, path, outDir string) error {
 			fmtMs(lo.Methods[MethodTclone].warmMedian("pause_ms")), fmtMs(hi.Methods[MethodTclone].warmMedian("pause_ms")))
 	}
 	p("\n")
+	if slices.Contains(r.Config.TwinKinds, "procs") {
+		p("- Process count (`--memory twin`): %.2f ms more per process to the sibling running, its source pause **%.2f ms more per process**.", h.TwinMsPerProcess, h.TwinPauseMsPerProcess)
+		if lo, hi := sweepEnds(r, "procs"); lo != nil && hi != nil && lo != hi {
+			p(" Source pause %s ms with %d, %s ms with %d processes.",
+				fmtMs(lo.Methods[MethodTcloneTwin].warmMedian("pause_ms")), lo.Procs, fmtMs(hi.Methods[MethodTcloneTwin].warmMedian("pause_ms")), hi.Procs)
+		}
+		p("\n")
+	}
 	if lo, hi := sweepEnds(r, "mem"); lo != nil && hi != nil && lo != hi {
 		p("- Memory: tclone copy to running %s ms at %d MiB, %s ms at %d MiB (source pause %s to %s ms); stock Podman %s to %s ms.",
 			fmtMs(lo.Methods[MethodTclone].warmMedian("to_running_ms")), lo.MemMiB, fmtMs(hi.Methods[MethodTclone].warmMedian("to_running_ms")), hi.MemMiB,
@@ -184,6 +203,15 @@ func writeMarkdown(r *Results, path, outDir string) error {
 			p(" tclone lazy: first command %s ms at %d MiB, %s ms at %d MiB, memory complete %s and %s ms.",
 				fmtMs(ll.warmMedian("first_command_ms")), lo.MemMiB, fmtMs(hl.warmMedian("first_command_ms")), hi.MemMiB,
 				fmtMs(ll.warmMedian("memory_complete_ms")), fmtMs(hl.warmMedian("memory_complete_ms")))
+		}
+		if lt, ht := lo.Methods[MethodTcloneTwin], hi.Methods[MethodTcloneTwin]; lt != nil && ht != nil {
+			p(" tclone twin: source pause %s ms at %d MiB, %s ms at %d MiB, first command %s and %s ms, memory complete %s and %s ms.",
+				fmtMs(lt.warmMedian("pause_ms")), lo.MemMiB, fmtMs(ht.warmMedian("pause_ms")), hi.MemMiB,
+				fmtMs(lt.warmMedian("first_command_ms")), fmtMs(ht.warmMedian("first_command_ms")),
+				fmtMs(lt.warmMedian("memory_complete_ms")), fmtMs(ht.warmMedian("memory_complete_ms")))
+		}
+		if fr := r.ForkRef; fr != nil && fr.MedianMs > 0 {
+			p(" fork() of %s: %s ms (median of %d).", sizeText(fr.MemMiB), fmtMs(fr.MedianMs), len(fr.ForkMs))
 		}
 		p("\n")
 	}
@@ -249,10 +277,10 @@ func writeMarkdown(r *Results, path, outDir string) error {
 	p("## How it was measured\n\n")
 	p("Every workload runs in a fresh source container started through Podman: with `--runtime tclone` for tclone, with `--runtime crun` for stock Podman (same image, same command). Each method makes one cold copy (the first after the source started) and %d warm ones (%d for memory workloads of %d MiB and more); tables show warm **median (p95)** unless marked cold.\n\n",
 		r.Config.WarmReps, r.Config.LargeWarmReps, r.Config.LargeFromMiB)
-	p("- **tclone**: `podman container fork --print-stats --ready exec --memory copy|lazy SRC` (podman-fork, through a Podman API service), then `podman exec SIBLING true`. `--memory copy` restores every page before the sibling runs; `--memory lazy` lets it run as soon as CRIU rebuilt its tasks while the plan's lazy-pages daemon fills its memory. Memory-sweep workloads (kinds: %s) are measured both ways, the others with copy. With `--print-stats`, podman-fork waits until the sibling's memory is complete before it returns, and reports when the sibling ran, when its first command answered and when its memory was complete, each from the start of its fork request; the harness adds podman-fork's own start-up (its wall time less its `total_ms`), so that every time runs from starting the command.\n", joinStrings(r.Config.LazyKinds))
+	p("- **tclone**: `podman container fork --print-stats --ready exec --memory copy|lazy|twin SRC` (podman-fork, through a Podman API service), then `podman exec SIBLING true`. `--memory copy` restores every page before the sibling runs; `--memory lazy` lets it run as soon as CRIU rebuilt its tasks while the plan's lazy-pages daemon fills its memory. `--memory twin` takes each source process's memory copy-on-write, by a twin the capture clones without CLONE_VM while the tree is held, and serves the sibling lazily from the twins while they are drained into page images. Workloads of the kinds %s are measured with lazy too, of the kinds %s with twin too, all with copy. With `--print-stats`, podman-fork waits until the sibling's memory is complete before it returns, and reports when the sibling ran, when its first command answered and when its memory was complete, each from the start of its fork request; the harness adds podman-fork's own start-up (its wall time less its `total_ms`), so that every time runs from starting the command.\n", joinStrings(r.Config.LazyKinds), joinStrings(r.Config.TwinKinds))
 	p("- **stock Podman**: `podman container checkpoint --leave-running --export %s/….tar --compress none --print-stats SRC`, then `podman --runtime crun container restore --import … --name SIBLING --print-stats`, then `podman exec SIBLING true`, all with crun and CRIU %s (it detects by itself that hardware breakpoints do not work in this VM); nothing else is tuned. tclone is Podman's default runtime here: the CLI would restore with the runtime the archive names, the API service with its default, so the restore names crun; every sample records the runtime Podman reports for the copy (`restore_runtime` in results.json): %s here.\n", r.Config.ArchiveDir, m.Criu, runtimesOf(r, MethodPodman))
 	p("- **raw CRIU**: the same process tree run on the host in its own PID namespace (`unshare --pid --fork holder serve …`), `criu dump --leave-running` to %s, then `criu restore -d` of the images (a fresh PID namespace, next to the running source). No container, no rootfs, no exec.\n", r.Config.CriuImageDir)
-	p("- **fork() floor**: `fork()` of one process holding as much touched anonymous memory as the source tree (the child exits at once), plus one `fork()` of a tiny process per other process of the tree.\n")
+	p("- **fork() floor**: `fork()` of one process holding as much touched anonymous memory as the source tree (the child exits at once), plus one `fork()` of a tiny process per other process of the tree. **fork() reference**: `fork()` of one process that touched %s of private anonymous memory, the parent waiting for the child, which exits at once, %d times; its median is the yardstick of the twin pause target.\n", sizeText(r.Config.ForkRefMiB), r.Config.ForkRefReps)
 	p("- **source pause**: what the runtime reports (tclone's freeze-to-thaw; CRIU's freezing + frozen time for the others), and the **observer gap**: the largest gap between two ticks of a 1 ms ticker in the source's root process, reset right before the fork and read after the first command answered.\n")
 	p("- **time to running**: from starting the fork command until the sibling ran (tclone: podman-fork's `running_ms`, Podman and crun both say it runs; stock: checkpoint + restore). **First command**: tclone: until the `true` podman-fork runs in the sibling (`--ready exec`) answered; stock: time to running plus `podman exec SIBLING true`. **Memory complete** (tclone): until no task of the sibling still had memory registered with a userfaultfd (copy: at once).\n")
 	p("- **memory**: RSS and PSS summed over every process of the container (from `/proc/PID/smaps_rollup`), right after the first command and again %.0f s after the cold fork (the warm repetitions run in between; their siblings are removed at once).\n", r.Config.LaterDelayS)
@@ -304,13 +332,15 @@ func writeMarkdown(r *Results, path, outDir string) error {
 	section("Realistic workspace", "workspace", "tmux with shells, a python http server, a multi-threaded python process holding memory, a git repository, and the ticker.")
 
 	// Ratios.
-	p("## Ratios\n\nWarm medians; *tclone* is `--memory copy` unless it says lazy. Above 1 in the stock and CRIU columns means tclone is that many times faster (or smaller); the fork() columns say how many times the fork() floor tclone takes; copy/lazy above 1 means lazy is faster.\n\n")
+	p("## Ratios\n\nWarm medians; *tclone* is `--memory copy` unless it says lazy or twin. Above 1 in the stock and CRIU columns means tclone is that many times faster (or smaller); the fork() columns say how many times the fork() floor tclone takes; copy/lazy and copy/twin above 1 mean lazy or twin is faster.\n\n")
 	ratioCols := []string{"podman_over_tclone_pause", "podman_over_tclone_observer_gap", "podman_over_tclone_to_running", "podman_over_tclone_first_command",
 		"criu_over_tclone_pause", "criu_over_tclone_observer_gap", "criu_over_tclone_to_running", "podman_over_tclone_sibling_pss", "tclone_over_fork_pause", "tclone_over_fork_to_running",
-		"podman_over_tclone_lazy_to_running", "podman_over_tclone_lazy_first_command", "tclone_over_tclone_lazy_first_command", "tclone_over_tclone_lazy_pause"}
+		"podman_over_tclone_lazy_to_running", "podman_over_tclone_lazy_first_command", "tclone_over_tclone_lazy_first_command", "tclone_over_tclone_lazy_pause",
+		"podman_over_tclone_twin_to_running", "podman_over_tclone_twin_first_command", "tclone_over_tclone_twin_pause", "tclone_twin_over_fork_pause"}
 	heads := []string{"stock/tclone pause", "stock/tclone observer gap", "stock/tclone to running", "stock/tclone first command",
 		"CRIU/tclone pause", "CRIU/tclone observer gap", "CRIU/tclone to running", "stock/tclone sibling PSS", "tclone/fork() pause", "tclone/fork() to running",
-		"stock/lazy to running", "stock/lazy first command", "copy/lazy first command", "copy/lazy pause"}
+		"stock/lazy to running", "stock/lazy first command", "copy/lazy first command", "copy/lazy pause",
+		"stock/twin to running", "stock/twin first command", "copy/twin pause", "twin/fork() pause"}
 	p("| workload | %s |\n| --- |%s\n", strings.Join(heads, " | "), strings.Repeat(" ---: |", len(heads)))
 	for _, w := range r.Workloads {
 		p("| %s |", w.Name)
@@ -433,6 +463,16 @@ func writeMarkdown(r *Results, path, outDir string) error {
 		p("| %s | %s | %s | %s | %s | %s |\n", w.Name, fmtNum(f.warmMedian("floor_mem_mib")), cell(f, "fork_ms"), fmtMs(f.warmMedian("fork_tiny_ms")), fmtNum(f.warmMedian("floor_procs")), cell(f, "floor_ms"))
 	}
 	p("\n")
+	switch fr := r.ForkRef; {
+	case fr == nil:
+		p("fork() reference: not run.\n\n")
+	case fr.Error != "":
+		p("fork() reference (%s): failed (see the failures).\n\n", sizeText(fr.MemMiB))
+	default:
+		st := summarize(fr.ForkMs)
+		p("fork() reference: one process touched %s of private anonymous memory (in %s ms; RSS %s MiB), then `fork()` of it, the child exiting at once and the parent waiting for it, took **%s ms** (median of %d; %s to %s ms).\n\n",
+			sizeText(fr.MemMiB), fmtMs(fr.TouchMs), fmtMiB(float64(fr.RssKiB)), fmtMs(fr.MedianMs), len(fr.ForkMs), fmtMs(st.Min), fmtMs(st.Max))
+	}
 
 	// What was not measured.
 	// make kernel-bench writes its section into the file; it is kept.

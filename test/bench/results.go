@@ -12,13 +12,15 @@ import (
 // splits tclone into --memory copy and --memory lazy, measures the fan-out
 // in variants (memory, --parallel) and adds the issue's targets; version 4
 // adds named volumes, files-only forks and --memory ksm; version 5 what
-// tclone's API service adds to requests.
-const SchemaVersion = 6
+// tclone's API service adds to requests; version 7 adds tclone with
+// --memory twin (twin_kinds) and fork() of a fixed size (fork_ref).
+const SchemaVersion = 7
 
 // Methods, in the order they are reported.
 const (
 	MethodTclone     = "tclone"      // podman container fork --memory copy
 	MethodTcloneLazy = "tclone-lazy" // podman container fork --memory lazy
+	MethodTcloneTwin = "tclone-twin" // podman container fork --memory twin
 	MethodPodman     = "podman"      // stock checkpoint --export + restore --import, crun
 	MethodCriu       = "criu"        // raw criu dump --leave-running + criu restore
 	MethodFork       = "fork"        // fork() of a process with the same anonymous RSS
@@ -27,6 +29,7 @@ const (
 var methodTitles = map[string]string{
 	MethodTclone:     "tclone fork, --memory copy",
 	MethodTcloneLazy: "tclone fork, --memory lazy",
+	MethodTcloneTwin: "tclone fork, --memory twin",
 	MethodPodman:     "stock Podman checkpoint/restore (crun)",
 	MethodCriu:       "raw CRIU dump/restore",
 	MethodFork:       "fork() floor",
@@ -49,7 +52,10 @@ type Results struct {
 	KSM       *KSMResult        `json:"ksm"`
 	Proxy     *ProxyResult      `json:"rest_proxy"`
 	Branches  *BranchResult     `json:"branches"`
-	Headline  Headline          `json:"headline"`
+	// ForkRef is fork() of one process holding a fixed amount of memory
+	// (--fork-ref-mib, 1 GiB), the yardstick of the twin pause target.
+	ForkRef  *ForkRefResult `json:"fork_ref"`
+	Headline Headline       `json:"headline"`
 	// Failures lists every measurement that could not be made, with the
 	// exact error.
 	Failures []Failure `json:"failures"`
@@ -67,9 +73,14 @@ type RunConfig struct {
 	Workspace     bool  `json:"workspace"`
 	WorkspaceMiB  int   `json:"workspace_mib"`
 	// LazyKinds are the workload kinds measured with --memory lazy too.
-	LazyKinds    []string `json:"lazy_kinds"`
-	FanOutCounts []int    `json:"fan_out_counts"`
-	FanOutReps   int      `json:"fan_out_reps"`
+	LazyKinds []string `json:"lazy_kinds"`
+	// TwinKinds are the workload kinds measured with --memory twin too.
+	TwinKinds []string `json:"twin_kinds"`
+	// ForkRefMiB and ForkRefReps size the fork() reference (0: none).
+	ForkRefMiB   int   `json:"fork_ref_mib"`
+	ForkRefReps  int   `json:"fork_ref_reps"`
+	FanOutCounts []int `json:"fan_out_counts"`
+	FanOutReps   int   `json:"fan_out_reps"`
 	// FanOutVariants are the fan-out's memory:parallel variants; the
 	// first is the main one, measured FanOutReps times, the others
 	// FanOutExtraReps times.
@@ -194,6 +205,18 @@ type FanOutCount struct {
 	Summary map[string]Stat `json:"summary"`
 }
 
+// ForkRefResult is fork() of one process that touched MemMiB MiB of
+// private anonymous memory, the child exiting at once, timed Reps times.
+type ForkRefResult struct {
+	MemMiB   int       `json:"mem_mib"`
+	RssKiB   int64     `json:"rss_kib"`
+	TouchMs  float64   `json:"touch_ms"`
+	ForkMs   []float64 `json:"fork_ms"`
+	MedianMs float64   `json:"median_ms"`
+	// Error is why it could not be measured ("" when it was).
+	Error string `json:"error,omitempty"`
+}
+
 // Headline is what the closing note quotes.
 type Headline struct {
 	// MemWorkload is the memory-sweep workload the ratios are taken at
@@ -211,6 +234,9 @@ type Headline struct {
 	TcloneMsPerProcess      float64 `json:"tclone_ms_per_process"`
 	TclonePauseMsPerProcess float64 `json:"tclone_pause_ms_per_process"`
 	PodmanMsPerProcess      float64 `json:"podman_ms_per_process"`
+	// The same for --memory twin (0 when the sweep did not measure it).
+	TwinMsPerProcess      float64 `json:"twin_ms_per_process"`
+	TwinPauseMsPerProcess float64 `json:"twin_pause_ms_per_process"`
 	// MarginalMsPerChild is the fan-out's marginal cost per extra sibling
 	// (its main variant).
 	MarginalMsPerChild float64 `json:"marginal_ms_per_child"`
@@ -219,6 +245,9 @@ type Headline struct {
 	// stock Podman samples).
 	Lazy     HeadlineValues `json:"lazy"`
 	LazyCold HeadlineValues `json:"lazy_cold"`
+	// Twin and TwinCold are the same with --memory twin.
+	Twin     HeadlineValues `json:"twin"`
+	TwinCold HeadlineValues `json:"twin_cold"`
 	// Targets are the issue's ratios, each with its bound.
 	Targets []Target `json:"targets"`
 }
@@ -416,11 +445,19 @@ var ratioDefs = []ratioDef{
 	{"podman_over_tclone_lazy_first_command", MethodPodman, "first_command_ms", MethodTcloneLazy, "first_command_ms", "time to the first command, stock Podman / tclone lazy"},
 	{"tclone_over_tclone_lazy_first_command", MethodTclone, "first_command_ms", MethodTcloneLazy, "first_command_ms", "time to the first command, tclone copy / tclone lazy"},
 	{"tclone_over_tclone_lazy_pause", MethodTclone, "pause_ms", MethodTcloneLazy, "pause_ms", "source pause, tclone copy / tclone lazy"},
+	{"podman_over_tclone_twin_to_running", MethodPodman, "to_running_ms", MethodTcloneTwin, "to_running_ms", "time to the sibling running, stock Podman / tclone twin"},
+	{"podman_over_tclone_twin_first_command", MethodPodman, "first_command_ms", MethodTcloneTwin, "first_command_ms", "time to the first command, stock Podman / tclone twin"},
+	{"tclone_over_tclone_twin_pause", MethodTclone, "pause_ms", MethodTcloneTwin, "pause_ms", "source pause, tclone copy / tclone twin"},
+	{"tclone_twin_over_fork_pause", MethodTcloneTwin, "pause_ms", MethodFork, "floor_ms", "tclone twin source pause / fork() floor"},
 }
 
 // lazyRatios are the ratioDefs that need the lazy method.
 var lazyRatios = []string{"podman_over_tclone_lazy_to_running", "podman_over_tclone_lazy_first_command",
 	"tclone_over_tclone_lazy_first_command", "tclone_over_tclone_lazy_pause"}
+
+// twinRatios are the ratioDefs that need the twin method.
+var twinRatios = []string{"podman_over_tclone_twin_to_running", "podman_over_tclone_twin_first_command",
+	"tclone_over_tclone_twin_pause", "tclone_twin_over_fork_pause"}
 
 func (w *WorkloadResult) computeRatios() {
 	w.Ratios = map[string]float64{}

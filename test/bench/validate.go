@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"image/png"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -15,6 +16,10 @@ import (
 var requiredMetrics = map[string]struct{ positive, present []string }{
 	MethodTclone:     tcloneMetrics,
 	MethodTcloneLazy: tcloneMetrics,
+	MethodTcloneTwin: {
+		positive: append(slices.Clone(tcloneMetrics.positive), "twins", "held_processes"),
+		present:  append(slices.Clone(tcloneMetrics.present), "twins_took_ms"),
+	},
 	MethodPodman: {
 		positive: []string{"pause_ms", "observer_gap_ms", "to_running_ms", "first_command_ms", "exec_ms", "checkpoint_ms", "restore_ms",
 			"tmpfs_bytes", "disk_bytes", "pages_written", "source_rss_kib", "source_pss_kib", "sibling_rss_kib", "sibling_pss_kib", "source_procs", "sibling_procs"},
@@ -44,7 +49,7 @@ var tcloneOrder = []string{"to_running_ms", "first_command_ms", "memory_complete
 
 // wantRuntime is what must have restored each method's copies: a stock
 // baseline restored by tclone would not be stock.
-var wantRuntime = map[string]string{MethodTclone: "tclone", MethodTcloneLazy: "tclone", MethodPodman: stockRuntime, MethodCriu: "criu"}
+var wantRuntime = map[string]string{MethodTclone: "tclone", MethodTcloneLazy: "tclone", MethodTcloneTwin: "tclone", MethodPodman: stockRuntime, MethodCriu: "criu"}
 
 var requiredFanOut = []string{"to_running_ms", "last_first_command_ms", "per_sibling_ms", "observer_gap_ms", "restore_mean_ms", "restore_max_ms",
 	"internal_running_ms", "memory_complete_ms", "memory_first_look_ms", "cli_exec_ms"}
@@ -52,7 +57,9 @@ var requiredFanOut = []string{"to_running_ms", "last_first_command_ms", "per_sib
 // targetKeys are the targets every run reports, besides one per fan-out
 // variant.
 var targetKeys = []string{"first_command_1g_lazy_over_stock", "first_command_1g_copy_over_stock", "first_command_2g_lazy_over_stock",
-	"first_command_2g_copy_over_stock", "first_command_2g_over_0_lazy", "pause_1g_copy_over_lazy", "pause_2g_copy_over_lazy"}
+	"first_command_2g_copy_over_stock", "first_command_2g_over_0_lazy", "pause_1g_copy_over_lazy", "pause_2g_copy_over_lazy",
+	"first_command_1g_twin_over_stock", "first_command_2g_twin_over_stock", "pause_1g_twin_within_fork", "twin_pause_ms_per_process",
+	"twin_source_throughput_after_thaw", "twin_second_branch_incremental"}
 
 // validate checks that a run's outputs are well formed: results.json
 // parses and holds every expected workload, method and metric, the
@@ -116,11 +123,18 @@ func validate(dir, markdown string, want *Results) []string {
 	for _, w := range r.Workloads {
 		allMeasured := true
 		lazy := slices.Contains(r.Config.LazyKinds, w.Kind)
+		twin := slices.Contains(r.Config.TwinKinds, w.Kind)
 		for _, meth := range methodOrder {
 			mr := w.Methods[meth]
 			if meth == MethodTcloneLazy && !lazy {
 				if mr != nil {
 					bad("%s: method %s measured, but its kind %s is not in lazy_kinds %v", w.Name, meth, w.Kind, r.Config.LazyKinds)
+				}
+				continue
+			}
+			if meth == MethodTcloneTwin && !twin {
+				if mr != nil {
+					bad("%s: method %s measured, but its kind %s is not in twin_kinds %v", w.Name, meth, w.Kind, r.Config.TwinKinds)
 				}
 				continue
 			}
@@ -145,6 +159,9 @@ func validate(dir, markdown string, want *Results) []string {
 		}
 		if lazy {
 			wantRatios = append(wantRatios, lazyRatios...)
+		}
+		if twin {
+			wantRatios = append(wantRatios, twinRatios...)
 		}
 		for _, k := range wantRatios {
 			if v, ok := w.Ratios[k]; !ok || v <= 0 {
@@ -184,6 +201,20 @@ func validate(dir, markdown string, want *Results) []string {
 			}
 		}
 	}
+	if len(r.Config.MemMiBs) > 0 && slices.Contains(r.Config.TwinKinds, "mem") {
+		t, tc := h.Twin, h.TwinCold
+		for name, v := range map[string]float64{"twin.first_command_ratio": t.FirstCommandRatio, "twin.tclone_first_command_ms": t.TcloneFirstCommandMs,
+			"twin.tclone_pause_ms": t.TclonePauseMs, "twin.tclone_observer_gap_ms": t.TcloneGapMs, "twin_cold.first_command_ratio": tc.FirstCommandRatio,
+			"twin_cold.tclone_first_command_ms": tc.TcloneFirstCommandMs, "twin_cold.tclone_pause_ms": tc.TclonePauseMs} {
+			if v <= 0 {
+				bad("headline: %s missing or not positive", name)
+			}
+		}
+	}
+	if len(r.Config.ProcCounts) >= 2 && slices.Contains(r.Config.TwinKinds, "procs") && (h.TwinMsPerProcess == 0 || h.TwinPauseMsPerProcess == 0) {
+		bad("headline: a --memory twin ms/process slope is missing")
+	}
+	problems = append(problems, validateForkRef(&r)...)
 	problems = append(problems, validateTargets(&r)...)
 	problems = append(problems, validateForkModes(&r)...)
 	problems = append(problems, validateBranches(&r)...)
@@ -281,7 +312,10 @@ func validateMethod(workload string, mr *MethodResult) []string {
 				bad("rep %d: %s missing or negative", s.Rep, k)
 			}
 		}
-		if mr.Method == MethodTclone || mr.Method == MethodTcloneLazy {
+		if mr.Method == MethodTcloneTwin && s.Metrics["twins"] != s.Metrics["held_processes"] {
+			bad("rep %d: %v twins for %v held processes: not every process got a twin", s.Rep, s.Metrics["twins"], s.Metrics["held_processes"])
+		}
+		if mr.Method == MethodTclone || mr.Method == MethodTcloneLazy || mr.Method == MethodTcloneTwin {
 			for i := 1; i < len(tcloneOrder); i++ {
 				a, b := tcloneOrder[i-1], tcloneOrder[i]
 				if s.Metrics[b] < s.Metrics[a] {
@@ -393,6 +427,30 @@ func validateFanOut(r *Results) []string {
 	return problems
 }
 
+// validateForkRef checks the fork() reference: measured when the run
+// asked for it, with every fork timed and the median of its samples.
+func validateForkRef(r *Results) []string {
+	fr := r.ForkRef
+	switch {
+	case r.Config.ForkRefMiB <= 0:
+		if fr != nil {
+			return []string{"fork_ref: measured, though fork_ref_mib is 0"}
+		}
+		return nil
+	case fr == nil:
+		return []string{"fork_ref: not run"}
+	case fr.Error != "":
+		return []string{"fork_ref: failed: " + firstLine(fr.Error)}
+	case fr.MemMiB != r.Config.ForkRefMiB || len(fr.ForkMs) != r.Config.ForkRefReps:
+		return []string{fmt.Sprintf("fork_ref: %d forks of %d MiB, want %d of %d MiB", len(fr.ForkMs), fr.MemMiB, r.Config.ForkRefReps, r.Config.ForkRefMiB)}
+	case fr.MedianMs <= 0 || math.Abs(fr.MedianMs-summarize(fr.ForkMs).Median) > 1e-6:
+		return []string{fmt.Sprintf("fork_ref: median %v ms does not match its samples %v", fr.MedianMs, fr.ForkMs)}
+	case fr.RssKiB < int64(fr.MemMiB)*1024:
+		return []string{fmt.Sprintf("fork_ref: the forked process held %d KiB, less than the %d MiB it touched", fr.RssKiB, fr.MemMiB)}
+	}
+	return nil
+}
+
 // validateTargets checks that every target is there, once, with a known
 // status that agrees with its value and bound.
 func validateTargets(r *Results) []string {
@@ -452,6 +510,9 @@ func validateTargets(r *Results) []string {
 	has := func(mib int) bool {
 		return slices.Contains(r.Config.MemMiBs, mib) && slices.Contains(r.Config.LazyKinds, "mem")
 	}
+	hasTwin := func(mib int) bool {
+		return slices.Contains(r.Config.MemMiBs, mib) && slices.Contains(r.Config.TwinKinds, "mem")
+	}
 	for _, t := range r.Headline.Targets {
 		var need bool
 		switch t.Key {
@@ -461,6 +522,18 @@ func validateTargets(r *Results) []string {
 			need = has(2048)
 		case "first_command_2g_over_0_lazy":
 			need = has(2048) && has(0)
+		case "first_command_1g_twin_over_stock":
+			need = hasTwin(1024)
+		case "first_command_2g_twin_over_stock":
+			need = hasTwin(2048)
+		case "pause_1g_twin_within_fork":
+			need = hasTwin(1024) && hasTwin(0) && r.Config.ForkRefMiB == 1024
+		case "twin_pause_ms_per_process":
+			need = slices.Contains(r.Config.TwinKinds, "procs") && slices.Contains(r.Config.ProcCounts, twinSweepEnds[0]) && slices.Contains(r.Config.ProcCounts, twinSweepEnds[1])
+		case "twin_source_throughput_after_thaw", "twin_second_branch_incremental":
+			if t.Status != TargetNotMeasured {
+				bad("target %s: %s, though nothing in the harness measures it", t.Key, t.Status)
+			}
 		case "volume_reflink_added_pause_ms":
 			need = r.Config.VolumeMiB == 1024
 		case "ksm_sibling_pss_over_rss_60s":

@@ -44,6 +44,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -289,6 +290,9 @@ type FloorResult struct {
 	RssKiB  int64     `json:"rss_kib"`
 	ForkMs  []float64 `json:"fork_ms"`
 	TouchMs float64   `json:"touch_ms"`
+	// MedianMs is the median of ForkMs (the mean of the middle two for an
+	// even count).
+	MedianMs float64 `json:"median_ms"`
 }
 
 func forkFloor(args []string) error {
@@ -320,7 +324,22 @@ func forkFloor(args []string) error {
 	if b, err := os.ReadFile("/proc/self/smaps_rollup"); err == nil {
 		res.RssKiB = rollupField(string(b), "Rss:")
 	}
+	res.MedianMs = median(res.ForkMs)
 	return json.NewEncoder(os.Stdout).Encode(res)
+}
+
+// median is the middle value of v (the mean of the middle two for an even
+// count), 0 for none.
+func median(v []float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	s := slices.Clone(v)
+	slices.Sort(s)
+	if n := len(s); n%2 == 0 {
+		return (s[n/2-1] + s[n/2]) / 2
+	}
+	return s[len(s)/2]
 }
 
 func rollupField(s, name string) int64 {
