@@ -160,33 +160,41 @@ func reapTwin(r twinRecord) error {
 	if !st.Exited() {
 		return fmt.Errorf("twin %d has not exited", r.Twin)
 	}
-	// Another reaper may hold the parent traced for a moment (a capture of
-	// the same source reaps the zombies an earlier fork left, and a
-	// release of another plan's twins may run at once): try again until
-	// the twin is gone or the wait is over.
+	if err := reapRetrying(st.PPid, r.Twin, r.Started); err != nil {
+		return fmt.Errorf("twin %d of process %d: %w", r.Twin, r.Pid, err)
+	}
+	return nil
+}
+
+// reapRetrying reaps the exited twin pid (started at started) from its
+// parent. Another reaper may hold the parent traced for a moment (a
+// capture of the same source reaps the zombies an earlier fork left, and a
+// release of another plan's twins may run at once): it tries again until
+// the twin is gone, by its hand or another's, or the wait is over.
+func reapRetrying(parent, pid int, started uint64) error {
 	deadline := time.Now().Add(twinReapWait)
 	for {
-		err := inject.Reap(st.PPid, r.Twin, r.Started)
+		err := inject.Reap(parent, pid, started)
 		if err == nil {
 			return nil
 		}
-		now, serr := procfs.ReadStat(r.Twin)
-		if errors.Is(serr, os.ErrNotExist) || (serr == nil && now.StartTime != r.Started) {
+		now, serr := procfs.ReadStat(pid)
+		if errors.Is(serr, os.ErrNotExist) || (serr == nil && now.StartTime != started) {
 			return nil // someone else reaped it
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("twin %d of process %d: %w", r.Twin, r.Pid, err)
+			return err
 		}
 		if serr == nil {
-			st = now // reparented, maybe
+			parent = now.PPid // reparented, maybe
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
 }
 
-// twinReapWait bounds how long reapTwin tries again while the twin's
+// twinReapWait bounds how long reapRetrying tries again while the twin's
 // parent is traced by another process.
-var twinReapWait = 2 * time.Second
+var twinReapWait = 5 * time.Second
 
 // collectTwins reaps the twins a dead daemon of plan id had on record, and
 // removes the record once none is left.
@@ -242,7 +250,7 @@ func ReapTwinZombies(procsDir string) (int, error) {
 			if err != nil {
 				continue
 			}
-			if err := inject.Reap(parent, child, st.StartTime); err != nil {
+			if err := reapRetrying(parent, child, st.StartTime); err != nil {
 				errs = append(errs, err)
 				continue
 			}
