@@ -17,26 +17,43 @@ import (
 // the directory from inside the sibling's mount namespace, where an absolute
 // symlink into the host's plan store does not resolve. So dir must be on the
 // plan store's tmpfs.
+//
+// A twin plan's daemon publishes drained images while siblings start
+// (lazypages' drain: the new pages image first, then the pagemap naming it,
+// put in place of the old one by rename). A pass over the directory may so
+// link a pagemap that names a pages image its listing did not have: a
+// second pass links what appeared meanwhile, which is then there. The
+// daemon's temporary names are never linked.
 func SiblingImages(planImages, dir, hostname string) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}
-	entries, err := os.ReadDir(planImages)
-	if err != nil {
-		return fmt.Errorf("reading plan images: %w", err)
-	}
-	for _, e := range entries {
-		name := e.Name()
-		src := filepath.Join(planImages, name)
-		dst := filepath.Join(dir, name)
-		if hostname != "" && strings.HasPrefix(name, "utsns-") && strings.HasSuffix(name, ".img") {
-			if err := rewriteHostname(src, dst, hostname); err != nil {
-				return fmt.Errorf("setting the sibling's hostname in %s: %w", name, err)
-			}
-			continue
+	for pass := 0; pass < 2; pass++ {
+		entries, err := os.ReadDir(planImages)
+		if err != nil {
+			return fmt.Errorf("reading plan images: %w", err)
 		}
-		if err := os.Link(src, dst); err != nil {
-			return fmt.Errorf("linking plan image %s: %w", name, err)
+		for _, e := range entries {
+			name := e.Name()
+			if strings.HasSuffix(name, ".tmp") || strings.HasSuffix(name, ".drained") {
+				continue
+			}
+			src := filepath.Join(planImages, name)
+			dst := filepath.Join(dir, name)
+			if pass > 0 {
+				if _, err := os.Lstat(dst); err == nil {
+					continue
+				}
+			}
+			if hostname != "" && strings.HasPrefix(name, "utsns-") && strings.HasSuffix(name, ".img") {
+				if err := rewriteHostname(src, dst, hostname); err != nil {
+					return fmt.Errorf("setting the sibling's hostname in %s: %w", name, err)
+				}
+				continue
+			}
+			if err := os.Link(src, dst); err != nil {
+				return fmt.Errorf("linking plan image %s: %w", name, err)
+			}
 		}
 	}
 	return nil

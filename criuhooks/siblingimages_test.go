@@ -46,3 +46,21 @@ func TestSiblingImages(t *testing.T) {
 		t.Fatalf("kept hostname: %v", got)
 	}
 }
+
+// A drain's temporary files, which come and go under the daemon, are never
+// linked (one that went between the listing and its link failed a restore).
+func TestSiblingImagesSkipsDrainTemporaries(t *testing.T) {
+	plan, dir := t.TempDir(), filepath.Join(t.TempDir(), "sib")
+	for _, name := range []string{"pagemap-7.img", "pagemap-7.img.drained", "pages-1073741831.img.tmp"} {
+		if err := os.WriteFile(filepath.Join(plan, name), nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := SiblingImages(plan, dir, ""); err != nil {
+		t.Fatal(err)
+	}
+	entries, _ := os.ReadDir(dir)
+	if len(entries) != 1 || entries[0].Name() != "pagemap-7.img" {
+		t.Fatalf("sibling images %v, want pagemap-7.img alone", entries)
+	}
+}
