@@ -160,6 +160,9 @@ func lazySiblings(t *testing.T, prefix string, n int, pause string) (src *bundle
 		t.Fatalf("fork --plan-only: exit %d: %s", r.code, r.stderr)
 	}
 	planDir = strings.TrimSpace(r.stdout)
+	// A restore refused below leaves uses of the plan: it goes with the
+	// test, and its daemon with it.
+	t.Cleanup(func() { removePlan(planDir) })
 	for i := 0; i < n; i++ {
 		sbin := t.TempDir()
 		copyWorkload(t, sbin)
