@@ -16,6 +16,7 @@ import (
 
 	"github.com/tclone/tclone/criuhooks"
 	"github.com/tclone/tclone/kernel/cherrypick"
+	"github.com/tclone/tclone/test/testenv"
 )
 
 // The copy-on-write capture, with raw CRIU and the vma_cherrypick module:
@@ -35,7 +36,7 @@ func requireModule(t testing.TB) {
 		if os.Getenv("TCLONE_REQUIRE_MODULE") == "1" {
 			t.Fatalf("copy-on-write test cannot run: %v", err)
 		}
-		t.Skipf("copy-on-write test skipped: %v (TCLONE_REQUIRE_MODULE=1 makes this a failure)", err)
+		testenv.InVM(t, "CRIU", fmt.Sprintf("needs the vma_cherrypick module with snapshots (%v)", err))
 	}
 }
 

@@ -13,6 +13,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/tclone/tclone/test/testenv"
 	"golang.org/x/sys/unix"
 )
 
@@ -49,13 +50,13 @@ func newRegion(t *testing.T, pages int) *region {
 	t.Helper()
 	fd, _, errno := unix.Syscall(unix.SYS_USERFAULTFD, unix.O_CLOEXEC|unix.O_NONBLOCK, 0, 0)
 	if errno != 0 {
-		t.Skipf("userfaultfd not available here: %v (faults in kernel mode take root, CAP_SYS_PTRACE or vm.unprivileged_userfaultfd=1)", errno)
+		testenv.Missing(t, "userfaultfd not available here: %v (faults in kernel mode take root, CAP_SYS_PTRACE or vm.unprivileged_userfaultfd=1)", errno)
 	}
 	// CRIU's features but FORK, which takes CAP_SYS_PTRACE.
 	api := struct{ api, features, ioctls uint64 }{api: uffdAPI, features: criuFeatures &^ uffdFeatureEventFork}
 	if _, _, errno := unix.Syscall(unix.SYS_IOCTL, fd, uffdioAPI, uintptr(unsafe.Pointer(&api))); errno != 0 {
 		unix.Close(int(fd))
-		t.Skipf("UFFDIO_API with remap/remove/unmap events: %v", errno)
+		testenv.Missing(t, "UFFDIO_API with remap/remove/unmap events: %v", errno)
 	}
 	mem, err := unix.Mmap(-1, 0, pages*pageSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
 	if err != nil {
@@ -142,6 +143,21 @@ func wantPage(t *testing.T, mem []byte, page int, b byte) {
 	}
 }
 
+// answered waits until the filler has counted n pages answered to faults
+// (copied or zero): it counts a page after the copy that wakes the faulting
+// task, so the test, woken, may look first. Faults are handled one after
+// another, so once a later fault's page is counted, everything an earlier
+// one did is too.
+func answered(t *testing.T, h *testHost, n uint64) {
+	t.Helper()
+	count := func() uint64 { return h.c.FaultPages.Load() + h.c.ZeroPages.Load() }
+	for deadline := time.Now().Add(time.Minute); count() < n; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the filler counted %d pages answered to faults, not %d", count(), n)
+		}
+	}
+}
+
 // readPage copies src, registered memory, by writing it to a pipe: the
 // kernel reads it, so a fault there is taken in a system call (see region).
 // It gives up after 20 s; the write then ends when the test's cleanup closes
@@ -215,7 +231,7 @@ func TestFillerServesFaultsThenFillsTheRest(t *testing.T) {
 	wantPage(t, r.mem, 5, 6)
 	wantPage(t, r.mem, 33, 0)
 	wantPage(t, r.mem, 41, 34)
-	time.Sleep(50 * time.Millisecond) // the filler counts after it wakes the task
+	answered(t, h, 3)
 	if h.c.BackgroundPages.Load() != 0 {
 		t.Fatal("filled in the background before the restore finished")
 	}

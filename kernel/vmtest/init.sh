@@ -121,7 +121,7 @@ fi
 # of its alternatives (a test renamed or removed: vcp_selection_missing).
 if [ -x /lazypages.test ]; then
 	bench=$(cat /criu-bench)
-	PATH=/usr/sbin:/bin TCLONE_REQUIRE_INTEGRATION=1 TCLONE_REQUIRE_MODULE=1 \
+	PATH=/usr/sbin:/bin TCLONE_REQUIRE=1 TCLONE_REQUIRE_MODULE=1 \
 		TCLONE_LAZYPAGES_HELPERS=/helpers \
 		/lazypages.test -test.v -test.timeout 600s -test.run "$(cat /criu-tests)" \
 		${bench:+-test.bench "$bench" -test.benchtime 1x} >/tmp/criu.out 2>&1
@@ -146,7 +146,7 @@ if [ -x /integration.test ]; then
 	echo "+cpu +memory +pids" >/sys/fs/cgroup/cgroup.subtree_control ||
 		echo "VCP-STACK: could not enable the cpu, memory and pids controllers"
 	mkdir -p /var/tmp /var/lib /etc
-	PATH=/usr/bin:/usr/sbin:/bin TCLONE_REQUIRE_INTEGRATION=1 TCLONE_REQUIRE_MODULE=1 TCLONE_BINDIR=/stack/bin \
+	PATH=/usr/bin:/usr/sbin:/bin TCLONE_REQUIRE=1 TCLONE_REQUIRE_MODULE=1 TCLONE_BINDIR=/stack/bin \
 		TCLONE_TEST_ROOTFS=/stack/rootfs TCLONE_FIDELITY_MEM_MIB=32 \
 		/integration.test -test.v -test.timeout 600s -test.run "$(cat /stack-tests)" >/tmp/stack.out 2>&1
 	src=$?

@@ -28,7 +28,9 @@
 #                  that continues and diverges, a plan with several
 #                  siblings, both copy-on-write since the module is
 #                  loaded, the copy-on-write forks' own tests, and the
-#                  fidelity suite on a bundle, copy-on-write);
+#                  fidelity suite on a bundle, copy-on-write, and the
+#                  thaw of a source an older capture left frozen, on
+#                  cgroup v2's freezer);
 #                  empty skips the stage
 #   VCP_SRC        module sources to test (default: kernel/vma_cherrypick)
 #   VCP_ROOT       a build root that already holds the kernels and their
@@ -95,7 +97,7 @@ CGO_ENABLED=0 "$GO" build -trimpath -o "$build/vcptest" "$top/kernel/vmtest/gues
 criu_tests=${VCP_CRIU_TESTS-TestCRIUCow|TestCRIULazyRestoreTree}
 # The stack stage: test/integration's runtime-level bundle forks through the
 # tclone binary, with the root's crun (and the libcriu it loads) and criu.
-stack_tests=${VCP_STACK_TESTS-TestBundleForkContinuesAndDiverges|TestPlanServesSeveralSiblings|TestBundleForkCow|TestFidelityBundle|TestBundleForkTwinUnderWriteStorm}
+stack_tests=${VCP_STACK_TESTS-TestBundleForkContinuesAndDiverges|TestPlanServesSeveralSiblings|TestBundleForkCow|TestFidelityBundle|TestBundleForkTwinUnderWriteStorm|TestForkThawsSourceLeftFrozenByOlderVersion}
 stage=$build/criu-stage
 rm -rf "$stage"
 if [ -n "$criu_tests" ] || [ -n "$stack_tests" ]; then

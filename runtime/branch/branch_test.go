@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/tclone/tclone/runtime/rootfs"
 )
@@ -297,10 +296,15 @@ func TestFailedBranch(t *testing.T) {
 	if infos, _ := s.List(); len(infos) != 0 {
 		t.Fatalf("after rm: %+v", infos)
 	}
-	// A durable one is waited for until it is.
+	// A durable one is waited for until it is: while it is written, a wait
+	// ends only with its context.
 	w, _ = s.Begin("soon", Source{})
+	expired, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := s.WaitDurable(expired, "soon"); !errors.Is(err, context.Canceled) {
+		t.Fatalf("a wait for a branch being written returned %v, want its context's end", err)
+	}
 	go func() { waited <- s.WaitDurable(context.Background(), "soon") }()
-	time.Sleep(150 * time.Millisecond)
 	if _, err := w.Commit(func(*Branch) {}); err != nil {
 		t.Fatal(err)
 	}

@@ -17,13 +17,12 @@ import (
 
 	"github.com/tclone/tclone/runtime/plan"
 	"github.com/tclone/tclone/runtime/rootfs"
+	"github.com/tclone/tclone/test/testenv"
 )
 
 func needRoot(t *testing.T) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: whiteouts are device nodes, and trusted.* xattrs need CAP_SYS_ADMIN")
-	}
+	testenv.NeedRoot(t, "whiteouts are device nodes, and trusted.* xattrs need CAP_SYS_ADMIN")
 }
 
 func TestPrune(t *testing.T) {

@@ -34,18 +34,38 @@ func requireCause(t *testing.T, ctx context.Context, want error) {
 		if got := context.Cause(ctx); !errors.Is(got, want) {
 			t.Fatalf("capture context ended with %v, want %v", got, want)
 		}
-	case <-time.After(5 * time.Second):
-		t.Fatalf("capture context still open 5 s after: %v", want)
+	case <-time.After(time.Minute):
+		t.Fatalf("capture context still open a minute after: %v", want)
+	}
+}
+
+// countChecks counts whileClientWaits's rounds that found the client still
+// waiting; the returned wait blocks until n more have passed.
+func countChecks(t *testing.T) (wait func(n int)) {
+	t.Helper()
+	rounds := make(chan struct{}, 1024)
+	clientChecked = func() { rounds <- struct{}{} }
+	t.Cleanup(func() { clientChecked = func() {} })
+	return func(n int) {
+		t.Helper()
+		for range n {
+			select {
+			case <-rounds:
+			case <-time.After(time.Minute):
+				t.Fatal("the client watch stopped checking")
+			}
+		}
 	}
 }
 
 func TestCaptureStopsWhenItsClientDies(t *testing.T) {
 	e := testEngine(t)
+	checked := countChecks(t)
 	cmd, owner := startClient(t)
 	intent := &plan.Intent{ContainerID: "c1", Nonce: "n1", Client: owner}
 	ctx, stop := e.whileClientWaits(context.Background(), intent)
 	defer stop()
-	time.Sleep(3 * clientPoll)
+	checked(3)
 	if ctx.Err() != nil {
 		t.Fatalf("capture context ended while its client runs: %v", context.Cause(ctx))
 	}
@@ -55,13 +75,14 @@ func TestCaptureStopsWhenItsClientDies(t *testing.T) {
 
 func TestCaptureStopsWhenItsClientCancels(t *testing.T) {
 	e := testEngine(t)
+	checked := countChecks(t)
 	_, owner := startClient(t)
 	intent := &plan.Intent{ContainerID: "c1", Nonce: "n1", Client: owner}
 	ctx, stop := e.whileClientWaits(context.Background(), intent)
 	if err := e.Store.CancelIntent("c1", "n2"); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(3 * clientPoll)
+	checked(3)
 	if ctx.Err() != nil {
 		t.Fatal("another intent's cancellation ended this capture")
 	}

@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/tclone/tclone/runtime/internal/procfs"
+	"github.com/tclone/tclone/test/testenv"
 )
 
 func TestParseWatches(t *testing.T) {
@@ -76,7 +77,7 @@ func TestWatchedInodesOfAProcess(t *testing.T) {
 	dir := t.TempDir()
 	in, err := unix.InotifyInit1(unix.IN_CLOEXEC)
 	if err != nil {
-		t.Skip("no inotify:", err)
+		testenv.Missing(t, "no inotify: %v", err)
 	}
 	defer unix.Close(in)
 	if _, err := unix.InotifyAddWatch(in, dir, unix.IN_CREATE); err != nil {

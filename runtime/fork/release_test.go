@@ -15,17 +15,16 @@ import (
 
 	"github.com/tclone/tclone/runtime/journal"
 	"github.com/tclone/tclone/runtime/netlock"
+	"github.com/tclone/tclone/test/testenv"
 )
 
 // A capture whose CRIU died while it held the source's network locked and a
 // connection in repair mode: recovery removes the lock and ends the repair
 // mode, so the source, which runs again, talks again.
 func TestRecoveryFreesTheSourceNetwork(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root (network namespaces, TCP repair mode)")
-	}
+	testenv.NeedRoot(t, "network namespaces, TCP repair mode")
 	if _, err := exec.LookPath("iptables-restore"); err != nil {
-		t.Skip("iptables-restore not installed")
+		testenv.Missing(t, "iptables-restore not installed")
 	}
 	e := testEngine(t)
 
@@ -41,7 +40,7 @@ func TestRecoveryFreesTheSourceNetwork(t *testing.T) {
 	defer func() { holder.Process.Kill(); holder.Wait() }()
 	buf := make([]byte, 7)
 	if _, err := out.Read(buf); err != nil || string(buf[:6]) != "locked" {
-		t.Skipf("cannot lock a scratch namespace here: %q %v", buf, err)
+		testenv.Missing(t, "cannot lock a scratch namespace here: %q %v", buf, err)
 	}
 	ns, err := netlock.Identify(fmt.Sprintf("/proc/%d/ns/net", holder.Process.Pid))
 	if err != nil {
@@ -64,7 +63,7 @@ func TestRecoveryFreesTheSourceNetwork(t *testing.T) {
 	var serr error
 	raw.Control(func(fd uintptr) { serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_REPAIR, 1) })
 	if serr != nil {
-		t.Skipf("cannot enter TCP repair mode: %v", serr)
+		testenv.Missing(t, "cannot enter TCP repair mode: %v", serr)
 	}
 	cgroup := t.TempDir()
 	os.WriteFile(filepath.Join(cgroup, "cgroup.procs"), []byte(strconv.Itoa(os.Getpid())+"\n"), 0o644)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/tclone/tclone/runtime/forkopts"
 	"github.com/tclone/tclone/runtime/plan"
+	"github.com/tclone/tclone/test/testenv"
 )
 
 const tcpHeader = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
@@ -118,7 +119,7 @@ func specWithNetNS(path string, present bool) *specs.Spec {
 func TestCheckKeepTCP(t *testing.T) {
 	self, err := netNSInode(os.Getpid())
 	if err != nil {
-		t.Skip("no /proc/self/ns/net:", err)
+		testenv.Missing(t, "no /proc/self/ns/net: %v", err)
 	}
 	if err := checkKeepTCP(self, specWithNetNS("/proc/self/ns/net", true), "sib"); err != nil {
 		t.Errorf("same namespace by path refused: %v", err)
@@ -141,7 +142,7 @@ func TestCheckKeepTCP(t *testing.T) {
 func TestSiblingTCPPolicy(t *testing.T) {
 	self, err := netNSInode(os.Getpid())
 	if err != nil {
-		t.Skip("no /proc/self/ns/net:", err)
+		testenv.Missing(t, "no /proc/self/ns/net: %v", err)
 	}
 	closePlan := &plan.Plan{ID: "p", TCP: forkopts.TCPClose}
 	oldPlan := &plan.Plan{ID: "p"}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/tclone/tclone/runtime/internal/atomicfile"
+	"github.com/tclone/tclone/test/testenv"
 )
 
 func fakeSys(t *testing.T, s Settings) {
@@ -86,11 +87,9 @@ func TestTunerKeepsAFasterHost(t *testing.T) {
 // The mark is inherited across fork and exec.
 func TestMarkSelfIsInherited(t *testing.T) {
 	if err := Available(); err != nil {
-		t.Skipf("no whole-process KSM here: %v", err)
+		testenv.Missing(t, "no whole-process KSM here: %v", err)
 	}
-	if os.Geteuid() != 0 {
-		t.Skip("needs root")
-	}
+	testenv.NeedRoot(t, "marking a process mergeable")
 	if err := MarkSelf(); err != nil {
 		t.Fatal(err)
 	}

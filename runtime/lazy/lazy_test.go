@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/tclone/tclone/runtime/plan"
+	"github.com/tclone/tclone/test/testenv"
 )
 
 // The test binary is the daemon too, as tclone is.
@@ -35,9 +36,7 @@ func fakePlan(t *testing.T) string {
 
 func requireRoot(t *testing.T) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("the lazy-pages daemon's guard needs root")
-	}
+	testenv.NeedRoot(t, "the lazy-pages daemon's guard")
 }
 
 func waitGone(t *testing.T, path string, within time.Duration) {

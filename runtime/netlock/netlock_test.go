@@ -9,14 +9,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tclone/tclone/test/testenv"
 	"golang.org/x/sys/unix"
 )
 
 func requireRoot(t *testing.T) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root (network namespaces, TCP repair mode)")
-	}
+	testenv.NeedRoot(t, "network namespaces, TCP repair mode")
 }
 
 // scratchNamespace starts a process in a network namespace of its own and
@@ -25,7 +24,7 @@ func scratchNamespace(t *testing.T) Namespace {
 	t.Helper()
 	cmd := exec.Command("unshare", "--net", "sleep", "600")
 	if err := cmd.Start(); err != nil {
-		t.Skipf("unshare: %v", err)
+		testenv.Missing(t, "unshare: %v", err)
 	}
 	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
 	path := fmt.Sprintf("/proc/%d/ns/net", cmd.Process.Pid)
@@ -49,7 +48,7 @@ const criuLock = "*filter\n:CRIU - [0:0]\n-I INPUT -j CRIU\n-I OUTPUT -j CRIU\n"
 func TestRemoveLockLeftByCRIU(t *testing.T) {
 	requireRoot(t)
 	if _, err := exec.LookPath("iptables-restore"); err != nil {
-		t.Skip("iptables-restore not installed")
+		testenv.Missing(t, "iptables-restore not installed")
 	}
 	ns := scratchNamespace(t)
 	err := inNamespace(ns, func() error {
@@ -62,7 +61,7 @@ func TestRemoveLockLeftByCRIU(t *testing.T) {
 		return nil
 	})
 	if err != nil {
-		t.Skipf("cannot load an iptables lock here: %v", err)
+		testenv.Missing(t, "cannot load an iptables lock here: %v", err)
 	}
 	found, err := RemoveLock(ns)
 	if err != nil || !found {
@@ -118,7 +117,7 @@ func TestEndTCPRepair(t *testing.T) {
 	var serr error
 	raw.Control(func(fd uintptr) { serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_REPAIR, 1) })
 	if serr != nil {
-		t.Skipf("cannot enter TCP repair mode: %v", serr)
+		testenv.Missing(t, "cannot enter TCP repair mode: %v", serr)
 	}
 	n, err := EndTCPRepair([]int{os.Getpid()})
 	if err != nil || n != 1 {

@@ -13,6 +13,7 @@ import (
 	"github.com/tclone/tclone/runtime/forkopts"
 	"github.com/tclone/tclone/runtime/internal/atomicfile"
 	"github.com/tclone/tclone/runtime/journal"
+	"github.com/tclone/tclone/test/testenv"
 )
 
 // testStore is a store whose plan directory is an ordinary directory: the
@@ -195,9 +196,7 @@ func TestReferenceRoundTrip(t *testing.T) {
 }
 
 func TestEnsureTmpfsMountsWhereNeeded(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("mounting needs root")
-	}
+	testenv.NeedRoot(t, "mounting a tmpfs")
 	s := testStore(t)
 	if err := s.EnsureTmpfs(); err != nil {
 		t.Fatal(err)

@@ -7,14 +7,13 @@ import (
 	"sort"
 	"testing"
 
+	"github.com/tclone/tclone/test/testenv"
 	"golang.org/x/sys/unix"
 )
 
 func needRoot(t *testing.T) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: whiteouts are device nodes, and trusted.* xattrs need CAP_SYS_ADMIN")
-	}
+	testenv.NeedRoot(t, "whiteouts are device nodes, and trusted.* xattrs need CAP_SYS_ADMIN")
 }
 
 func write(t *testing.T, path, content string, mode os.FileMode) {

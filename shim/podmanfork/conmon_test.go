@@ -28,7 +28,7 @@ func fakeConmon(t *testing.T, session string, pair bool) *exec.Cmd {
 
 func TestHelperConmon(t *testing.T) {
 	if os.Getenv("TCLONE_FAKE_CONMON") != "1" {
-		t.Skip("a helper process for TestReapExecConmon")
+		return // a helper process for TestReapExecConmon, not a test of its own
 	}
 	if os.Getenv("TCLONE_FAKE_CONMON_PAIR") == "1" {
 		self, _ := os.Executable()

@@ -15,6 +15,7 @@ import (
 	"github.com/tclone/tclone/runtime/fork"
 	"github.com/tclone/tclone/runtime/memuse"
 	"github.com/tclone/tclone/runtime/plan"
+	"github.com/tclone/tclone/test/testenv"
 )
 
 // cowSource starts a workload holding mib MiB in a bare bundle, and
@@ -254,7 +255,7 @@ func TestBundleForkCow(t *testing.T) {
 func TestBundleForkCowKilled(t *testing.T) {
 	requireBundleStack(t)
 	if !cowLoaded(t) {
-		t.Skip("needs the vma_cherrypick module: the kernel VM's stack stage runs it (TestBundleForkCow checks the refusal here)")
+		testenv.InVM(t, "stack", "needs the vma_cherrypick module (TestBundleForkCow checks the refusal here)")
 	}
 	requireNoLeftovers(t)
 	src, _, srcExec := cowSource(t, "cowk", 16)
@@ -351,7 +352,7 @@ func memfillBundle(t *testing.T, role string, populate bool, mib int) (*bundle, 
 func TestBundleForkCowGiB(t *testing.T) {
 	requireBundleStack(t)
 	if !cowLoaded(t) {
-		t.Skip("needs the vma_cherrypick module: the kernel VM's stack stage runs it (make vm-test)")
+		testenv.InVM(t, "stack", "needs the vma_cherrypick module")
 	}
 	if _, err := os.Stat(memfillBin()); err != nil {
 		t.Fatalf("memfill: %v (the kernel VM's stack stage puts it in TCLONE_BINDIR)", err)

@@ -237,7 +237,7 @@ func killedRestore(t *testing.T, sock string, tty bool) {
 			return nil
 		})
 		died := time.Now()
-		if err := psWithin(t, 5*time.Second); err != nil {
+		if err := psWithin(t, answerWait); err != nil {
 			t.Fatalf("podman ps -a after the restore died: %v", err)
 		}
 		t.Logf("podman ps -a answered %s after tclone restore died", time.Since(died).Round(time.Millisecond))
@@ -260,7 +260,7 @@ func killedRestore(t *testing.T, sock string, tty bool) {
 			t.Fatalf("tclone restore was never seen, and podman-fork's error names no restore that died: %s", stderr.String())
 		}
 		sibID = m[1]
-		if err := psWithin(t, 5*time.Second); err != nil {
+		if err := psWithin(t, answerWait); err != nil {
 			t.Fatalf("podman ps -a after the fork failed: %v", err)
 		}
 		t.Logf("tclone restore of %s came and went between two looks; podman-fork named it", sibID)
@@ -325,7 +325,7 @@ func TestKilledRestoreWithoutClient(t *testing.T) {
 	if !strings.Contains(out, "half-made sibling was removed") {
 		t.Errorf("the restore's error does not say what happened: %s", out)
 	}
-	if err := psWithin(t, 5*time.Second); err != nil {
+	if err := psWithin(t, answerWait); err != nil {
 		t.Fatalf("podman ps -a after the killed restore: %v", err)
 	}
 	st, err := runWithin(30*time.Second, nil, "/usr/bin/podman", "inspect", "--format", "{{.State.Status}} {{.State.ExitCode}} {{.State.Error}}", sib)

@@ -112,13 +112,17 @@ func TestPodmanForkKSM(t *testing.T) {
 	if got := ksmSettings(t)["run"]; got != "1" {
 		t.Fatalf("ksmd run=%s during a young merging fork, want 1", got)
 	}
+	// Merging shows as PSS falling under RSS: without it, a sibling's
+	// private pages are all its own (PSS = RSS). How far and how fast it
+	// falls is make bench's to measure (0.51 after 23 s on one run here);
+	// this only asks that it clearly does.
 	var rss, pss int
 	for {
 		rss, pss = stats(t, sibID)
-		if float64(pss) <= 0.6*float64(rss) {
+		if float64(pss) <= 0.85*float64(rss) {
 			break
 		}
-		if time.Since(start) > 2*time.Minute {
+		if time.Since(start) > 5*time.Minute {
 			t.Fatalf("sibling PSS %d kB of RSS %d kB after %s", pss, rss, time.Since(start).Round(time.Second))
 		}
 		time.Sleep(2 * time.Second)

@@ -57,7 +57,10 @@ func leaked() []string {
 			}
 		}
 	}
+	// cgroup v1's hierarchies, and cgroup v2's one (the kernel VM).
 	cgs, _ := filepath.Glob("/sys/fs/cgroup/*/tclone-test/tct-*")
+	v2, _ := filepath.Glob("/sys/fs/cgroup/tclone-test/tct-*")
+	cgs = append(cgs, v2...)
 	for _, cg := range cgs {
 		out = append(out, "cgroup "+cg)
 	}

@@ -261,7 +261,11 @@ func TestPodmanForkAllOrNothingWhileFilling(t *testing.T) {
 
 func TestPodmanForkPublish(t *testing.T) {
 	requireStack(t)
-	src := demoWorkspace(t, "-p", "18180:8080")
+	srcPort, sibPort := freePort(t), freePort(t)
+	for sibPort == srcPort {
+		sibPort = freePort(t)
+	}
+	src := demoWorkspace(t, "-p", fmt.Sprintf("%d:8080", srcPort))
 	get := func(port int) string {
 		resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/", port))
 		if err != nil {
@@ -272,26 +276,26 @@ func TestPodmanForkPublish(t *testing.T) {
 		return string(b)
 	}
 	srcHost := podman(t, "exec", src, "hostname")
-	r := forkCLI(t, "-p", "18181:8080", "--ready", "tcp:8080", src)
+	r := forkCLI(t, "-p", fmt.Sprintf("%d:8080", sibPort), "--ready", "tcp:8080", src)
 	if r.code != 0 {
 		t.Fatalf("fork -p: %s", r.stderr)
 	}
 	eventually(t, 10*time.Second, "published ports", func() error {
-		if got := get(18180); !strings.Contains(got, srcHost) {
-			return fmt.Errorf("source's port 18180 answered %q", got)
+		if got := get(srcPort); !strings.Contains(got, srcHost) {
+			return fmt.Errorf("source's port %d answered %q", srcPort, got)
 		}
 		// The page was written before the fork: the sibling serves the
 		// same file, but from its own port.
-		if got := get(18181); !strings.Contains(got, "hello from") {
-			return fmt.Errorf("sibling's port 18181 answered %q", got)
+		if got := get(sibPort); !strings.Contains(got, "hello from") {
+			return fmt.Errorf("sibling's port %d answered %q", sibPort, got)
 		}
 		return nil
 	})
-	if ports := podman(t, "port", src+"-fork-1"); strings.Contains(ports, "18180") {
+	if ports := podman(t, "port", src+"-fork-1"); strings.Contains(ports, fmt.Sprintf(":%d", srcPort)) {
 		t.Errorf("the sibling took the source's port: %s", ports)
 	}
 	// Asking for the source's own host port fails clearly, leaving nothing.
-	r = forkCLI(t, "-p", "18180:8080", src)
+	r = forkCLI(t, "-p", fmt.Sprintf("%d:8080", srcPort), src)
 	if r.code == 0 || !strings.Contains(r.stderr, "port") {
 		t.Fatalf("a port conflict: exit %d %q", r.code, r.stderr)
 	}

@@ -1,6 +1,6 @@
 // Package integration tests tclone against the real stack: Podman, conmon,
 // crun and CRIU, as root. `make test` runs it with
-// TCLONE_REQUIRE_INTEGRATION=1, which turns a missing piece from a skip into
+// TCLONE_REQUIRE=1 (test/testenv), which turns a missing piece from a skip into
 // a failure, so CI never passes by skipping.
 package integration
 
@@ -18,6 +18,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/tclone/tclone/test/testenv"
 )
 
 const (
@@ -25,7 +27,7 @@ const (
 	workspace = "localhost/tclone-workspace:latest"
 )
 
-// requireStack skips (or, under TCLONE_REQUIRE_INTEGRATION=1, fails) a test
+// requireStack skips (or, under TCLONE_REQUIRE=1, fails) a test
 // when the machine lacks what it needs.
 func requireStack(t *testing.T) {
 	t.Helper()
@@ -71,10 +73,7 @@ func stackMissing(t *testing.T, missing []string) {
 		return
 	}
 	msg := fmt.Sprintf("missing %s (run hack/setup-host.sh)", strings.Join(missing, ", "))
-	if os.Getenv("TCLONE_REQUIRE_INTEGRATION") == "1" {
-		t.Fatal(msg)
-	}
-	t.Skip(msg)
+	testenv.Missing(t, "%s", msg)
 }
 
 func binDir() string {

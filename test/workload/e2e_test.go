@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/tclone/tclone/test/testenv"
 )
 
 // asMainEnv makes the test binary behave as the workload binary. serve
@@ -42,7 +44,7 @@ func workloadCmd(args ...string) *exec.Cmd {
 // and checks that its children go away on their own.
 func TestServeEndToEnd(t *testing.T) {
 	if testing.Short() {
-		t.Skip("starts processes; skipped with -short")
+		testenv.Missing(t, "starts processes, which -short leaves out")
 	}
 	dir := t.TempDir()
 	control := filepath.Join(dir, "control.sock")

@@ -95,7 +95,7 @@ func TestLockSurvivesUnlink(t *testing.T) {
 				}
 				got <- u
 			}()
-			time.Sleep(100 * time.Millisecond) // the waiter has opened the old file
+			waitOpen(t, path, 2) // the holder's and the waiter's, the old file
 			os.Remove(path)
 			holder()
 			var unlock func()
@@ -129,7 +129,7 @@ func TestLockDirectoryGone(t *testing.T) {
 		_, err := Lock(context.Background(), path)
 		got <- err
 	}()
-	time.Sleep(100 * time.Millisecond)
+	waitOpen(t, path, 2)
 	os.RemoveAll(dir)
 	holder()
 	if err := <-got; !errors.Is(err, os.ErrNotExist) {
@@ -143,5 +143,26 @@ func TestLockDirectoryGone(t *testing.T) {
 func TestTryLockMissing(t *testing.T) {
 	if _, ok, err := TryLock(filepath.Join(t.TempDir(), "none")); ok || err != nil {
 		t.Fatalf("%v %v", ok, err)
+	}
+}
+
+// waitOpen waits until this process has n descriptors open on the file at
+// path: a waiter in Lock opens the file before it waits for its lock.
+func waitOpen(t *testing.T, path string, n int) {
+	t.Helper()
+	open := func() int {
+		fds, _ := filepath.Glob("/proc/self/fd/*")
+		c := 0
+		for _, fd := range fds {
+			if target, err := os.Readlink(fd); err == nil && target == path {
+				c++
+			}
+		}
+		return c
+	}
+	for deadline := time.Now().Add(time.Minute); open() < n; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d descriptors open on %s, not %d", open(), path, n)
+		}
 	}
 }

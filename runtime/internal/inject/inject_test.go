@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/tclone/tclone/runtime/internal/procfs"
+	"github.com/tclone/tclone/test/testenv"
 )
 
 // The helper is a parent with a child of exit signal 0 (as a twin's): it
@@ -190,7 +191,5 @@ func neg(n uint64) uint64 { return -n }
 
 func requireRoot(t *testing.T) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("seizing other processes needs root (or the same user and ptrace_scope 0)")
-	}
+	testenv.NeedRoot(t, "seizing other processes (or the same user and ptrace_scope 0)")
 }

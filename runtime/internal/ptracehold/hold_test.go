@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tclone/tclone/test/testenv"
 	"golang.org/x/sys/unix"
 )
 
@@ -20,9 +21,7 @@ import (
 // with a child doing the same, and returns their PIDs and files.
 func busy(t *testing.T) (pids []int, files []string) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("seizing other processes needs root (or the same user and ptrace_scope 0)")
-	}
+	testenv.NeedRoot(t, "seizing other processes (or the same user and ptrace_scope 0)")
 	dir := t.TempDir()
 	for i := range 2 {
 		f := filepath.Join(dir, fmt.Sprintf("c%d", i))
