@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds vma_cherrypick for each supported kernel, boots that kernel under
-# qemu (TCG) with a busybox initramfs holding the module and the static Go
-# suite, and checks the verdict. Exits non-zero if any kernel's run fails:
+# qemu (KVM where a vCPU runs here, else TCG) with a busybox initramfs
+# holding the module and the static Go suite, and checks the verdict. Exits non-zero if any kernel's run fails:
 # a build with warnings, module not loading, a failed test, a timeout, or a
 # kernel BUG/WARNING/Oops/bad page/RCU stall in the guest's log.
 #
@@ -36,6 +36,8 @@
 #   VCP_ROOT       a build root that already holds the kernels and their
 #                  build trees (build-debug-kernel.sh's); default: make the
 #                  trixie root with build-root.sh
+#   VCP_ACCEL      tcg: emulate even where KVM works (default: KVM where
+#                  kernel/vmtest/kvmprobe runs a vCPU, else TCG)
 #   VCP_SLOW       N > 1 stretches the suite's time limits N times (passed to
 #                  the guest as the kernel parameter vcpslow=N)
 set -euo pipefail
@@ -161,6 +163,25 @@ if [ -n "$stack_tests" ]; then
 	echo 'root:x:0:' >"$rootfs/etc/group"
 fi
 
+# The accelerator: KVM where a virtual CPU really runs here (kvmprobe makes
+# a VM and runs one instruction in it; /dev/kvm that opens is not enough),
+# TCG otherwise. VCP_ACCEL=tcg forces emulation (to compare the two).
+mkdir -p "$build"
+(cd "$top" && CGO_ENABLED=0 "$GO" build -o "$build/kvmprobe" ./kernel/vmtest/kvmprobe) || die "building kernel/vmtest/kvmprobe failed"
+accel=tcg
+qemu_cpu=(-machine pc -cpu max)
+if [ "${VCP_ACCEL:-}" = tcg ]; then
+	accel_why="VCP_ACCEL=tcg"
+elif accel_why=$(timeout 20 "$build/kvmprobe" 2>&1); then
+	accel=kvm
+	qemu_cpu=(-machine pc,accel=kvm -cpu host)
+	accel_why="a vCPU ran here"
+else
+	[ -n "$accel_why" ] || accel_why="tcg: the probe's vCPU did not stop within 20 s"
+	accel_why=${accel_why#tcg: }
+fi
+log "qemu runs the guests under $accel ($accel_why)"
+
 vmlinuz_of() {
 	local v=$1
 	for f in "$root/boot/vmlinuz-$v" "$root/usr/lib/modules/$v/vmlinuz"; do
@@ -266,9 +287,9 @@ run_one() {
 		# A sparse disk for swap, on an NVMe controller (built into the kernel).
 		rm -f "$dir/swap.img"
 		truncate -s 512M "$dir/swap.img"
-		log "$v: booting under qemu (TCG, timeout ${timeout_s}s)"
+		log "$v: booting under qemu ($accel, timeout ${timeout_s}s)"
 		timeout --kill-after=10 "$timeout_s" qemu-system-x86_64 \
-			-machine pc -cpu max -smp 2 -m "$mem" \
+			"${qemu_cpu[@]}" -smp 2 -m "$mem" \
 			-kernel "$kernel" -initrd "$dir/initramfs.gz" \
 			-drive "file=$dir/swap.img,if=none,id=swap,format=raw" \
 			-device nvme,drive=swap,serial=vcpswap \
@@ -308,7 +329,7 @@ run_one() {
 		log "$v: FAIL: ${verdict:-no verdict from the guest} (log: $console.txt)"
 		return 1
 	fi
-	log "$v: PASS in ${took}s"
+	log "$v: PASS in ${took}s ($accel)"
 }
 
 failed=0
