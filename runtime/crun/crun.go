@@ -152,7 +152,8 @@ func wrapExit(verb string, err error, stderr string) error {
 	return fmt.Errorf("crun %s: %w", verb, err)
 }
 
-// Version returns the first line of `crun --version`.
+// Version returns what `crun --version` prints, every line (tclone
+// --version passes it on whole, as crun would print it).
 func (r *Runtime) Version(ctx context.Context) (string, error) {
 	out, err := exec.CommandContext(ctx, r.Path, "--version").Output()
 	if err != nil {
