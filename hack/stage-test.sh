@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Checks hack/stage.sh: a stage within its limit passes its status on and
+# says how long it took; one past its limit is stopped and fails naming
+# itself; a bad limit is refused. About 3 seconds.
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+bad=0
+check() { # NAME WANT_STATUS WANT_TEXT STATUS OUTPUT
+	if [ "$4" = "$2" ] && printf '%s' "$5" | grep -q -- "$3"; then
+		echo "ok   $1"
+	else
+		echo "FAIL $1: exit $4 (want $2), output: $5" >&2
+		bad=$((bad + 1))
+	fi
+}
+out=$("$here/stage.sh" quick 1 true 2>&1); check within-limit 0 "stage quick took 0m" $? "$out"
+out=$("$here/stage.sh" failing 1 sh -c 'exit 3' 2>&1); check failure-passed-on 3 "stage failing failed (exit 3)" $? "$out"
+out=$("$here/stage.sh" slow 1s sleep 30 2>&1); check past-limit 124 "stage slow ran past its limit of 1s" $? "$out"
+out=$("$here/stage.sh" typo 5x true 2>&1); check bad-limit 2 "must be whole minutes" $? "$out"
+times=$(mktemp)
+TCLONE_STAGE_TIMES=$times "$here/stage.sh" recorded 2 true >/dev/null
+out=$(cat "$times"); rm -f "$times"; check recorded 0 "^recorded 0 2 0$" 0 "$out"
+[ "$bad" = 0 ] && echo "stage-test: all checks as named"
+exit "$bad"
