@@ -148,8 +148,10 @@ if [ -n "$stack_tests" ]; then
 	mkdir -p "$stage/root/usr/local/lib/tclone"
 	cp -a "$tclone_criu" "$stage/root/usr/local/lib/tclone/criu"
 	for lib in $(readelf -d "$tclone_criu/criu" "$tclone_criu/plugins/tclone_twin.so" | awk '/\(NEEDED\)/ { gsub(/[][]/, "", $NF); print $NF }' | sort -u); do
-		ls "$stage/root/lib/x86_64-linux-gnu/$lib" "$stage/root/usr/lib/x86_64-linux-gnu/$lib" >/dev/null 2>&1 && continue
-		ls "$stage/root/lib64/$lib" >/dev/null 2>&1 ||
+		# root_copy keeps the paths ldd gave (one of these), so a library
+		# is in one of them, not both.
+		[ -e "$stage/root/lib/x86_64-linux-gnu/$lib" ] || [ -e "$stage/root/usr/lib/x86_64-linux-gnu/$lib" ] ||
+			[ -e "$stage/root/lib64/$lib" ] ||
 			die "tclone's CRIU in $tclone_criu needs $lib, which the root's criu does not load: rebuild it (hack/build-criu.sh) for the root's CRIU release"
 	done
 	# A busybox root for the containers, every applet a link.
