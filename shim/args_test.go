@@ -152,3 +152,48 @@ func TestServiceBinaryMissing(t *testing.T) {
 		t.Fatalf("serviceBinary beside the test binary: %v, want it missing with advice", err)
 	}
 }
+
+// containerd's runc v2 shim restores with go-runc's argv: -no-subreaper
+// (one dash) is accepted and ignored, and the restore's flags reach crun
+// as crun spells them.
+func TestRuncRestoreArgv(t *testing.T) {
+	c := parse(t, restoreCommand, "--image-path", "/var/lib/c/ctrd-restore/checkpoint", "--work-path", "/var/lib/c/work",
+		"--detach", "--pid-file", "/run/b/init.pid", "-no-subreaper", "--bundle", "/run/b", "ID")
+	if err := refuseRunc(c); err != nil {
+		t.Fatalf("the shim's restore argv was refused: %v", err)
+	}
+	capture, err := forkflags.ReadCapture(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := []string(crunRestoreArgs(c, capture))
+	want := []string{"--bundle", "/run/b", "--image-path", "/var/lib/c/ctrd-restore/checkpoint", "--work-path", "/var/lib/c/work", "--detach", "--pid-file", "/run/b/init.pid"}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("crun restore args %q, want %q", got, want)
+	}
+}
+
+// runc's flags that tclone cannot honour are refused by name, saying why;
+// left unset or false, they change nothing.
+func TestRuncFlagsRefused(t *testing.T) {
+	for _, tc := range []struct {
+		cmd  *cli.Command
+		args []string
+		flag string
+	}{
+		{restoreCommand, []string{"--no-pivot", "ID"}, "--no-pivot"},
+		{restoreCommand, []string{"--empty-ns", "network", "ID"}, "--empty-ns"},
+		{restoreCommand, []string{"--lazy-pages", "ID"}, "--lazy-pages"},
+		{checkpointCommand, []string{"--page-server", "127.0.0.1:1", "ID"}, "--page-server"},
+		{checkpointCommand, []string{"--status-fd", "3", "ID"}, "--status-fd"},
+		{checkpointCommand, []string{"--empty-ns", "network", "ID"}, "--empty-ns"},
+	} {
+		err := refuseRunc(parse(t, tc.cmd, tc.args...))
+		if err == nil || !strings.Contains(err.Error(), tc.flag+" is runc's and not supported") {
+			t.Errorf("%s %q: %v, want %s refused", tc.cmd.Name, tc.args, err, tc.flag)
+		}
+	}
+	if err := refuseRunc(parse(t, restoreCommand, "--no-pivot=false", "ID")); err != nil {
+		t.Errorf("--no-pivot=false refused: %v", err)
+	}
+}

@@ -26,10 +26,13 @@ var checkpointCommand = &cli.Command{
 		&cli.StringFlag{Name: "parent-path", Usage: "previous images for a pre-dump chain (crun)"},
 		&cli.BoolFlag{Name: "pre-dump", Usage: "dump memory only and leave the container running (crun)"},
 		&cli.StringFlag{Name: "manage-cgroups-mode", Usage: "cgroups mode: soft, ignore, full or strict"},
-	}, forkflags.CrunCapture()),
+	}, forkflags.CrunCapture(), runcCheckpointFlags),
 	Action: func(c *cli.Context) error {
 		id, err := oneArg(c, "CONTAINER")
 		if err != nil {
+			return err
+		}
+		if err := refuseRunc(c); err != nil {
 			return err
 		}
 		rt, err := findCrun(c)

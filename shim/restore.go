@@ -28,7 +28,7 @@ var restoreFlags = slices.Concat([]cli.Flag{
 	&cli.StringFlag{Name: "lsm-profile", Usage: "LSM profile for the restored tree, TYPE:NAME"},
 	&cli.StringFlag{Name: "lsm-mount-context", Usage: "LSM mount context for the restored tree"},
 	&cli.BoolFlag{Name: "print-stats", Usage: "print fork timings as JSON (fork plans only)"},
-}, forkflags.Capture(), []cli.Flag{forkflags.MemoryFlag()})
+}, forkflags.Capture(), []cli.Flag{forkflags.MemoryFlag()}, runcRestoreFlags)
 
 var restoreCommand = &cli.Command{
 	Name:      "restore",
@@ -38,6 +38,9 @@ var restoreCommand = &cli.Command{
 	Action: func(c *cli.Context) error {
 		id, err := oneArg(c, "NEW-ID")
 		if err != nil {
+			return err
+		}
+		if err := refuseRunc(c); err != nil {
 			return err
 		}
 		rt, err := findCrun(c)
