@@ -32,6 +32,9 @@ type CaptureRequest struct {
 	// Client is the fork client the plan's uses are held for (see
 	// plan.Uses.Client); nil for a plan kept until it expires.
 	Client *journal.Owner
+	// CallerPaused allows a source its caller paused for this capture
+	// (plan.Intent.CallerPaused); it stays paused.
+	CallerPaused bool
 }
 
 // Captured is a finished capture.
@@ -50,7 +53,7 @@ type Captured struct {
 // lets the tree go the moment CRIU dies, whoever kills it. tclone kills CRIU
 // when the capture timeout passes or the caller gives up.
 func (e *Engine) Capture(ctx context.Context, req CaptureRequest) (*Captured, error) {
-	src, err := e.prepare(ctx, req.Source, &req.Fork)
+	src, err := e.prepare(ctx, req.Source, &req.Fork, req.CallerPaused)
 	if err != nil {
 		return nil, err
 	}
@@ -60,12 +63,12 @@ func (e *Engine) Capture(ctx context.Context, req CaptureRequest) (*Captured, er
 // prepare normalizes a fork's options and loads its source, once recovery
 // has run: an older capture that died may have left the source frozen,
 // which would read as paused.
-func (e *Engine) prepare(ctx context.Context, id string, f *forkopts.Fork) (*source, error) {
+func (e *Engine) prepare(ctx context.Context, id string, f *forkopts.Fork, callerPaused bool) (*source, error) {
 	if err := f.Normalize(); err != nil {
 		return nil, err
 	}
 	e.RecoverQuietly(ctx)
-	return loadSource(ctx, e.Crun, id)
+	return loadSource(ctx, e.Crun, id, callerPaused)
 }
 
 // captureOp is one capture in progress: the source it holds, and what it
@@ -502,6 +505,7 @@ func captureOptions(src *source, dir string, opts forkopts.Dumped) (_ *rpc.CriuO
 		spec: src.spec, pid: src.state.Pid, rootfs: src.status.Rootfs,
 		imagesFd: int(imagesDir.Fd()), workFd: int(workDir.Fd()), opts: opts,
 		selfCgroups: selfCgroups, unified: cgroups.Unified(),
+		freezeCgroup: src.frozenBy(),
 	})
 	if err != nil {
 		closeDirs()

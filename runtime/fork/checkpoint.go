@@ -49,7 +49,7 @@ func (e *Engine) checkpointForIntent(ctx context.Context, intent *plan.Intent, i
 	// The plan's uses are kept for the client that asked for them; if it
 	// dies, the plan goes at the next sweep instead of at its expiry. The
 	// capture records it with the uses, before its journal entry ends.
-	req := CaptureRequest{Source: id, Fork: intent.Fork}
+	req := CaptureRequest{Source: id, Fork: intent.Fork, CallerPaused: intent.CallerPaused}
 	if intent.Client.Pid != 0 {
 		client := intent.Client
 		req.Client = &client

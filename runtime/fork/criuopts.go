@@ -34,6 +34,8 @@ type dumpInput struct {
 	// selfCgroups are the caller's cgroups (/proc/self/cgroup).
 	selfCgroups []procfs.Cgroup
 	unified     bool
+	// freezeCgroup is the freezer a paused source is frozen in (source.frozenBy).
+	freezeCgroup string
 }
 
 // dumpOptions builds the CRIU options for a leave-running dump that crun's
@@ -51,10 +53,18 @@ func dumpOptions(in dumpInput) (*rpc.CriuOpts, error) {
 		OrphanPtsMaster:   proto.Bool(true),
 		ManageCgroups:     proto.Bool(true),
 		ManageCgroupsMode: rpc.CriuCgMode_SOFT.Enum(),
-		// No FreezeCgroup: CRIU holds the tree by ptrace alone, which the
-		// kernel releases when CRIU dies; a frozen cgroup would outlive it.
-		// CRIU's own bound on seizing the tree.
+		// No FreezeCgroup for a running source: CRIU holds the tree by
+		// ptrace alone, which the kernel releases when CRIU dies; a frozen
+		// cgroup would outlive it. CRIU's own bound on seizing the tree.
 		Timeout: proto.Uint32(10),
+	}
+	if in.freezeCgroup != "" {
+		// A source its caller froze (containerd's CRI checkpoint): CRIU
+		// seizes the frozen tree through its freezer and leaves it as it
+		// found it, frozen; the caller thaws it, and nothing of tclone's
+		// has to (a frozen cgroup that outlives a dead CRIU is the
+		// caller's, which it resumes).
+		o.FreezeCgroup = proto.String(in.freezeCgroup)
 	}
 	// A file open under a name that is gone while another hard link
 	// remains has no path to record: CRIU links it back under

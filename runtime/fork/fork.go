@@ -58,7 +58,7 @@ func (e *Engine) Fork(ctx context.Context, req ForkRequest) (*Report, error) {
 	req.Fork.Uses = 1
 	// Everything that can be checked about the source and the sibling is
 	// checked before the source is seized for it.
-	src, err := e.prepare(ctx, req.Source, &req.Fork)
+	src, err := e.prepare(ctx, req.Source, &req.Fork, false)
 	if err != nil {
 		return nil, err
 	}

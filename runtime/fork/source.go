@@ -10,6 +10,7 @@ import (
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/tclone/tclone/runtime/cgroups"
 	"github.com/tclone/tclone/runtime/crun"
 	"github.com/tclone/tclone/runtime/internal/procfs"
 )
@@ -20,6 +21,19 @@ type source struct {
 	state  *crun.State
 	status *crun.Status
 	spec   *specs.Spec
+	// paused is a source its caller paused for the capture (containerd's
+	// CRI checkpoint pauses it first, and resumes it after).
+	paused bool
+}
+
+// frozenBy is the freezer cgroup a paused source is frozen in, which CRIU
+// must be told of (it seizes a frozen tree through it, and leaves it
+// frozen); "" for a running source, which CRIU holds by ptrace alone.
+func (s *source) frozenBy() string {
+	if !s.paused {
+		return ""
+	}
+	return cgroups.ProcsDir(s.status.CgroupPath)
 }
 
 // SourceError is a container that cannot be forked as it is; it says why and
@@ -35,8 +49,9 @@ func (e *SourceError) Error() string {
 }
 
 // loadSource checks that id is a running container crun manages and reads
-// what a capture needs.
-func loadSource(ctx context.Context, rt *crun.Runtime, id string) (*source, error) {
+// what a capture needs. A paused one is refused unless callerPaused: its
+// caller paused it for this capture.
+func loadSource(ctx context.Context, rt *crun.Runtime, id string, callerPaused bool) (*source, error) {
 	if id == "" {
 		return nil, &SourceError{ID: `""`, Reason: "no source container given", Fix: "name the container to fork"}
 	}
@@ -51,7 +66,9 @@ func loadSource(ctx context.Context, rt *crun.Runtime, id string) (*source, erro
 	switch st.Status {
 	case crun.StatusRunning:
 	case crun.StatusPaused:
-		return nil, &SourceError{ID: id, Reason: "it is paused", Fix: "resume it first (podman unpause, or tclone resume)"}
+		if !callerPaused {
+			return nil, &SourceError{ID: id, Reason: "it is paused", Fix: "resume it first (podman unpause, or tclone resume)"}
+		}
 	default:
 		return nil, &SourceError{ID: id, Reason: "it is " + st.Status + ", and only a running container can be forked", Fix: "start it first"}
 	}
@@ -74,7 +91,7 @@ func loadSource(ctx context.Context, rt *crun.Runtime, id string) (*source, erro
 		// bundle for bare bundles.
 		status.Rootfs = filepath.Join(st.Bundle, status.Rootfs)
 	}
-	return &source{id: id, state: st, status: status, spec: spec}, nil
+	return &source{id: id, state: st, status: status, spec: spec, paused: st.Status == crun.StatusPaused}, nil
 }
 
 // processAlive reports whether pid runs; a zombie ('Z') or dead ('X') init

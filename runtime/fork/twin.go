@@ -329,7 +329,9 @@ func (e *notTwinnable) Unwrap() error { return e.err }
 // fork's) wait until no twin of an earlier twin capture is left in it:
 // CRIU would dump the twin as one of the container's processes.
 func (e *Engine) WaitTwinsGone(ctx context.Context, id string) error {
-	src, err := loadSource(ctx, e.Crun, id)
+	// A paused container can be checkpointed too (containerd pauses it
+	// first); its twins would be in it all the same.
+	src, err := loadSource(ctx, e.Crun, id, true)
 	if err != nil {
 		return nil // not one tclone can fork: crun says what is wrong with it
 	}

@@ -32,6 +32,11 @@ type Intent struct {
 	ExpiresAt time.Time `json:"expires_at"`
 	// Fork is the fork asked for, normalized by the client.
 	Fork forkopts.Fork `json:"fork"`
+	// CallerPaused says that the caller of the checkpoint pauses the source
+	// around it and resumes it after: containerd's CRI checkpoint does. The
+	// capture then takes the source frozen and leaves it frozen; a paused
+	// source is refused otherwise.
+	CallerPaused bool `json:"caller_paused,omitempty"`
 	// Client is the process that asked for the fork, by PID and start time
 	// (WriteIntent records the caller). The plan's uses are held for it:
 	// once it has died the plan is removed as soon as no restore holds a
