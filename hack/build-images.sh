@@ -3,6 +3,7 @@
 # so the images are made from Debian packages and imported into Podman.
 #
 #   localhost/tclone-busybox:latest    busybox-static only (a few MB)
+#   localhost/tclone-pause:latest      catatonit -P: a pod's sandbox
 #   localhost/tclone-shell:latest      a shell and nothing else: busybox as
 #                                      /bin/sh without its applet links, so no
 #                                      `true`, `ls`, ... exist as programs
@@ -49,6 +50,18 @@ if need_image localhost/tclone-busybox:latest; then
 	done
 	users_and_groups "$root"
 	tar -C "$root" -c . | podman import --quiet - localhost/tclone-busybox:latest >/dev/null
+fi
+
+# pause: a Kubernetes pod's sandbox image (containerd's pinned sandbox in
+# hack/kube/containerd.toml): catatonit, static, as Podman's own pause.
+if need_image localhost/tclone-pause:latest; then
+	[ -x /usr/bin/catatonit ] || die "/usr/bin/catatonit is missing; install catatonit"
+	log "building localhost/tclone-pause"
+	root=$work/pause
+	mkdir -p "$root"/{etc,proc,sys,dev}
+	cp /usr/bin/catatonit "$root/catatonit"
+	users_and_groups "$root"
+	tar -C "$root" -c . | podman import --quiet --change 'ENTRYPOINT ["/catatonit", "-P"]' - localhost/tclone-pause:latest >/dev/null
 fi
 
 # shell: what a minimal image (busybox-minimal, distroless with one binary)

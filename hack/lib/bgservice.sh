@@ -3,6 +3,9 @@
 # without systemd. Its PID is kept in a file beside its socket.
 
 # bg_service start|stop|status SOCKET PIDFILE LOGFILE COMMAND...
+# It is up once SOCKET answers HTTP's /_ping, or, with BG_READY set, once
+# that command succeeds (a gRPC service, or one on TCP: SOCKET is then only
+# removed before the start, and may name no socket at all).
 bg_service() {
 	local verb=$1 sock=$2 pidfile=$3 logfile=$4
 	shift 4
@@ -27,7 +30,11 @@ bg_service() {
 		) &
 		echo $! >"$pidfile"
 		for _ in $(seq 150); do
-			[ -S "$sock" ] && curl -sf --unix-socket "$sock" http://d/_ping >/dev/null 2>&1 && return 0
+			if [ -n "${BG_READY:-}" ]; then
+				$BG_READY >/dev/null 2>&1 && return 0
+			else
+				[ -S "$sock" ] && curl -sf --unix-socket "$sock" http://d/_ping >/dev/null 2>&1 && return 0
+			fi
 			bg_running "$pidfile" || break
 			sleep 0.1
 		done
