@@ -64,7 +64,7 @@ func newApp() *cli.App {
 		ExitErrHandler: func(*cli.Context, error) {},
 	}
 	cli.VersionPrinter = printVersion
-	app.Commands = append(delegatedCommands(), checkpointCommand, restoreCommand, forkCommand, gcCommand, statsCommand, serviceCommand)
+	app.Commands = append(delegatedCommands(), checkpointCommand, restoreCommand, forkCommand, gcCommand, statsCommand, serviceCommand, kubeCommand)
 	return app
 }
 

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"strings"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -31,12 +32,20 @@ func shortID(id string) string {
 }
 
 // siblingHostname decides the sibling's hostname. An explicit hostname in
-// the sibling's config that differs from the source's wins. Otherwise a
-// unique identity gives the sibling its own short ID, and preserve keeps the
-// source's. An empty result means "leave the captured hostname".
+// the sibling's config that differs from the source's wins, and so does the
+// hostname of a UTS namespace the config joins (a Kubernetes pod's: every
+// container of a pod has the pod's hostname, which the CRI set there).
+// Otherwise a unique identity gives the sibling its own short ID, and
+// preserve keeps the source's. An empty result means "leave the captured
+// hostname".
 func siblingHostname(p *plan.Plan, spec *specs.Spec, siblingID string) string {
 	if spec.Hostname != "" && spec.Hostname != p.Source.Hostname {
 		return spec.Hostname
+	}
+	if path, ok := joinedUTS(spec); ok {
+		if name, err := hostnameIn(path); err == nil && name != "" {
+			return name
+		}
 	}
 	if p.Identity == forkopts.IdentityPreserve {
 		return ""
@@ -179,4 +188,44 @@ func replaceHostToken(data []byte, oldName, newName string) []byte {
 		}
 	}
 	return []byte(strings.Join(lines, "\n"))
+}
+
+// hostnameIn is the hostname of the UTS namespace at path. A thread of its
+// own enters the namespace and is never let back to the Go scheduler: it
+// ends with its goroutine, namespace and all.
+func hostnameIn(path string) (string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	type answer struct {
+		name string
+		err  error
+	}
+	done := make(chan answer, 1)
+	go func() {
+		runtime.LockOSThread()
+		if err := unix.Setns(int(f.Fd()), unix.CLONE_NEWUTS); err != nil {
+			done <- answer{err: fmt.Errorf("entering the UTS namespace %s: %w", path, err)}
+			return
+		}
+		var u unix.Utsname
+		if err := unix.Uname(&u); err != nil {
+			done <- answer{err: err}
+			return
+		}
+		done <- answer{name: unix.ByteSliceToString(u.Nodename[:])}
+	}()
+	a := <-done
+	return a.name, a.err
+}
+
+// joinedUTS is the path of the UTS namespace spec joins, if it joins one.
+func joinedUTS(spec *specs.Spec) (string, bool) {
+	if spec.Linux == nil {
+		return "", false
+	}
+	path, ok := namespacePath(spec, specs.UTSNamespace)
+	return path, ok && path != ""
 }

@@ -1,7 +1,10 @@
 package fork
 
 import (
+	"bufio"
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -10,6 +13,7 @@ import (
 
 	"github.com/tclone/tclone/runtime/forkopts"
 	"github.com/tclone/tclone/runtime/plan"
+	"github.com/tclone/tclone/test/testenv"
 )
 
 func TestSiblingHostname(t *testing.T) {
@@ -117,5 +121,31 @@ func TestOwnedBySibling(t *testing.T) {
 	// A sibling named like a host directory does not own it.
 	if ownedBySibling("/etc/hosts", "/b", "etc") {
 		t.Error("a sibling called etc owns /etc/hosts")
+	}
+}
+
+// A sibling whose config joins a UTS namespace (a Kubernetes pod's) gets
+// that namespace's hostname, not one of its own.
+func TestSiblingHostnameOfAJoinedUTSNamespace(t *testing.T) {
+	testenv.NeedRoot(t, "making a UTS namespace")
+	cmd := exec.Command("unshare", "--uts", "sh", "-c", "hostname pod-fork-1 && echo ready && exec sleep 600")
+	out, _ := cmd.StdoutPipe()
+	if err := cmd.Start(); err != nil {
+		testenv.Missing(t, "unshare: %v", err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	if _, err := bufio.NewReader(out).ReadString('\n'); err != nil {
+		t.Fatalf("the namespace holder: %v", err)
+	}
+	spec := &specs.Spec{Linux: &specs.Linux{Namespaces: []specs.LinuxNamespace{
+		{Type: specs.UTSNamespace, Path: fmt.Sprintf("/proc/%d/ns/uts", cmd.Process.Pid)},
+	}}}
+	p := &plan.Plan{Identity: forkopts.IdentityUnique}
+	p.Source.Hostname = "pod"
+	if got := siblingHostname(p, spec, strings.Repeat("a", 64)); got != "pod-fork-1" {
+		t.Fatalf("hostname %q, want the joined namespace's pod-fork-1", got)
+	}
+	if self, _ := os.Hostname(); self == "pod-fork-1" {
+		t.Fatal("reading the namespace's hostname changed this process's")
 	}
 }

@@ -1,0 +1,424 @@
+// Package kubefork forks a running container of a Kubernetes pod through
+// the node's CRI (containerd with tclone as a runtime class's handler), as
+// `podman container fork` does through Podman: the container's checkpoint,
+// asked for through the CRI as the kubelet's checkpoint API asks for it, is
+// a fork plan, and each sibling is a new pod whose container the CRI
+// restores from it. The source pod's container is paused only for the
+// capture; every sibling is a pod of its own, with its own name, hostname,
+// UID and IP, on the same node. It is all or nothing: a fork that fails
+// removes every pod it made.
+//
+// It runs on the node, as root, beside the CRI runtime: it talks to it with
+// crictl, and leaves tclone the fork request where tclone's checkpoint on
+// that node finds it.
+package kubefork
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/tclone/tclone/runtime/calls"
+	"github.com/tclone/tclone/runtime/forkopts"
+	"github.com/tclone/tclone/runtime/plan"
+)
+
+// MaxCount bounds the siblings of one fork, as for Podman.
+const MaxCount = 32
+
+// Options are a fork through the CRI.
+type Options struct {
+	// Namespace is the source pod's Kubernetes namespace; the siblings go
+	// there too. Default "default".
+	Namespace string
+	// Count siblings (1..MaxCount); Name, when set, names them (NAME, or
+	// NAME-1..NAME-N), else SOURCE-fork-<n>.
+	Count int
+	Name  string
+	// Fork is the capture's options (memory, TCP, identity, timeout).
+	Fork forkopts.Fork
+	// ReadyTimeout bounds each sibling's create, restore and start.
+	ReadyTimeout time.Duration
+	// Crictl is cri-tools' crictl; Endpoint the CRI socket
+	// (unix:///run/containerd/containerd.sock for the node's containerd).
+	Crictl, Endpoint string
+	// Store is tclone's store on this node (plan.DefaultStore()).
+	Store plan.Store
+}
+
+// Pod is a source or sibling pod and its forked container.
+type Pod struct {
+	Name        string  `json:"name"`
+	Namespace   string  `json:"namespace"`
+	PodID       string  `json:"pod_id"`
+	Container   string  `json:"container"`
+	ContainerID string  `json:"container_id"`
+	Hostname    string  `json:"hostname,omitempty"`
+	IP          string  `json:"ip,omitempty"`
+	RestoreMs   float64 `json:"restore_ms,omitempty"`
+}
+
+// Result is a fork done: the source, the siblings, and where time went.
+type Result struct {
+	Source Pod `json:"source"`
+	// Call is this fork's nonce, the LabelCall of each sibling.
+	Call string `json:"call"`
+	// CheckpointMs is the CRI's checkpoint call: containerd pauses the
+	// container, tclone captures it, containerd resumes it and archives
+	// the checkpoint directory.
+	CheckpointMs float64 `json:"checkpoint_ms"`
+	// CapturePauseMs is the part of that pause tclone's capture held the
+	// source (plan.Timings.SourcePauseMs).
+	CapturePauseMs float64 `json:"capture_pause_ms"`
+	Memory         string  `json:"memory,omitempty"`
+	Siblings       []Pod   `json:"siblings"`
+	TotalMs        float64 `json:"total_ms"`
+}
+
+func (o *Options) check() error {
+	if o.Namespace == "" {
+		o.Namespace = "default"
+	}
+	if o.Count == 0 {
+		o.Count = 1
+	}
+	if o.Count < 1 || o.Count > MaxCount {
+		return fmt.Errorf("--count %d: between 1 and %d siblings", o.Count, MaxCount)
+	}
+	if o.Name != "" {
+		if err := checkName(o.Name); err != nil {
+			return fmt.Errorf("--name: %w", err)
+		}
+	}
+	if o.ReadyTimeout <= 0 {
+		o.ReadyTimeout = 2 * time.Minute
+	}
+	if o.Crictl == "" {
+		o.Crictl = "crictl"
+	}
+	if o.Endpoint == "" {
+		return errors.New("no CRI endpoint: give --runtime-endpoint (unix:///run/containerd/containerd.sock for the node's containerd)")
+	}
+	o.Fork.Uses = o.Count
+	return o.Fork.Normalize()
+}
+
+// forker is one fork in progress.
+type forker struct {
+	opts  Options
+	cri   crictl
+	start time.Time
+	call  string
+	work  string
+	src   Pod
+	// srcPod and srcCtr are the source's CRI configurations.
+	srcPod, srcCtr map[string]any
+	handler        string
+	planDir        string
+	made           []Pod
+	res            Result
+}
+
+// Fork forks the container of target ("POD/CONTAINER", or "POD" for a pod
+// with one container) into opts.Count new pods.
+func Fork(ctx context.Context, target string, opts Options) (*Result, error) {
+	if err := opts.check(); err != nil {
+		return nil, err
+	}
+	f := &forker{opts: opts, cri: crictl{path: opts.Crictl, endpoint: opts.Endpoint}, start: time.Now()}
+	b := make([]byte, 8)
+	rand.Read(b)
+	f.call = hex.EncodeToString(b)
+	if err := f.findSource(ctx, target); err != nil {
+		return nil, err
+	}
+	names, err := f.names(ctx)
+	if err != nil {
+		return nil, err
+	}
+	work, err := calls.MkdirTemp(opts.Store, "tclone-fork-")
+	if err != nil {
+		return nil, err
+	}
+	f.work = work
+	defer os.RemoveAll(work)
+	archive, err := f.checkpoint(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for _, n := range names {
+		if err := f.makeSibling(ctx, n, archive); err != nil {
+			return nil, errors.Join(err, f.rollback())
+		}
+	}
+	f.res.Source, f.res.Call, f.res.Siblings = f.src, f.call, f.made
+	f.res.TotalMs = ms(time.Since(f.start))
+	return &f.res, nil
+}
+
+// findSource resolves target to a running container of a ready pod that
+// tclone runs, and reads their configurations.
+func (f *forker) findSource(ctx context.Context, target string) error {
+	podName, ctrName, _ := strings.Cut(target, "/")
+	if podName == "" {
+		return fmt.Errorf("no pod given: fork POD/CONTAINER (or POD, for a pod with one container)")
+	}
+	pods, err := f.cri.pods(ctx, f.opts.Namespace)
+	if err != nil {
+		return err
+	}
+	var pod *podItem
+	for i := range pods {
+		p := &pods[i]
+		if p.Metadata.Name == podName && p.State == "SANDBOX_READY" && (pod == nil || p.Metadata.Attempt > pod.Metadata.Attempt) {
+			pod = p
+		}
+	}
+	if pod == nil {
+		return fmt.Errorf("no ready pod %s in namespace %s on this node (crictl pods --namespace %s lists them)", podName, f.opts.Namespace, f.opts.Namespace)
+	}
+	ctrs, err := f.cri.containers(ctx, pod.ID)
+	if err != nil {
+		return err
+	}
+	var running []containerItem
+	for _, c := range ctrs {
+		if c.State == "CONTAINER_RUNNING" && (ctrName == "" || c.Metadata.Name == ctrName) {
+			running = append(running, c)
+		}
+	}
+	switch {
+	case len(running) == 0 && ctrName != "":
+		return fmt.Errorf("pod %s has no running container %s", podName, ctrName)
+	case len(running) == 0:
+		return fmt.Errorf("pod %s has no running container", podName)
+	case len(running) > 1:
+		return fmt.Errorf("pod %s runs %d containers: name the one to fork, %s/CONTAINER", podName, len(running), podName)
+	}
+	ctr := running[0]
+	var ci containerInspect
+	if err := f.cri.json(ctx, &ci, "inspect", "-o", "json", ctr.ID); err != nil {
+		return err
+	}
+	if bin := ci.Info.RuntimeOptions.BinaryName; ci.Info.RuntimeType != "io.containerd.runc.v2" || filepath.Base(bin) != "tclone" {
+		return fmt.Errorf("container %s/%s is not run by tclone (runtime %s, binary %q): run its pod with a RuntimeClass whose handler is tclone (docs/kubernetes.md)",
+			podName, ctr.Metadata.Name, ci.Info.RuntimeType, bin)
+	}
+	var pi podInspect
+	if err := f.cri.json(ctx, &pi, "inspectp", "-o", "json", pod.ID); err != nil {
+		return err
+	}
+	if ci.Info.Config == nil || pi.Info.Config == nil {
+		return fmt.Errorf("the CRI runtime gives no configuration of pod %s (crictl inspectp): a fork needs it to make sibling pods", podName)
+	}
+	hostname, _ := pi.Info.Config["hostname"].(string)
+	f.src = Pod{Name: podName, Namespace: f.opts.Namespace, PodID: pod.ID, Container: ctr.Metadata.Name, ContainerID: ctr.ID,
+		Hostname: hostname, IP: pi.Status.Network.IP}
+	f.srcPod, f.srcCtr, f.handler = pi.Info.Config, ci.Info.Config, pod.RuntimeHandler
+	return nil
+}
+
+// names picks the siblings' pod names, refusing a taken one.
+func (f *forker) names(ctx context.Context) ([]string, error) {
+	pods, err := f.cri.pods(ctx, f.opts.Namespace)
+	if err != nil {
+		return nil, err
+	}
+	taken := map[string]bool{}
+	for _, p := range pods {
+		taken[p.Metadata.Name] = true
+	}
+	names, err := siblingNames(f.src.Name, f.opts.Name, f.opts.Count, taken)
+	if err != nil {
+		return nil, err
+	}
+	for _, n := range names {
+		if err := checkName(n); err != nil {
+			return nil, err
+		}
+	}
+	return names, nil
+}
+
+// checkpoint leaves tclone a fork request for the source container and
+// has the CRI checkpoint it (containerd pauses it, has tclone capture a
+// fork plan, resumes it, and archives the checkpoint directory, which
+// refers to the plan). It returns the archive siblings are restored from.
+func (f *forker) checkpoint(ctx context.Context) (string, error) {
+	id := f.src.ContainerID
+	intent := plan.Intent{ContainerID: id, Nonce: f.call, Fork: f.opts.Fork, CallerPaused: true}
+	unlock, err := f.opts.Store.LockIntents(id)
+	if err != nil {
+		return "", fmt.Errorf("this must run on the pod's node, as root: %w", err)
+	}
+	defer unlock()
+	if err := f.opts.Store.WriteIntent(intent); err != nil {
+		return "", fmt.Errorf("leaving tclone the fork request (this must run on the pod's node, as root): %w", err)
+	}
+	defer f.opts.Store.RemoveIntent(id, intent.Nonce)
+	exported := filepath.Join(f.work, "checkpoint.tar")
+	timeout := f.opts.Fork.CaptureTimeout + time.Minute
+	began := time.Now()
+	_, err = f.cri.run(ctx, "--timeout", timeout.String(), "checkpoint", "--export", exported, id)
+	f.res.CheckpointMs = ms(time.Since(began))
+	if err != nil {
+		if why, _ := f.opts.Store.TakeIntentResult(id, intent.Nonce); why != "" {
+			return "", fmt.Errorf("checkpoint of %s/%s failed: %s", f.src.Name, f.src.Container, why)
+		}
+		return "", err
+	}
+	archive := filepath.Join(f.work, "fork.tar")
+	ref, err := forkArchive(exported, archive)
+	if ref != nil {
+		f.planDir = ref.PlanDir
+	}
+	if err != nil {
+		return "", errors.Join(err, f.removePlan())
+	}
+	os.Remove(exported)
+	if p, err := plan.Read(f.planDir); err == nil {
+		f.res.CapturePauseMs, f.res.Memory = p.Timings.SourcePauseMs, string(p.Memory)
+	}
+	return archive, nil
+}
+
+// makeSibling makes one sibling pod and restores the source container into
+// it from the archive.
+func (f *forker) makeSibling(ctx context.Context, name, archive string) error {
+	b := make([]byte, 16)
+	rand.Read(b)
+	sib := sibling{name: name, uid: hex.EncodeToString(b)}
+	podCfg, err := siblingPodConfig(f.srcPod, sib, f.src.ContainerID, f.call)
+	if err != nil {
+		return err
+	}
+	ctrCfg, err := siblingContainerConfig(f.srcCtr, archive, sib, f.src.ContainerID, f.call)
+	if err != nil {
+		return err
+	}
+	podFile, ctrFile := filepath.Join(f.work, name+"-pod.json"), filepath.Join(f.work, name+"-container.json")
+	if err := writeJSON(podFile, podCfg); err != nil {
+		return err
+	}
+	if err := writeJSON(ctrFile, ctrCfg); err != nil {
+		return err
+	}
+	if dir, _ := podCfg["log_directory"].(string); dir != "" {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return fmt.Errorf("the sibling's log directory: %w", err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(ctx, f.opts.ReadyTimeout)
+	defer cancel()
+	began := time.Now()
+	runp := []string{"runp"}
+	if f.handler != "" {
+		runp = append(runp, "--runtime", f.handler)
+	}
+	out, err := f.cri.run(ctx, append(runp, podFile)...)
+	if err != nil {
+		return fmt.Errorf("sibling pod %s: %w", name, err)
+	}
+	p := Pod{Name: name, Namespace: f.opts.Namespace, PodID: strings.TrimSpace(string(out)), Container: f.src.Container, Hostname: name}
+	f.made = append(f.made, p)
+	me := &f.made[len(f.made)-1]
+	out, err = f.cri.run(ctx, "create", me.PodID, ctrFile, podFile)
+	if err != nil {
+		return fmt.Errorf("sibling pod %s: restoring its container: %w", name, err)
+	}
+	me.ContainerID = strings.TrimSpace(string(out))
+	if _, err := f.cri.run(ctx, "start", me.ContainerID); err != nil {
+		return fmt.Errorf("sibling pod %s: starting its restored container: %w", name, err)
+	}
+	me.RestoreMs = ms(time.Since(began))
+	var ci containerInspect
+	if err := f.cri.json(ctx, &ci, "inspect", "-o", "json", me.ContainerID); err != nil {
+		return err
+	}
+	if ci.Status.State != "CONTAINER_RUNNING" {
+		return fmt.Errorf("sibling pod %s: its container is %s after its restore", name, ci.Status.State)
+	}
+	var pi podInspect
+	if err := f.cri.json(ctx, &pi, "inspectp", "-o", "json", me.PodID); err == nil {
+		me.IP = pi.Status.Network.IP
+	}
+	return nil
+}
+
+// rollback removes every pod this call made (by its label, which also finds
+// one whose creation was cut short) and the plan.
+func (f *forker) rollback() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var errs []error
+	ids := map[string]bool{}
+	for _, p := range f.made {
+		ids[p.PodID] = true
+	}
+	var labelled struct {
+		Items []podItem `json:"items"`
+	}
+	if err := f.cri.json(ctx, &labelled, "pods", "-o", "json", "--label", LabelCall+"="+f.call); err == nil {
+		for _, p := range labelled.Items {
+			ids[p.ID] = true
+		}
+	} else {
+		errs = append(errs, err)
+	}
+	for id := range ids {
+		if id == "" {
+			continue
+		}
+		// stopp tears the pod's network down; rmp removes it and its
+		// containers.
+		if _, err := f.cri.run(ctx, "stopp", id); err != nil {
+			errs = append(errs, err)
+		}
+		if _, err := f.cri.run(ctx, "rmp", "--force", id); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	errs = append(errs, f.removePlan())
+	if err := errors.Join(errs...); err != nil {
+		logrus.Warnf("rolling back the fork of %s: %v", f.src.Name, err)
+		return fmt.Errorf("rolling back: %w", err)
+	}
+	return nil
+}
+
+func (f *forker) removePlan() error {
+	if f.planDir == "" || !f.opts.Store.Contains(f.planDir) {
+		return nil
+	}
+	return f.opts.Store.Remove(f.planDir)
+}
+
+func writeJSON(path string, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, b, 0o600)
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// readReference reads the fork plan reference a CRI checkpoint archive's
+// checkpoint directory holds.
+func readReference(r io.Reader) (*plan.Reference, error) {
+	var ref plan.Reference
+	if err := json.NewDecoder(r).Decode(&ref); err != nil {
+		return nil, fmt.Errorf("reading the checkpoint's fork plan reference: %w", err)
+	}
+	return &ref, nil
+}
