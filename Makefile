@@ -83,12 +83,15 @@ fuzz-test:
 	$(GOTEST) -count=1 -run '^$$' -fuzz '^FuzzImport$$' -fuzztime 25s ./runtime/branch
 	$(GOTEST) -count=1 -run '^$$' -fuzz '^FuzzManifest$$' -fuzztime 10s ./runtime/branch
 
-# The REST tests need the Podman API service; a service this target starts,
-# it also stops.
+# The REST tests need the Podman API service, and the Kubernetes tests
+# containerd (tclone as a runtime class) and a local registry; what this
+# target starts, it also stops.
 integration-test: setup
 	@if hack/podman-service.sh status >/dev/null 2>&1; then started=0; else started=1; hack/podman-service.sh start; fi; \
+	hack/registry.sh start && TCLONE_BINDIR=$(CURDIR)/$(BIN) hack/containerd.sh start && \
 	TCLONE_BINDIR=$(CURDIR)/$(BIN) \
 		$(GOTEST) -count=1 -timeout 40m -v ./test/integration/...; status=$$?; \
+	hack/containerd.sh stop; hack/registry.sh stop; \
 	if [ $$started = 1 ]; then hack/podman-service.sh stop; fi; exit $$status
 
 demo: setup

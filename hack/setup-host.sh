@@ -155,6 +155,45 @@ fi
 # from Debian's source of the CRIU installed above; /usr/sbin/criu stays.
 "$here/build-criu.sh"
 
+# --- 1c. Kubernetes pieces -----------------------------------------------------
+# containerd 2 with its CRI plugin (only testing has 2.x: it comes with
+# runc, and moves nothing else), Debian's OCI registry, and crictl, which
+# Debian does not package: built from cri-tools' Go source (the module
+# proxy's v1.34.0, the closest to containerd 2.1's CRI), in the background
+# while the images build. hack/containerd.sh and hack/registry.sh run them.
+kube_pkgs=()
+command -v containerd >/dev/null && containerd --version 2>/dev/null | grep -q ' v\?2\.' || kube_pkgs+=(containerd)
+command -v docker-registry >/dev/null || kube_pkgs+=(docker-registry)
+if [ ${#kube_pkgs[@]} -gt 0 ]; then
+	# Their packages start their services where no policy says otherwise.
+	policy=/usr/sbin/policy-rc.d
+	made_policy=0
+	if [ ! -e "$policy" ]; then
+		printf '#!/bin/sh\nexit 101\n' >"$policy"
+		chmod 0755 "$policy"
+		made_policy=1
+	fi
+	log "installing ${kube_pkgs[*]} (the Kubernetes tests' CRI runtime and registry; no service is started)"
+	for p in "${kube_pkgs[@]}"; do
+		if [ "$p" = containerd ] && [ "$(tclone_host_suite)" = bookworm ]; then
+			apt_install_showing_removals -t forky containerd
+		else
+			apt_install_showing_removals "$p"
+		fi
+	done
+	if [ "$made_policy" = 1 ]; then rm -f "$policy"; fi
+fi
+crictl_version=v1.34.0
+crictl_pid=
+if ! crictl --version 2>/dev/null | grep -q "$crictl_version"; then
+	log "building crictl $crictl_version from cri-tools' source (in the background, about 2 minutes)"
+	crictl_log=$(mktemp /var/tmp/tclone-crictl.XXXXXX.log)
+	(cd / && GOFLAGS=-mod=mod GOBIN=/usr/local/bin go install \
+		-ldflags "-X sigs.k8s.io/cri-tools/pkg/version.Version=$crictl_version" \
+		"sigs.k8s.io/cri-tools/cmd/crictl@$crictl_version") >"$crictl_log" 2>&1 &
+	crictl_pid=$!
+fi
+
 # --- 2. cgroups --------------------------------------------------------------
 # On hybrid hosts (v1 controllers plus a cgroup2 mount) crun refuses to run
 # while any controller is still enabled on cgroup2. Only hugetlb is left there
@@ -195,6 +234,12 @@ fi
 # --- 4. Images ---------------------------------------------------------------
 # No registry is reachable, so the test images are built locally.
 "$here/build-images.sh"
+
+if [ -n "$crictl_pid" ]; then
+	wait "$crictl_pid" || { tail -20 "$crictl_log" >&2; die "building crictl failed (log: $crictl_log)"; }
+	rm -f "$crictl_log"
+	log "crictl $(crictl --version | awk '{print $3}') installed in /usr/local/bin"
+fi
 
 # --- 5. tclone ---------------------------------------------------------------
 bindir=${TCLONE_BINDIR:-$top/bin}

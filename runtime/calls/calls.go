@@ -52,6 +52,10 @@ type Record struct {
 	Siblings []string `json:"siblings,omitempty"`
 	// TempDirs are the client's own temporary directories.
 	TempDirs []string `json:"temp_dirs,omitempty"`
+	// CRI is the CRI endpoint a Kubernetes fork (tclone kube fork) made
+	// its pods through: its Siblings and labelled containers are pods
+	// there, not Podman containers. Empty for Podman's forks.
+	CRI string `json:"cri,omitempty"`
 	// RolledBack is when a collector undid the call. The record is kept
 	// for Linger afterwards, because a Podman service may still create a
 	// container for a request the dead client sent just before it died.

@@ -382,3 +382,48 @@ func TestCollectRemovesDeadOwnersUpdateTemps(t *testing.T) {
 		}
 	}
 }
+
+// A dead Kubernetes fork's pods are removed through the CRI endpoint it
+// recorded, never through Podman; a Podman call's through Podman; and with
+// no CRI client the Kubernetes call is kept for a collector that has one.
+func TestCollectRollsBackKubernetesForksThroughTheirCRI(t *testing.T) {
+	f := newFixture(t)
+	cri := &fakePodman{ctrs: map[string]map[string]string{}}
+	var endpoints []string
+	kube, _ := f.dir.Begin(Record{SourceID: "ctr", CRI: "unix:///run/c.sock"})
+	pod, _ := f.dir.Begin(Record{SourceID: "src"})
+	kn, pn := kube.Record().Nonce, pod.Record().Nonce
+	cri.ctrs["pod-made"] = map[string]string{LabelCall: kn}
+	cri.ctrs["pod-other"] = map[string]string{LabelCall: "someone-else"}
+	f.pm.ctrs["ctr-made"] = map[string]string{LabelCall: pn}
+	// A Podman container that happens to carry the Kubernetes call's nonce
+	// is not the Kubernetes call's to remove.
+	f.pm.ctrs["ctr-same-nonce"] = map[string]string{LabelCall: kn}
+	kube.Update(func(r *Record) { r.Siblings = []string{"pod-recorded"} })
+	cri.ctrs["pod-recorded"] = map[string]string{}
+	kill(t, kube)
+	kill(t, pod)
+
+	c := f.collector()
+	without := c
+	if _, err := without.Collect(context.Background()); err == nil || !strings.Contains(err.Error(), "no CRI client") {
+		t.Fatalf("a collector without a CRI client: %v", err)
+	}
+	if len(cri.removed) != 0 || len(f.records(t)) == 0 {
+		t.Fatal("a collector without a CRI client undid the Kubernetes call")
+	}
+	c.CRI = func(endpoint string) Podman { endpoints = append(endpoints, endpoint); return cri }
+	if _, err := c.Collect(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	sort.Strings(cri.removed)
+	if strings.Join(cri.removed, ",") != "pod-made,pod-recorded" {
+		t.Errorf("pods removed %v", cri.removed)
+	}
+	if strings.Join(f.pm.removed, ",") != "ctr-made" {
+		t.Errorf("Podman containers removed %v", f.pm.removed)
+	}
+	if strings.Join(endpoints, ",") != "unix:///run/c.sock" {
+		t.Errorf("CRI clients made for %v, want the recorded endpoint once", endpoints)
+	}
+}

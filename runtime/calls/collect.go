@@ -47,6 +47,10 @@ type Collector struct {
 	Dir    Dir
 	Store  plan.Store
 	Podman Podman
+	// CRI is what a rollback needs from the CRI runtime at an endpoint,
+	// for the calls of Kubernetes forks (Record.CRI): the same two
+	// things, for pods. Nil leaves such calls for a collector that has it.
+	CRI func(endpoint string) Podman
 	// TempDir is searched for dead clients' temporary directories; empty
 	// means TempDir(Store). Never /tmp: a directory anyone can make there
 	// must not lead a collector to remove or signal anything.
@@ -61,7 +65,8 @@ type Collector struct {
 // It calls /usr/bin/podman, so it must never run inside a runtime verb that
 // Podman itself called (Podman may hold locks the command needs).
 func Collect(ctx context.Context, store plan.Store) (*Report, error) {
-	return Collector{Dir: DirOf(store), Store: store, Podman: PodmanCLI{}}.Collect(ctx)
+	return Collector{Dir: DirOf(store), Store: store, Podman: PodmanCLI{},
+		CRI: func(endpoint string) Podman { return CrictlCLI{Endpoint: endpoint} }}.Collect(ctx)
 }
 
 // Collect rolls back the calls of dead clients: first their Podman services
@@ -79,17 +84,37 @@ func (c Collector) Collect(ctx context.Context) (*Report, error) {
 	if err != nil || len(dead) == 0 {
 		return rep, errors.Join(errTemp, err)
 	}
-	labelled, err := c.Podman.Labelled(ctx, LabelCall)
-	if err != nil {
-		// Without the list, a claimed call is given back for later.
-		for _, call := range dead {
-			call.release()
-		}
-		return rep, errors.Join(errTemp, fmt.Errorf("listing the containers of dead fork calls: %w", err))
-	}
 	errs := []error{errTemp}
+	// The containers (or pods) of dead calls, listed once for each place
+	// they were made: Podman ("") or a CRI endpoint.
+	type runtime struct {
+		rt       Podman
+		labelled map[string]string
+		err      error
+	}
+	runtimes := map[string]*runtime{}
 	for _, call := range dead {
-		u, err := c.rollback(ctx, call, labelled)
+		where := call.rec.CRI
+		r := runtimes[where]
+		if r == nil {
+			r = &runtime{rt: c.Podman}
+			if where != "" {
+				r.rt, r.err = nil, fmt.Errorf("no CRI client to roll back a Kubernetes fork through %s", where)
+				if c.CRI != nil {
+					r.rt, r.err = c.CRI(where), nil
+				}
+			}
+			if r.err == nil {
+				r.labelled, r.err = r.rt.Labelled(ctx, LabelCall)
+			}
+			runtimes[where] = r
+		}
+		if r.err != nil {
+			// Without the list, a claimed call is given back for later.
+			errs = append(errs, fmt.Errorf("listing the containers of dead fork calls: %w", r.err), call.release())
+			continue
+		}
+		u, err := c.rollback(ctx, call, r.rt, r.labelled)
 		errs = append(errs, err)
 		if u != nil {
 			rep.Calls = append(rep.Calls, *u)
@@ -100,7 +125,7 @@ func (c Collector) Collect(ctx context.Context) (*Report, error) {
 
 // rollback undoes one claimed call, and keeps it as a tombstone for Linger,
 // or hands it back to the next collector when something could not be undone.
-func (c Collector) rollback(ctx context.Context, call *Call, labelled map[string]string) (*Undone, error) {
+func (c Collector) rollback(ctx context.Context, call *Call, rt Podman, labelled map[string]string) (*Undone, error) {
 	rec := call.rec
 	if !rec.RolledBack.IsZero() && time.Since(rec.RolledBack) > Linger {
 		return nil, call.End()
@@ -108,7 +133,7 @@ func (c Collector) rollback(ctx context.Context, call *Call, labelled map[string
 	u := &Undone{Nonce: rec.Nonce, Owner: rec.Owner}
 	var errs []error
 	for _, id := range callContainers(rec, labelled) {
-		if err := c.Podman.Remove(ctx, id); err != nil {
+		if err := rt.Remove(ctx, id); err != nil {
 			errs = append(errs, fmt.Errorf("removing container %s of a dead fork call: %w", id, err))
 			continue
 		}
@@ -242,4 +267,63 @@ func (d Dir) removeDeadTemps() {
 			os.Remove(path)
 		}
 	}
+}
+
+// CrictlCLI is a CRI runtime through cri-tools' crictl, for the calls of
+// Kubernetes forks: its "containers" are the pods such a fork made.
+type CrictlCLI struct {
+	Endpoint string
+	// Path of crictl; empty means crictl on PATH.
+	Path string
+}
+
+func (c CrictlCLI) run(ctx context.Context, args ...string) ([]byte, error) {
+	path := c.Path
+	if path == "" {
+		path = "crictl"
+	}
+	args = append([]string{"--runtime-endpoint", c.Endpoint}, args...)
+	cmd := exec.CommandContext(ctx, path, args...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		return nil, fmt.Errorf("%s %s: %w: %s", path, strings.Join(args, " "), err, strings.TrimSpace(stderr.String()))
+	}
+	return stdout.Bytes(), nil
+}
+
+// Labelled implements Podman, for pods.
+func (c CrictlCLI) Labelled(ctx context.Context, key string) (map[string]string, error) {
+	out, err := c.run(ctx, "pods", "-o", "json")
+	if err != nil {
+		return nil, err
+	}
+	var list struct {
+		Items []struct {
+			ID     string            `json:"id"`
+			Labels map[string]string `json:"labels"`
+		} `json:"items"`
+	}
+	if err := json.Unmarshal(out, &list); err != nil {
+		return nil, fmt.Errorf("decoding crictl pods: %w", err)
+	}
+	m := map[string]string{}
+	for _, p := range list.Items {
+		if v, ok := p.Labels[key]; ok {
+			m[p.ID] = v
+		}
+	}
+	return m, nil
+}
+
+// Remove implements Podman: the pod is stopped (its network torn down) and
+// removed with its containers. One already gone is not an error.
+func (c CrictlCLI) Remove(ctx context.Context, id string) error {
+	if _, err := c.run(ctx, "stopp", id); err != nil && !strings.Contains(err.Error(), "not found") {
+		return err
+	}
+	if _, err := c.run(ctx, "rmp", "--force", id); err != nil && !strings.Contains(err.Error(), "not found") {
+		return err
+	}
+	return nil
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os/exec"
 	"strings"
+	"syscall"
 )
 
 // crictl runs cri-tools' crictl against one CRI endpoint: the client every
@@ -55,6 +56,9 @@ func lastLine(s string) string {
 func (c crictl) run(ctx context.Context, args ...string) ([]byte, error) {
 	full := append([]string{"--runtime-endpoint", c.endpoint, "--image-endpoint", c.endpoint}, args...)
 	cmd := exec.CommandContext(ctx, c.path, full...)
+	// A crictl outlives a fork client killed with SIGKILL otherwise, and
+	// could make a pod after the client's rollback looked.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	if err := cmd.Run(); err != nil {

@@ -127,6 +127,9 @@ type forker struct {
 	planDir        string
 	made           []Pod
 	res            Result
+	// record is this call's, for a collector to undo it should this
+	// process die (calls.Collect, run by the next fork and tclone gc).
+	record *calls.Call
 }
 
 // Fork forks the container of target ("POD/CONTAINER", or "POD" for a pod
@@ -135,10 +138,13 @@ func Fork(ctx context.Context, target string, opts Options) (*Result, error) {
 	if err := opts.check(); err != nil {
 		return nil, err
 	}
-	f := &forker{opts: opts, cri: crictl{path: opts.Crictl, endpoint: opts.Endpoint}, start: time.Now()}
-	b := make([]byte, 8)
-	rand.Read(b)
-	f.call = hex.EncodeToString(b)
+	f := &forker{opts: opts, cri: crictl{path: opts.Crictl, endpoint: opts.Endpoint}, start: time.Now(), call: calls.NewNonce()}
+	// What dead fork clients left (pods, plans, directories) goes first.
+	if rep, err := calls.Collect(ctx, opts.Store); err != nil {
+		logrus.Warnf("rolling back what dead fork clients left: %v", err)
+	} else if len(rep.Calls) > 0 {
+		logrus.Infof("rolled back %d fork calls whose clients died", len(rep.Calls))
+	}
 	if err := f.findSource(ctx, target); err != nil {
 		return nil, err
 	}
@@ -152,18 +158,33 @@ func Fork(ctx context.Context, target string, opts Options) (*Result, error) {
 	}
 	f.work = work
 	defer os.RemoveAll(work)
-	archive, err := f.checkpoint(ctx)
+	f.record, err = calls.DirOf(opts.Store).Begin(calls.Record{Nonce: f.call, SourceID: f.src.ContainerID, CRI: opts.Endpoint, TempDirs: []string{work}})
 	if err != nil {
 		return nil, err
 	}
-	for _, n := range names {
-		if err := f.makeSibling(ctx, n, archive); err != nil {
-			return nil, errors.Join(err, f.rollback())
-		}
+	if err := f.run(ctx, names); err != nil {
+		return nil, errors.Join(err, f.rollback(), f.record.End())
+	}
+	if err := f.record.End(); err != nil {
+		return nil, errors.Join(fmt.Errorf("closing the record of this fork call: %w", err), f.rollback())
 	}
 	f.res.Source, f.res.Call, f.res.Siblings = f.src, f.call, f.made
 	f.res.TotalMs = ms(time.Since(f.start))
 	return &f.res, nil
+}
+
+// run checkpoints the source and makes the siblings.
+func (f *forker) run(ctx context.Context, names []string) error {
+	archive, err := f.checkpoint(ctx)
+	if err != nil {
+		return err
+	}
+	for _, n := range names {
+		if err := f.makeSibling(ctx, n, archive); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // findSource resolves target to a running container of a ready pod that
@@ -281,9 +302,12 @@ func (f *forker) checkpoint(ctx context.Context) (string, error) {
 	ref, err := forkArchive(exported, archive)
 	if ref != nil {
 		f.planDir = ref.PlanDir
+		if rerr := f.record.Update(func(r *calls.Record) { r.PlanDir = ref.PlanDir }); rerr != nil {
+			err = errors.Join(err, rerr)
+		}
 	}
 	if err != nil {
-		return "", errors.Join(err, f.removePlan())
+		return "", err
 	}
 	os.Remove(exported)
 	if p, err := plan.Read(f.planDir); err == nil {
@@ -331,6 +355,9 @@ func (f *forker) makeSibling(ctx context.Context, name, archive string) error {
 	}
 	p := Pod{Name: name, Namespace: f.opts.Namespace, PodID: strings.TrimSpace(string(out)), Container: f.src.Container, Hostname: name}
 	f.made = append(f.made, p)
+	if err := f.record.Update(func(r *calls.Record) { r.Siblings = append(r.Siblings, p.PodID) }); err != nil {
+		return err
+	}
 	me := &f.made[len(f.made)-1]
 	out, err = f.cri.run(ctx, "create", me.PodID, ctrFile, podFile)
 	if err != nil {

@@ -1,0 +1,378 @@
+package integration
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tclone/tclone/shim/kubefork"
+)
+
+// The Kubernetes tests fork pods through a real containerd (its CRI plugin,
+// the runc v2 shim running tclone as the runtime class tclone), with crictl
+// as the kubelet's stand-in, and images pulled from a real local registry
+// (Debian's docker-registry). `make integration-test` starts both
+// (hack/containerd.sh, hack/registry.sh).
+
+const (
+	kubeEndpoint = "unix:///run/tclone-containerd/containerd.sock"
+	kubeBusybox  = "localhost:5000/tclone-busybox:latest"
+)
+
+// requireKube fails (or skips, without TCLONE_REQUIRE=1) when containerd,
+// crictl or the registry are missing.
+func requireKube(t *testing.T) {
+	t.Helper()
+	missing := missingTools("containerd", "crictl", tcloneBin(), workloadBin())
+	if len(missing) == 0 {
+		if _, err := crictlTry("version"); err != nil {
+			missing = append(missing, "containerd at "+kubeEndpoint+" (hack/containerd.sh start)")
+		}
+		if _, err := crictlTry("inspecti", kubeBusybox); err != nil {
+			if _, err := crictlTry("pull", kubeBusybox); err != nil {
+				missing = append(missing, "image "+kubeBusybox+" (hack/registry.sh start)")
+			}
+		}
+	}
+	stackMissing(t, missing)
+}
+
+func crictlTry(args ...string) (string, error) {
+	cmd := exec.Command("crictl", append([]string{"--runtime-endpoint", kubeEndpoint, "--image-endpoint", kubeEndpoint, "--timeout", "2m"}, args...)...)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return "", fmt.Errorf("crictl %s: %v: %s", strings.Join(args, " "), err, stderr.String())
+	}
+	return strings.TrimSpace(string(out)), nil
+}
+
+func crictl(t *testing.T, args ...string) string {
+	t.Helper()
+	out, err := crictlTry(args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// kubePod is a pod the test runs, as the kubelet would: its own PID
+// namespace per container, a log directory, the kubelet's labels.
+type kubePod struct {
+	name, id, container, ctrID string
+}
+
+func (p kubePod) exec(t *testing.T, args ...string) result {
+	cmd := exec.Command("crictl", append([]string{"--runtime-endpoint", kubeEndpoint, "exec", p.ctrID}, args...)...)
+	var out, errb strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	r := result{stdout: out.String(), stderr: errb.String()}
+	if ee, ok := err.(*exec.ExitError); ok {
+		r.code = ee.ExitCode()
+	} else if err != nil {
+		r.code = -1
+		r.stderr += err.Error()
+	}
+	return r
+}
+
+// runKubePod runs a pod named name whose container serves the workload
+// with mib MiB of memory, under handler, and removes it (and every pod
+// forked from it) when the test ends.
+func runKubePod(t *testing.T, name, handler string, mib int) kubePod {
+	t.Helper()
+	dir := t.TempDir()
+	uid := fmt.Sprintf("uid-%s-%d", name, time.Now().UnixNano())
+	logs := filepath.Join("/var/log/pods", "default_"+name+"_"+uid)
+	pod := map[string]any{
+		"metadata": map[string]any{"name": name, "namespace": "default", "uid": uid},
+		"hostname": name, "log_directory": logs,
+		"labels": map[string]any{"io.kubernetes.pod.name": name, "io.kubernetes.pod.uid": uid, "io.kubernetes.pod.namespace": "default"},
+		"linux":  map[string]any{"security_context": map[string]any{"namespace_options": map[string]any{"pid": 1}}},
+	}
+	ctr := map[string]any{
+		"metadata": map[string]any{"name": "main"},
+		"image":    map[string]any{"image": kubeBusybox},
+		"command":  []string{"/workload", "serve", "--mem-mib", fmt.Sprint(mib)},
+		"log_path": "main/0.log",
+		"mounts":   []map[string]any{{"container_path": "/workload", "host_path": workloadBin(), "readonly": true}},
+		"labels":   map[string]any{"io.kubernetes.pod.name": name, "io.kubernetes.container.name": "main"},
+		"linux":    map[string]any{"security_context": map[string]any{"namespace_options": map[string]any{"pid": 1}}},
+	}
+	podFile, ctrFile := filepath.Join(dir, "pod.json"), filepath.Join(dir, "ctr.json")
+	for path, v := range map[string]any{podFile: pod, ctrFile: ctr} {
+		b, _ := json.Marshal(v)
+		os.WriteFile(path, b, 0o600)
+	}
+	os.MkdirAll(logs, 0o755)
+	p := kubePod{name: name, container: "main"}
+	p.id = crictl(t, "runp", "--runtime", handler, podFile)
+	t.Cleanup(func() { removeKubePods(t, p.id); os.RemoveAll(logs) })
+	p.ctrID = crictl(t, "create", p.id, ctrFile, podFile)
+	crictl(t, "start", p.ctrID)
+	workloadCmd(t, p.exec, "probe")
+	return p
+}
+
+// removeKubePods removes pods by ID, and every pod forked from their
+// containers.
+func removeKubePods(t *testing.T, ids ...string) {
+	for _, id := range ids {
+		ctrs, _ := crictlTry("ps", "-a", "-q", "--pod", id)
+		for _, c := range strings.Fields(ctrs) {
+			forked, _ := crictlTry("pods", "-q", "--label", kubefork.LabelForkedFrom+"="+c)
+			for _, f := range strings.Fields(forked) {
+				crictlTry("stopp", f)
+				crictlTry("rmp", "--force", f)
+			}
+		}
+		crictlTry("stopp", id)
+		crictlTry("rmp", "--force", id)
+	}
+}
+
+func kubeFork(t *testing.T, args ...string) (result, *kubefork.Result) {
+	t.Helper()
+	r := run(t, 5*time.Minute, tcloneBin(), append([]string{"kube", "fork", "--runtime-endpoint", kubeEndpoint, "--format", "json"}, args...)...)
+	if r.code != 0 {
+		return r, nil
+	}
+	var res kubefork.Result
+	if err := json.Unmarshal([]byte(r.stdout), &res); err != nil {
+		t.Fatalf("tclone kube fork --format json: %v: %s", err, r.stdout)
+	}
+	return r, &res
+}
+
+// requireNoKubeLeftovers checks that no pod of fork call remains, and
+// nothing of tclone's.
+func requireNoKubeLeftovers(t *testing.T, call string) {
+	t.Helper()
+	if call != "" {
+		if left, _ := crictlTry("pods", "-q", "--label", kubefork.LabelCall+"="+call); left != "" {
+			t.Errorf("pods of fork call %s left: %s", call, left)
+		}
+	}
+	requireNoLeftovers(t)
+	if m, _ := filepath.Glob(filepath.Join(hostStore.IntentsDir(), "*")); len(m) > 0 {
+		t.Errorf("fork intents left: %v", m)
+	}
+}
+
+// A pod's container forked through containerd's CRI into two new pods:
+// each sibling continues from the fork instant (its counter, its memory,
+// a file written before the fork) in a pod of its own (name, hostname, IP),
+// the source runs on, and the plan is gone once both are up.
+func TestKubeForkPod(t *testing.T) {
+	requireKube(t)
+	src := runKubePod(t, uniqueName("kube"), "tclone", 64)
+	if r := src.exec(t, "sh", "-c", "echo before-fork > /tmp/marker"); r.code != 0 {
+		t.Fatalf("writing the marker: %s", r.stderr)
+	}
+	before := workloadCmd(t, src.exec, "probe", "--hash")
+	r, res := kubeFork(t, "--count", "2", src.name)
+	if res == nil {
+		t.Fatalf("tclone kube fork: exit %d: %s", r.code, r.stderr)
+	}
+	if res.Source.ContainerID != src.ctrID || len(res.Siblings) != 2 {
+		t.Fatalf("result: %+v", res)
+	}
+	t.Logf("checkpoint %.0f ms (capture held the source %.0f ms, memory %s), total %.0f ms",
+		res.CheckpointMs, res.CapturePauseMs, res.Memory, res.TotalMs)
+	ips := map[string]string{res.Source.IP: src.name}
+	for i, s := range res.Siblings {
+		if want := fmt.Sprintf("%s-fork-%d", src.name, i+1); s.Name != want {
+			t.Errorf("sibling %d is %s, want %s", i, s.Name, want)
+		}
+		sib := kubePod{name: s.Name, id: s.PodID, container: "main", ctrID: s.ContainerID}
+		got := workloadCmd(t, sib.exec, "probe", "--hash")
+		if got.MemSHA256 != before.MemSHA256 || !got.MemVerified {
+			t.Errorf("%s: memory %s (verified %v), the source's at the fork was %s", s.Name, got.MemSHA256, got.MemVerified, before.MemSHA256)
+		}
+		if got.Counter < before.Counter {
+			t.Errorf("%s: counter %d, below the source's %d before the fork", s.Name, got.Counter, before.Counter)
+		}
+		if got.Hostname != s.Name {
+			t.Errorf("%s: its processes see hostname %q, want the pod's", s.Name, got.Hostname)
+		}
+		if out := sib.exec(t, "cat", "/tmp/marker"); strings.TrimSpace(out.stdout) != "before-fork" {
+			t.Errorf("%s: /tmp/marker %q (%s), want the file written before the fork", s.Name, out.stdout, out.stderr)
+		}
+		if s.IP == "" || ips[s.IP] != "" {
+			t.Errorf("%s: IP %q, not one of its own (%v)", s.Name, s.IP, ips)
+		}
+		ips[s.IP] = s.Name
+		var pi struct {
+			Info struct {
+				Config struct {
+					Labels map[string]string `json:"labels"`
+				} `json:"config"`
+			} `json:"info"`
+		}
+		json.Unmarshal([]byte(crictl(t, "inspectp", "-o", "json", s.PodID)), &pi)
+		if pi.Info.Config.Labels[kubefork.LabelForkedFrom] != src.ctrID || pi.Info.Config.Labels["io.kubernetes.pod.name"] != s.Name {
+			t.Errorf("%s: labels %v", s.Name, pi.Info.Config.Labels)
+		}
+	}
+	after := workloadCmd(t, src.exec, "probe", "--hash")
+	if after.Counter <= before.Counter || after.MemSHA256 != before.MemSHA256 {
+		t.Errorf("the source: counter %d after %d, memory changed %v", after.Counter, before.Counter, after.MemSHA256 != before.MemSHA256)
+	}
+	if state := crictl(t, "inspect", "-o", "go-template", "--template", "{{.status.state}}", src.ctrID); state != "CONTAINER_RUNNING" {
+		t.Errorf("the source is %s after the fork (containerd pauses it for the checkpoint, and must resume it)", state)
+	}
+	requireNoKubeLeftovers(t, "")
+}
+
+// A fork that cannot finish removes every pod it made and its plan; the
+// source runs on. Here each sibling has no time to be made.
+func TestKubeForkAllOrNothing(t *testing.T) {
+	requireKube(t)
+	src := runKubePod(t, uniqueName("kubeaon"), "tclone", 16)
+	r, _ := kubeFork(t, "--count", "3", "--ready-timeout", "1ms", src.name)
+	if r.code == 0 {
+		t.Fatal("a fork whose siblings could not be made within 1ms succeeded")
+	}
+	if left, _ := crictlTry("pods", "-q", "--label", kubefork.LabelForkedFrom+"="+src.ctrID); left != "" {
+		t.Errorf("pods of the failed fork left: %s", left)
+	}
+	requireNoKubeLeftovers(t, "")
+	if got := workloadCmd(t, src.exec, "probe"); len(got.Errors) > 0 {
+		t.Errorf("the source after a failed fork: %v", got.Errors)
+	}
+}
+
+// What a fork refuses, before it touches anything: a pod of another
+// runtime class, a pod that does not exist, a name taken, a bad count.
+func TestKubeForkRefusals(t *testing.T) {
+	requireKube(t)
+	src := runKubePod(t, uniqueName("kuberef"), "tclone", 16)
+	other := runKubePod(t, uniqueName("kuberunc"), "runc", 16)
+	cases := []struct {
+		args []string
+		want string
+	}{
+		{[]string{other.name}, "not run by tclone"},
+		{[]string{"no-such-pod"}, "no ready pod no-such-pod"},
+		{[]string{"--name", src.name, src.name}, "exists"},
+		{[]string{"--count", "0", src.name}, "--count 0"},
+		{[]string{"--tcp-established", src.name}, "--tcp-established"},
+		{[]string{src.name + "/nope"}, "no running container nope"},
+	}
+	for _, c := range cases {
+		r, _ := kubeFork(t, c.args...)
+		if r.code == 0 || !strings.Contains(r.stderr, c.want) {
+			t.Errorf("tclone kube fork %v: exit %d, stderr %q; want a refusal saying %q", c.args, r.code, r.stderr, c.want)
+		}
+	}
+	requireNoKubeLeftovers(t, "")
+}
+
+// An ordinary CRI checkpoint of a tclone pod (the kubelet's checkpoint API
+// asks for exactly this) is a portable checkpoint, not a fork plan, and
+// containerd restores it into a new pod as it would runc's.
+func TestKubeOrdinaryCheckpointRestores(t *testing.T) {
+	requireKube(t)
+	src := runKubePod(t, uniqueName("kubecp"), "tclone", 16)
+	before := workloadCmd(t, src.exec, "probe", "--hash")
+	archive := filepath.Join(t.TempDir(), "checkpoint.tar")
+	crictl(t, "checkpoint", "--export", archive, src.ctrID)
+	names, err := exec.Command("tar", "tf", archive).Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(names), "tclone-plan.json") || !strings.Contains(string(names), "checkpoint/pages-") {
+		t.Fatalf("an ordinary CRI checkpoint is not a portable one: %s", names)
+	}
+	restored := restoreKubePod(t, uniqueName("kuberest"), archive)
+	got := workloadCmd(t, restored.exec, "probe", "--hash")
+	if got.MemSHA256 != before.MemSHA256 || got.Counter < before.Counter {
+		t.Errorf("the restored pod: memory %s (want %s), counter %d (at least %d)", got.MemSHA256, before.MemSHA256, got.Counter, before.Counter)
+	}
+	requireNoKubeLeftovers(t, "")
+}
+
+// restoreKubePod runs a pod named name whose container containerd
+// restores from archive.
+func restoreKubePod(t *testing.T, name, archive string) kubePod {
+	t.Helper()
+	dir := t.TempDir()
+	uid := fmt.Sprintf("uid-%s", name)
+	pod := map[string]any{
+		"metadata": map[string]any{"name": name, "namespace": "default", "uid": uid},
+		"hostname": name, "linux": map[string]any{},
+	}
+	ctr := map[string]any{
+		"metadata": map[string]any{"name": "main"},
+		"image":    map[string]any{"image": archive},
+		"command":  []string{"/workload"},
+		"mounts":   []map[string]any{{"container_path": "/workload", "host_path": workloadBin(), "readonly": true}},
+		"linux":    map[string]any{},
+	}
+	podFile, ctrFile := filepath.Join(dir, "pod.json"), filepath.Join(dir, "ctr.json")
+	for path, v := range map[string]any{podFile: pod, ctrFile: ctr} {
+		b, _ := json.Marshal(v)
+		os.WriteFile(path, b, 0o600)
+	}
+	p := kubePod{name: name, container: "main"}
+	p.id = crictl(t, "runp", "--runtime", "tclone", podFile)
+	t.Cleanup(func() { removeKubePods(t, p.id) })
+	p.ctrID = crictl(t, "create", p.id, ctrFile, podFile)
+	crictl(t, "start", p.ctrID)
+	return p
+}
+
+// kill -9 of a fork client once it has made a sibling pod: the next
+// collection (tclone gc) removes every pod the call made and its plan, and
+// the source runs on.
+func TestKubeForkKilledClient(t *testing.T) {
+	requireKube(t)
+	src := runKubePod(t, uniqueName("kubekill"), "tclone", 16)
+	cmd := exec.Command(tcloneBin(), "kube", "fork", "--runtime-endpoint", kubeEndpoint, "--count", "3", src.name)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	// The first sibling pod is the sign the call is under way.
+	made := false
+	for deadline := time.Now().Add(2 * time.Minute); !made && time.Now().Before(deadline); {
+		select {
+		case err := <-done:
+			t.Fatalf("the fork ended before it could be killed (%v): %s", err, stderr.String())
+		default:
+		}
+		out, _ := crictlTry("pods", "-q", "--label", kubefork.LabelForkedFrom+"="+src.ctrID)
+		made = out != ""
+		if !made {
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	if !made {
+		t.Fatalf("no sibling pod appeared: %s", stderr.String())
+	}
+	cmd.Process.Kill()
+	<-done
+	eventually(t, 2*time.Minute, "the killed fork's pods removed by tclone gc", func() error {
+		if g := run(t, 2*time.Minute, tcloneBin(), "gc"); g.code != 0 {
+			return fmt.Errorf("tclone gc: exit %d: %s", g.code, g.stderr)
+		}
+		if left, _ := crictlTry("pods", "-q", "--label", kubefork.LabelForkedFrom+"="+src.ctrID); left != "" {
+			return fmt.Errorf("pods left: %s", strings.ReplaceAll(left, "\n", " "))
+		}
+		return nil
+	})
+	requireNoKubeLeftovers(t, "")
+	if got := workloadCmd(t, src.exec, "probe"); len(got.Errors) > 0 {
+		t.Errorf("the source after a killed fork: %v", got.Errors)
+	}
+}
