@@ -92,6 +92,7 @@ if ! have_stack || [ -n "$need_tools" ]; then
 	fi
 	log "installing packages (podman, crun, conmon, criu and test tools)"
 	apt-get update -qq
+	apt_updated=1
 	if [ -n "$need_tools" ]; then
 		# shellcheck disable=SC2086
 		apt_install_showing_removals $need_tools
@@ -126,21 +127,47 @@ fi
 # takes from trixie on bookworm. Installing it must not start a system sshd
 # (its package starts one where no policy says otherwise): a policy forbids
 # it for the install.
-if ! dpkg-query -W -f='${Status}' openssh-server 2>/dev/null | grep -q 'install ok installed'; then
-	client_suite=$(apt-cache policy openssh-client | awk '/\*\*\*/ {getline; print $3; exit}')
-	policy=/usr/sbin/policy-rc.d
-	made_policy=0
+# apt_install_no_service ARGS...: apt_install_showing_removals, with a
+# policy that keeps the packages' services from starting (on machines
+# without one of their own: ours runs no system service).
+apt_install_no_service() {
+	local policy=/usr/sbin/policy-rc.d made_policy=0
 	if [ ! -e "$policy" ]; then
 		printf '#!/bin/sh\nexit 101\n' >"$policy"
 		chmod 0755 "$policy"
 		made_policy=1
 	fi
+	apt_install_showing_removals "$@"
+	if [ "$made_policy" = 1 ]; then rm -f "$policy"; fi
+}
+if ! dpkg-query -W -f='${Status}' openssh-server 2>/dev/null | grep -q 'install ok installed'; then
+	client_suite=$(apt-cache policy openssh-client | awk '/\*\*\*/ {getline; print $3; exit}')
 	log "installing openssh-server (for the ssh:// REST test; no system sshd is started)"
 	case "$client_suite" in
-	trixie*) apt_install_showing_removals -t trixie openssh-server ;;
-	*) apt_install_showing_removals openssh-server ;;
+	trixie*) apt_install_no_service -t trixie openssh-server ;;
+	*) apt_install_no_service openssh-server ;;
 	esac
-	if [ "$made_policy" = 1 ]; then rm -f "$policy"; fi
+fi
+# The Kubernetes tests' CRI runtime and registry: containerd 2 with its CRI
+# plugin (only testing has 2.x; it comes with runc and moves nothing else)
+# and Debian's OCI registry. hack/containerd.sh and hack/registry.sh run
+# them.
+have_containerd2() { command -v containerd >/dev/null && containerd --version 2>/dev/null | grep -q ' v\?2\.'; }
+if ! have_containerd2 || ! command -v docker-registry >/dev/null; then
+	# The step above updates apt's lists only when it installs.
+	[ "${apt_updated:-0}" = 1 ] || apt-get update -qq
+fi
+if ! have_containerd2; then
+	log "installing containerd 2 (the Kubernetes tests' CRI runtime; no service is started)"
+	if [ "$(tclone_host_suite)" = bookworm ]; then
+		apt_install_no_service -t forky containerd
+	else
+		apt_install_no_service containerd
+	fi
+fi
+if ! command -v docker-registry >/dev/null; then
+	log "installing docker-registry (the Kubernetes tests' local registry; no service is started)"
+	apt_install_no_service docker-registry
 fi
 log "podman $(podman --version | awk '{print $3}'), crun $(crun --version | awk 'NR==1{print $3}'), criu $(criu --version | awk '/^Version:/{print $2}'), conmon $(conmon --version | awk 'NR==1{print $3}')"
 # hack/check-fresh-setup.sh runs this step alone in a fresh machine's root.
@@ -155,34 +182,11 @@ fi
 # from Debian's source of the CRIU installed above; /usr/sbin/criu stays.
 "$here/build-criu.sh"
 
-# --- 1c. Kubernetes pieces -----------------------------------------------------
-# containerd 2 with its CRI plugin (only testing has 2.x: it comes with
-# runc, and moves nothing else), Debian's OCI registry, and crictl, which
-# Debian does not package: built from cri-tools' Go source (the module
-# proxy's v1.34.0, the closest to containerd 2.1's CRI), in the background
-# while the images build. hack/containerd.sh and hack/registry.sh run them.
-kube_pkgs=()
-command -v containerd >/dev/null && containerd --version 2>/dev/null | grep -q ' v\?2\.' || kube_pkgs+=(containerd)
-command -v docker-registry >/dev/null || kube_pkgs+=(docker-registry)
-if [ ${#kube_pkgs[@]} -gt 0 ]; then
-	# Their packages start their services where no policy says otherwise.
-	policy=/usr/sbin/policy-rc.d
-	made_policy=0
-	if [ ! -e "$policy" ]; then
-		printf '#!/bin/sh\nexit 101\n' >"$policy"
-		chmod 0755 "$policy"
-		made_policy=1
-	fi
-	log "installing ${kube_pkgs[*]} (the Kubernetes tests' CRI runtime and registry; no service is started)"
-	for p in "${kube_pkgs[@]}"; do
-		if [ "$p" = containerd ] && [ "$(tclone_host_suite)" = bookworm ]; then
-			apt_install_showing_removals -t forky containerd
-		else
-			apt_install_showing_removals "$p"
-		fi
-	done
-	if [ "$made_policy" = 1 ]; then rm -f "$policy"; fi
-fi
+# --- 1c. crictl ----------------------------------------------------------------
+# cri-tools' crictl, the CRI client the Kubernetes tests and tclone kube
+# fork use, which Debian does not package: built from its Go source (the
+# module proxy's v1.34.0, the closest to containerd 2.1's CRI), in the
+# background while the images build.
 crictl_version=v1.34.0
 crictl_pid=
 if ! crictl --version 2>/dev/null | grep -q "$crictl_version"; then
