@@ -28,14 +28,7 @@ var checkpointCommand = &cli.Command{
 		&cli.StringFlag{Name: "manage-cgroups-mode", Usage: "cgroups mode: soft, ignore, full or strict"},
 	}, forkflags.CrunCapture(), runcCheckpointFlags),
 	Action: func(c *cli.Context) error {
-		id, err := oneArg(c, "CONTAINER")
-		if err != nil {
-			return err
-		}
-		if err := refuseRunc(c); err != nil {
-			return err
-		}
-		rt, err := findCrun(c)
+		id, rt, err := checkpointVerb(c, "CONTAINER")
 		if err != nil {
 			return err
 		}

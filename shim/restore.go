@@ -36,14 +36,7 @@ var restoreCommand = &cli.Command{
 	ArgsUsage: "NEW-ID",
 	Flags:     restoreFlags,
 	Action: func(c *cli.Context) error {
-		id, err := oneArg(c, "NEW-ID")
-		if err != nil {
-			return err
-		}
-		if err := refuseRunc(c); err != nil {
-			return err
-		}
-		rt, err := findCrun(c)
+		id, rt, err := checkpointVerb(c, "NEW-ID")
 		if err != nil {
 			return err
 		}

@@ -4,6 +4,8 @@ import (
 	"fmt"
 
 	"github.com/urfave/cli/v2"
+
+	"github.com/tclone/tclone/runtime/crun"
 )
 
 // runc's flag dialect: containerd's runc v2 shim (io.containerd.runc.v2,
@@ -50,4 +52,18 @@ func refuseRunc(c *cli.Context) error {
 		}
 	}
 	return nil
+}
+
+// checkpointVerb is what checkpoint and restore check first: their one
+// argument, runc's flags tclone cannot honour, and crun.
+func checkpointVerb(c *cli.Context, arg string) (string, *crun.Runtime, error) {
+	id, err := oneArg(c, arg)
+	if err != nil {
+		return "", nil, err
+	}
+	if err := refuseRunc(c); err != nil {
+		return "", nil, err
+	}
+	rt, err := findCrun(c)
+	return id, rt, err
 }
