@@ -115,14 +115,17 @@ func (rw *restoreWatch) Watch(pid int) {
 }
 
 // Done releases the watchdog: the sibling was reported, or the operation
-// undid itself.
+// undid itself. It does not wait for the watchdog to exit: from "done" on,
+// a SIGKILL of this tclone is one the watchdog no longer covers (conmon
+// would then see the runtime fail while the sibling it restored runs on,
+// and wait for ever on its stderr), so the caller exits right after. The
+// watchdog, exiting on its own, is reaped by whoever inherits it.
 func (rw *restoreWatch) Done() {
 	if rw == nil {
 		return
 	}
 	fmt.Fprintln(rw.w, "done")
 	rw.w.Close()
-	rw.cmd.Wait()
 }
 
 // RunRestoreWatchIfAsked runs the watchdog and exits when argv asks for it.
