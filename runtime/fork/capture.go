@@ -133,6 +133,13 @@ func (e *Engine) captureSource(ctx context.Context, src *source, req CaptureRequ
 				host.Twin, host.TwinWhy = false, why
 			}
 		}
+		if host.Twin && src.paused {
+			// CRIU leaves a source its caller froze frozen, twins and all:
+			// a twin that must be ended (a failed capture) or reaped (its
+			// drain is done) could not be until the caller thaws it, and
+			// the caller waits for this capture first.
+			host.Twin, host.TwinWhy = false, "the source is paused by the checkpoint's caller (containerd's CRI checkpoint), and a twin's end needs it running"
+		}
 		if memory, why, err = req.Fork.Memory.Capture(host); err != nil {
 			return nil, err
 		}

@@ -54,11 +54,28 @@ func lastLine(s string) string {
 }
 
 func (c crictl) run(ctx context.Context, args ...string) ([]byte, error) {
-	full := append([]string{"--runtime-endpoint", c.endpoint, "--image-endpoint", c.endpoint}, args...)
-	cmd := exec.CommandContext(ctx, c.path, full...)
+	cmd := c.command(ctx, args...)
 	// A crictl outlives a fork client killed with SIGKILL otherwise, and
 	// could make a pod after the client's rollback looked.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	return c.output(cmd, args)
+}
+
+// runToEnd runs a crictl that neither ctx nor the client's death stops:
+// for the checkpoint, which containerd brackets with a pause and a resume
+// of the source, and whose resume it skips when the call is cancelled
+// (the source would stay frozen). The caller stops the capture through
+// tclone instead, which ends the call at once.
+func (c crictl) runToEnd(args ...string) ([]byte, error) {
+	return c.output(c.command(context.Background(), args...), args)
+}
+
+func (c crictl) command(ctx context.Context, args ...string) *exec.Cmd {
+	full := append([]string{"--runtime-endpoint", c.endpoint, "--image-endpoint", c.endpoint}, args...)
+	return exec.CommandContext(ctx, c.path, full...)
+}
+
+func (c crictl) output(cmd *exec.Cmd, args []string) ([]byte, error) {
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	if err := cmd.Run(); err != nil {

@@ -89,9 +89,6 @@ func (o *Options) check() error {
 	if o.Namespace == "" {
 		o.Namespace = "default"
 	}
-	if o.Count == 0 {
-		o.Count = 1
-	}
 	if o.Count < 1 || o.Count > MaxCount {
 		return fmt.Errorf("--count %d: between 1 and %d siblings", o.Count, MaxCount)
 	}
@@ -288,10 +285,28 @@ func (f *forker) checkpoint(ctx context.Context) (string, error) {
 	}
 	defer f.opts.Store.RemoveIntent(id, intent.Nonce)
 	exported := filepath.Join(f.work, "checkpoint.tar")
-	timeout := f.opts.Fork.CaptureTimeout + time.Minute
+	// containerd resumes the source only when the call it paused it for
+	// ends: the call is never cut short (crictl's own timeout is far past
+	// the capture's). A cancelled fork tells tclone's capture to stop,
+	// which ends the call at once.
+	cancelled := make(chan struct{})
+	stop := context.AfterFunc(ctx, func() {
+		defer close(cancelled)
+		if err := f.opts.Store.CancelIntent(id, intent.Nonce); err != nil {
+			logrus.Warnf("telling the capture of %s to stop: %v", f.src.Name, err)
+		}
+	})
+	timeout := f.opts.Fork.CaptureTimeout + 10*time.Minute
 	began := time.Now()
-	_, err = f.cri.run(ctx, "--timeout", timeout.String(), "checkpoint", "--export", exported, id)
+	_, err = f.cri.runToEnd("--timeout", timeout.String(), "checkpoint", "--export", exported, id)
 	f.res.CheckpointMs = ms(time.Since(began))
+	if !stop() {
+		<-cancelled
+		f.opts.Store.RemoveIntentCancel(id, intent.Nonce)
+		if err == nil {
+			err = context.Cause(ctx)
+		}
+	}
 	if err != nil {
 		if why, _ := f.opts.Store.TakeIntentResult(id, intent.Nonce); why != "" {
 			return "", fmt.Errorf("checkpoint of %s/%s failed: %s", f.src.Name, f.src.Container, why)
