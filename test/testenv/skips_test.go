@@ -83,7 +83,6 @@ func TestMissingFollowsTheSwitch(t *testing.T) {
 type recorder struct {
 	testing.TB
 	failed, skipped bool
-	msg             string
 }
 
 func (r *recorder) Helper()                   {}
