@@ -76,6 +76,11 @@ func (e *Engine) Recover(ctx context.Context) (*Recovered, error) {
 	r.Intents = intents
 	locks, lerr := e.Store.CollectLocks()
 	r.Locks = locks
+	removing, rerr := e.Store.CollectRemoving()
+	for _, d := range removing {
+		r.Plans = append(r.Plans, RemovedPlan{ID: filepath.Base(d), Reason: "its removal was cut short"})
+	}
+	lerr = errors.Join(lerr, rerr)
 	daemons, derr := lazy.Collect(e.Store.Layout)
 	r.LazyDaemons = daemons
 	r.OrphanCRIUs = e.killOrphanCRIUs()

@@ -151,6 +151,13 @@ func (s Store) List() ([]string, error) {
 
 // Remove deletes a plan and its root filesystem capture. A plan that is
 // already gone is not an error.
+//
+// The directory is first renamed out of the store's namespace (a dot name,
+// which List, Resolve and every path a plan's writers hold never reach):
+// a writer still at work on the plan by its path, such as a lazy-pages
+// daemon publishing drained images, then finds nothing there, instead of
+// putting a file back while the directory is emptied (which also makes its
+// removal fail, and leaves it).
 func (s Store) Remove(dir string) error {
 	var errs []error
 	if p, err := Read(dir); err == nil && p.Rootfs != nil {
@@ -158,8 +165,50 @@ func (s Store) Remove(dir string) error {
 	}
 	// A capture that died before plan.json was written may have left its
 	// snapshot under the conventional name, or beside a btrfs subvolume.
-	errs = append(errs, s.RemoveSnapshots(filepath.Base(dir)), os.RemoveAll(dir))
-	return errors.Join(errs...)
+	errs = append(errs, s.RemoveSnapshots(filepath.Base(dir)))
+	doomed := filepath.Join(filepath.Dir(dir), removingPrefix+filepath.Base(dir)+"-"+NewID())
+	switch err := os.Rename(dir, doomed); {
+	case errors.Is(err, os.ErrNotExist):
+		return errors.Join(errs...)
+	case err != nil:
+		doomed = dir // removed in place, as before
+	}
+	return errors.Join(append(errs, removeAllSettled(doomed))...)
+}
+
+// removingPrefix names a plan directory being removed (Remove).
+const removingPrefix = ".removing-"
+
+// removeAllSettled is os.RemoveAll, tried again while a write that had
+// reached the directory before it was renamed lands in it meanwhile.
+func removeAllSettled(dir string) error {
+	var err error
+	for range 20 {
+		if err = os.RemoveAll(dir); err == nil {
+			return nil
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return err
+}
+
+// CollectRemoving finishes the removals of plans whose remover died
+// midway (Remove), and returns the directories it removed.
+func (s Store) CollectRemoving() ([]string, error) {
+	doomed, err := filepath.Glob(filepath.Join(s.PlansDir(), removingPrefix+"*"))
+	if err != nil {
+		return nil, err
+	}
+	var errs []error
+	var removed []string
+	for _, d := range doomed {
+		if err := removeAllSettled(d); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		removed = append(removed, d)
+	}
+	return removed, errors.Join(errs...)
 }
 
 // ExternalSnapshotSuffix marks, in SnapshotRoot, a snapshot kept elsewhere

@@ -2,6 +2,7 @@ package plan
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -359,6 +360,53 @@ func TestCheckMemoryRefusesContradictions(t *testing.T) {
 			t.Errorf("memory %q, snapshots %v: %v", c.memory, c.snapshots != nil, err)
 		case c.want != "" && (err == nil || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), "fork the source again")):
 			t.Errorf("memory %q, snapshots %v: got %v, want an error naming %q and what to do", c.memory, c.snapshots != nil, err, c.want)
+		}
+	}
+}
+
+// A writer still publishing into a plan by its path (a lazy-pages daemon
+// draining twins) while the plan is removed puts nothing back: no plan
+// directory, and no half-removed one, is left.
+func TestRemoveWhileAWriterPublishes(t *testing.T) {
+	s := Store{Layout: LayoutUnder(t.TempDir())}
+	for round := range 20 {
+		dir := s.Dir(NewID())
+		images := filepath.Join(dir, "images")
+		if err := os.MkdirAll(images, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		stop, stopped := make(chan struct{}), make(chan struct{})
+		wrote := make(chan struct{})
+		go func() {
+			defer close(stopped)
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				// As publish does: a file into the plan's images, by path,
+				// once the directory is seen to be there.
+				if _, err := os.Stat(images); err == nil {
+					os.WriteFile(filepath.Join(images, fmt.Sprintf("pages-%d.img", i)), nil, 0o600)
+				}
+				if i == 10 {
+					close(wrote)
+				}
+			}
+		}()
+		<-wrote
+		err := s.Remove(dir)
+		close(stop)
+		<-stopped
+		if err != nil {
+			t.Fatalf("round %d: %v", round, err)
+		}
+		if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
+			t.Fatalf("round %d: the plan directory is back: %v", round, err)
+		}
+		if left, _ := filepath.Glob(filepath.Join(s.PlansDir(), removingPrefix+"*")); len(left) > 0 {
+			t.Fatalf("round %d: left %v", round, left)
 		}
 	}
 }
