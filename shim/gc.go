@@ -2,7 +2,9 @@ package main
 
 import (
 	"errors"
+	"strings"
 
+	"github.com/sirupsen/logrus"
 	"github.com/urfave/cli/v2"
 
 	"github.com/tclone/tclone/runtime/branch"
@@ -44,6 +46,9 @@ crash to clean up at once. Prints what it removed as JSON.`,
 		// The fork calls of dead clients: their siblings (through
 		// Podman), captures, services and temporary directories.
 		calls, cerr := calls.Collect(c.Context, engine.Store)
+		if calls != nil && len(calls.Kept) > 0 {
+			logrus.Warnf("kept %d fork calls of Kubernetes forks for a later gc: their CRI runtime is not reachable (%s)", len(calls.Kept), strings.Join(calls.Kept, "; "))
+		}
 		branches, berr := branch.DefaultStore().Collect()
 		if perr := printJSON(gcReport{Recovered: r, Calls: calls, Branches: &branches}); perr != nil {
 			return perr

@@ -29,7 +29,11 @@ type Podman interface {
 
 // Report says what a collection undid.
 type Report struct {
-	Calls    []Undone `json:"calls,omitempty"`
+	Calls []Undone `json:"calls,omitempty"`
+	// Kept are calls of Kubernetes forks whose CRI runtime could not be
+	// reached (not running: nor are its pods), each with why: they are
+	// undone by a later collection.
+	Kept     []string `json:"calls_kept,omitempty"`
 	Services []int    `json:"services_stopped,omitempty"`
 	TempDirs []string `json:"temp_dirs_removed,omitempty"`
 }
@@ -111,7 +115,13 @@ func (c Collector) Collect(ctx context.Context) (*Report, error) {
 		}
 		if r.err != nil {
 			// Without the list, a claimed call is given back for later.
-			errs = append(errs, fmt.Errorf("listing the containers of dead fork calls: %w", r.err), call.release())
+			errs = append(errs, call.release())
+			if where != "" && c.CRI != nil {
+				// A CRI runtime that is down runs no pod of the call's.
+				rep.Kept = append(rep.Kept, fmt.Sprintf("%s: %v", call.rec.Nonce, r.err))
+				continue
+			}
+			errs = append(errs, fmt.Errorf("listing the containers of dead fork calls: %w", r.err))
 			continue
 		}
 		u, err := c.rollback(ctx, call, r.rt, r.labelled)

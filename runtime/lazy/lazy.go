@@ -35,7 +35,8 @@ const DaemonCommand = "__tclone-lazy-pages"
 var IdleExit = 10 * time.Second
 
 // EnvChunkPause, set to a duration in the environment of the restore that
-// starts a plan's daemon, makes the daemon wait that long between two
+// starts a plan's daemon (or of the capture, for a plan whose capture
+// starts it: twins, snapshots), makes the daemon wait that long between two
 // background chunks of a task: the tests use it to catch siblings while
 // they fill. Faults are still answered at once.
 const EnvChunkPause = "TCLONE_LAZY_CHUNK_PAUSE"

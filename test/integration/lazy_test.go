@@ -155,7 +155,9 @@ func lazySiblings(t *testing.T, prefix string, n int, pause string) (src *bundle
 	if hash == "" {
 		t.Fatal("the source's workload reports no memory hash")
 	}
-	r := run(t, time.Minute, tcloneBin(), "fork", "--plan-only", "--file-locks", "--uses", strconv.Itoa(n), src.id)
+	// The pause is the plan's daemon's: a twin capture starts it (to hold
+	// the twins), a lazy plan's first restore does.
+	r := runDetached(t, []string{lazy.EnvChunkPause + "=" + pause}, tcloneBin(), "fork", "--plan-only", "--file-locks", "--uses", strconv.Itoa(n), src.id)
 	if r.code != 0 {
 		t.Fatalf("fork --plan-only: exit %d: %s", r.code, r.stderr)
 	}
