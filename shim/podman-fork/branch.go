@@ -150,6 +150,7 @@ the image the container ran from must be on the restoring host, or
 pullable by its name.`,
 				Flags: []cli.Flag{
 					&cli.StringFlag{Name: "image", Usage: "write a checkpoint image of this name instead of a file"},
+					&cli.StringFlag{Name: "format", Usage: "with --image: json prints what was written (image, ID, layer size, restore flags, notes, time) as JSON"},
 					debug},
 				Action: branchExport,
 			},
@@ -449,6 +450,10 @@ func branchExportImage(c *cli.Context) error {
 	if c.NArg() != 1 {
 		return fmt.Errorf("podman container branch export --image IMAGE takes one branch NAME; see --help")
 	}
+	format := c.String("format")
+	if format != "" && format != "json" {
+		return fmt.Errorf("--format %q: the one format is json", format)
+	}
 	ctx, stop, err := connectTo(c.Context, target{url: c.String("url")}, false)
 	if err != nil {
 		return err
@@ -457,6 +462,9 @@ func branchExportImage(c *cli.Context) error {
 	x, err := podmanfork.ExportBranchImage(ctx, c.Args().First(), c.String("image"))
 	if err != nil {
 		return err
+	}
+	if format == "json" {
+		return printJSON(x)
 	}
 	for _, n := range x.Notes {
 		fmt.Fprintf(os.Stderr, "note: %s\n", n)

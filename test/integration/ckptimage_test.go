@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,10 +13,6 @@ import (
 	"testing"
 	"time"
 )
-
-// registryName is the local registry make integration-test starts
-// (hack/registry.sh), as image names give it.
-const registryName = "localhost:5000"
 
 // otherHost is a second Podman on this machine standing for another host:
 // its own image and container storage, run state, and network
@@ -121,7 +119,7 @@ func requireState(t *testing.T, in execer, what string, at report) {
 // containers start. What is not a tclone checkpoint image is refused.
 func TestBranchCheckpointImage(t *testing.T) {
 	requireStack(t)
-	requireRegistry(t)
+	registry := startRegistry(t)
 	branchStore(t)
 	image := "localhost/" + uniqueName("ckbase")
 	base := name(t, "ckbase")
@@ -135,7 +133,7 @@ func TestBranchCheckpointImage(t *testing.T) {
 	branchOK(t, "create", "--file-locks", src, "b")
 	srcExec(t, "sh", "-c", "echo after > /var/tmp/workload/after")
 
-	ref := registryName + "/" + uniqueName("ckpt") + ":b"
+	ref := registry + "/" + uniqueName("ckpt") + ":b"
 	t.Cleanup(func() { exec.Command("/usr/bin/podman", "rmi", "-f", ref).Run() })
 	r := branchCLI(t, "export", "--image", ref, "b")
 	if r.code != 0 {
@@ -179,7 +177,7 @@ func TestBranchCheckpointImage(t *testing.T) {
 
 	// Images that are not tclone's checkpoint images.
 	branchFails(t, "not written by podman container branch export --image", "import", "--image", image)
-	branchFails(t, "no branch", "export", "--image", registryName+"/"+uniqueName("none"), "no-such-branch")
+	branchFails(t, "no branch", "export", "--image", registry+"/"+uniqueName("none"), "no-such-branch")
 	if l := branchList(t); len(l) != 1 {
 		t.Errorf("refused imports left branches: %+v", l)
 	}
@@ -190,13 +188,46 @@ func TestBranchCheckpointImage(t *testing.T) {
 	requireNoLeftovers(t)
 }
 
-// requireRegistry fails (or skips, without TCLONE_REQUIRE=1) when the
-// local registry is not serving.
-func requireRegistry(t *testing.T) {
+// startRegistry runs a registry of the test's own (Debian's
+// docker-registry) on a free loopback port, its storage in a scratch
+// directory, and returns its address; both go when the test ends.
+func startRegistry(t *testing.T) string {
 	t.Helper()
-	var missing []string
-	if out, err := exec.Command("curl", "-sf", "http://127.0.0.1:5000/v2/").CombinedOutput(); err != nil {
-		missing = append(missing, "the local registry at "+registryName+" (hack/registry.sh start): "+strings.TrimSpace(string(out)))
+	if missing := missingTools("docker-registry"); len(missing) > 0 {
+		stackMissing(t, missing)
 	}
-	stackMissing(t, missing)
+	dir := t.TempDir()
+	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	conf := filepath.Join(dir, "config.yml")
+	os.WriteFile(conf, []byte(fmt.Sprintf("version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: %s\nhttp:\n  addr: %s\n", filepath.Join(dir, "root"), addr)), 0o600)
+	cmd := exec.Command("docker-registry", "serve", conf)
+	var logb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &logb, &logb
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		<-exited
+	})
+	eventually(t, 30*time.Second, "the registry answering at "+addr, func() error {
+		select {
+		case err := <-exited:
+			exited <- err
+			t.Fatalf("docker-registry exited: %v\n%s", err, logb.String())
+		default:
+		}
+		resp, err := http.Get("http://" + addr + "/v2/")
+		if err != nil {
+			return err
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("status %s", resp.Status)
+		}
+		return nil
+	})
+	return addr
 }
