@@ -20,6 +20,7 @@ import (
 	"github.com/containers/podman/v5/pkg/bindings/system"
 	"github.com/containers/podman/v5/pkg/domain/entities/types"
 
+	"github.com/tclone/tclone/criuhooks"
 	"github.com/tclone/tclone/runtime/branch"
 	"github.com/tclone/tclone/runtime/branch/signing"
 	"github.com/tclone/tclone/runtime/calls"
@@ -55,11 +56,27 @@ const (
 // imagePlanFile is where a checkpoint image's layer dir keeps the plan
 // file that a branch's manifest names rel.
 func imagePlanFile(dir, rel string) string {
+	own := filepath.Join(dir, imagePlanDir, rel)
+	if _, err := os.Lstat(own); err == nil {
+		return own
+	}
 	if images, ok := strings.CutPrefix(rel, "images/"); ok {
 		return filepath.Join(dir, checkpointDir, images)
 	}
-	return filepath.Join(dir, imagePlanDir, rel)
+	return own
 }
+
+// copyRegular copies the regular file src to dst, which must not exist.
+func copyRegular(src, dst string) error {
+	data, err := os.ReadFile(src)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(dst, data, 0o600)
+}
+
+// restoreRuntime is the runtime a checkpoint image is made for.
+const restoreRuntime = "crun"
 
 // Podman's checkpoint image annotations (libpod/define), and tclone's own.
 const (
@@ -180,6 +197,25 @@ func writeCheckpointLayer(ctx context.Context, r *branch.Reader, dir string, x *
 	if err := os.Rename(planDir, filepath.Join(dir, imagePlanDir)); err != nil {
 		return err
 	}
+	// Podman's restore cannot pass CRIU's tcp-close, which the inventory
+	// of a dump that used it demands: Podman's copy of the inventory goes
+	// without it where that changes nothing; tclone's keeps the original
+	// (the signed manifest's), which imagePlanFile prefers.
+	inventory := filepath.Join(dir, checkpointDir, "inventory.img")
+	kept := filepath.Join(dir, imagePlanDir, "images", "inventory.img")
+	if err := os.MkdirAll(filepath.Dir(kept), 0o700); err != nil {
+		return err
+	}
+	if err := copyRegular(inventory, kept); err != nil {
+		return err
+	}
+	connections, err := criuhooks.ClearTCPClose(filepath.Join(dir, checkpointDir))
+	if err != nil {
+		return err
+	}
+	if connections > 0 {
+		x.Notes = append(x.Notes, fmt.Sprintf("the branch holds %d established TCP connections, dumped to be restored closed (CRIU's tcp-close): podman container restore cannot ask for that and fails; import the image as a branch instead", connections))
+	}
 	key, err := signing.HostKey(signing.KeyDir())
 	if err != nil {
 		return err
@@ -224,8 +260,7 @@ func writeCheckpointLayer(ctx context.Context, r *branch.Reader, dir string, x *
 	x.RestoreFlags = flags
 	for _, m := range missing {
 		if m == "tcp-close" {
-			x.Notes = append(x.Notes, "the capture left established TCP connections out (CRIU's tcp-close): if the source had one, podman container restore fails on it (it has no flag for tcp-close); import the image as a branch instead")
-			continue
+			continue // above
 		}
 		x.Notes = append(x.Notes, fmt.Sprintf("the capture used CRIU's %s, which podman container restore cannot ask for: import the image as a branch instead", m))
 	}
@@ -373,8 +408,12 @@ func checkpointAnnotations(ctx context.Context, b *branch.Branch, layer string, 
 		AnnotationBranch:                          b.ID,
 		AnnotationRestoreFlags:                    strings.Join(restoreFlags, " "),
 	}
-	if rt := info.Host.OCIRuntime; rt != nil {
-		a[annotationPrefix+"runtime.name"] = rt.Name
+	// Podman's restore insists that this names the restoring host's
+	// default runtime. The images are CRIU's, dumped for crun's restore
+	// (tclone's siblings are restored by crun): crun it is. A host whose
+	// default is another restores with podman --runtime crun.
+	a[annotationPrefix+"runtime.name"] = restoreRuntime
+	if rt := info.Host.OCIRuntime; rt != nil && rt.Name == restoreRuntime {
 		a[annotationPrefix+"runtime.version"] = rt.Version
 	}
 	if c := info.Host.Conmon; c != nil {
@@ -444,7 +483,7 @@ func ImportBranchImage(ctx context.Context, image string, opts ImportOptions) (*
 	}
 	meta := filepath.Join(layer, imageBranchDir)
 	if _, err := os.Stat(filepath.Join(meta, "branch.json")); err != nil {
-		return nil, ofKind(ErrInvalidOption, fmt.Errorf("image %s was not written by podman container branch export --image (it has no %s): if it is a checkpoint image of Podman's, restore it with podman container restore", image, imageBranchDir))
+		return nil, ofKind(ErrInvalidOption, fmt.Errorf("image %s is no checkpoint image written by podman container branch export --image (it has no %s): if it is a checkpoint image of Podman's, restore it with podman container restore", image, imageBranchDir))
 	}
 	b, err := branch.DefaultStore().ImportUnpacked(meta, func(rel string) string { return imagePlanFile(layer, rel) }, "image "+image, bopts)
 	if err != nil {
@@ -496,7 +535,11 @@ func unpackImage(ctx context.Context, image, tmp, layer string) error {
 		}
 	}
 	if len(manifest) != 1 || len(manifest[0].Layers) != 1 {
-		return ofKind(ErrInvalidOption, fmt.Errorf("image %s is no checkpoint image: it has more or fewer than one layer", image))
+		n := 0
+		for _, m := range manifest {
+			n += len(m.Layers)
+		}
+		return ofKind(ErrInvalidOption, fmt.Errorf("image %s is no checkpoint image written by podman container branch export --image: it has %d layers, where those have one", image, n))
 	}
 	at, ok := layers[path.Clean(manifest[0].Layers[0])]
 	if !ok {

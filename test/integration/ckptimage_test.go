@@ -83,7 +83,16 @@ func (h *otherHost) podman(t *testing.T, args ...string) string {
 	t.Helper()
 	r := h.try(t, args...)
 	if r.code != 0 {
-		t.Fatalf("other host: podman %s: exit %d\n%s", strings.Join(args, " "), r.code, r.stderr)
+		// A failed restore names CRIU's log, which the clean-up removes.
+		log := ""
+		if _, rest, ok := strings.Cut(r.stderr, "logfile `"); ok {
+			if path, _, ok := strings.Cut(rest, "`"); ok {
+				data, _ := os.ReadFile(path)
+				lines := strings.Split(strings.TrimSpace(string(data)), "\n")
+				log = "\nCRIU's log, its end:\n" + strings.Join(lines[max(0, len(lines)-40):], "\n")
+			}
+		}
+		t.Fatalf("other host: podman %s: exit %d\n%s%s", strings.Join(args, " "), r.code, r.stderr, log)
 	}
 	return strings.TrimSpace(r.stdout)
 }
@@ -175,12 +184,18 @@ func TestBranchCheckpointImage(t *testing.T) {
 	}
 
 	// Images that are not tclone's checkpoint images.
-	branchFails(t, "not written by podman container branch export --image", "import", "--image", image)
-	branchFails(t, "no branch", "export", "--image", registry+"/"+uniqueName("none"), "no-such-branch")
+	branchFails(t, "is no checkpoint image written by podman container branch export --image: it has 2 layers", "import", "--image", image)
+	plain := name(t, "ckplain")
+	podman(t, "run", "-d", "--name", plain, busybox, "sleep", "1000000")
+	podmansImage := "localhost/" + uniqueName("podmanckpt")
+	t.Cleanup(func() { exec.Command("/usr/bin/podman", "rmi", "-f", podmansImage).Run() })
+	podman(t, "container", "checkpoint", "--leave-running", "--create-image", podmansImage, plain)
+	branchFails(t, "it has no tclone/branch): if it is a checkpoint image of Podman's, restore it with podman container restore", "import", "--image", podmansImage)
+	branchFails(t, "no such branch", "export", "--image", registry+"/"+uniqueName("none"), "no-such-branch")
 	if l := branchList(t); len(l) != 1 {
 		t.Errorf("refused imports left branches: %+v", l)
 	}
-	for _, c := range []string{src, started, base} {
+	for _, c := range []string{src, started, base, plain} {
 		podman(t, "rm", "-f", "-v", "-t", "0", c)
 	}
 	branchOK(t, "rm", "from-image")
