@@ -88,19 +88,30 @@ func signedMessage(manifest, idx []byte) []byte {
 // ExportTo writes branch ref to out, signed with key, as Export does to a
 // file.
 func (s Store) ExportTo(ref string, out io.Writer, key *signing.Key) (*Branch, error) {
-	release, err := s.use()
+	b, release, err := s.exportable(ref)
 	if err != nil {
 		return nil, err
 	}
 	defer release()
-	b, err := s.Get(ref)
-	if err != nil {
-		return nil, err
-	}
-	if err := b.Check(); err != nil {
-		return nil, fmt.Errorf("branch %s cannot be exported: %w", b.Name, err)
-	}
 	return b, s.export(b, out, key)
+}
+
+// exportable finds branch ref, checked, and holds the store for reading
+// it until release.
+func (s Store) exportable(ref string) (b *Branch, release func(), err error) {
+	if release, err = s.use(); err != nil {
+		return nil, nil, err
+	}
+	if b, err = s.Get(ref); err == nil {
+		if err = b.Check(); err != nil {
+			err = fmt.Errorf("branch %s cannot be exported: %w", b.Name, err)
+		}
+	}
+	if err != nil {
+		release()
+		return nil, nil, err
+	}
+	return b, release, nil
 }
 
 // Export writes branch ref to path, signed with key, atomically: a failure

@@ -33,18 +33,11 @@ const (
 // exist and be empty), but for its plan files: the caller writes those
 // (Reader.WritePlan), for ImportUnpacked to find.
 func (s Store) ExportUnpacked(ref, dir string, key *signing.Key) (*Branch, error) {
-	release, err := s.use()
+	b, release, err := s.exportable(ref)
 	if err != nil {
 		return nil, err
 	}
 	defer release()
-	b, err := s.Get(ref)
-	if err != nil {
-		return nil, err
-	}
-	if err := b.Check(); err != nil {
-		return nil, fmt.Errorf("branch %s cannot be exported: %w", b.Name, err)
-	}
 	scratch, err := os.MkdirTemp(s.Dir, ".export-")
 	if err != nil {
 		return nil, err
