@@ -88,19 +88,30 @@ func signedMessage(manifest, idx []byte) []byte {
 // ExportTo writes branch ref to out, signed with key, as Export does to a
 // file.
 func (s Store) ExportTo(ref string, out io.Writer, key *signing.Key) (*Branch, error) {
-	release, err := s.use()
+	b, release, err := s.exportable(ref)
 	if err != nil {
 		return nil, err
 	}
 	defer release()
-	b, err := s.Get(ref)
-	if err != nil {
-		return nil, err
-	}
-	if err := b.Check(); err != nil {
-		return nil, fmt.Errorf("branch %s cannot be exported: %w", b.Name, err)
-	}
 	return b, s.export(b, out, key)
+}
+
+// exportable finds branch ref, checked, and holds the store for reading
+// it until release.
+func (s Store) exportable(ref string) (b *Branch, release func(), err error) {
+	if release, err = s.use(); err != nil {
+		return nil, nil, err
+	}
+	if b, err = s.Get(ref); err == nil {
+		if err = b.Check(); err != nil {
+			err = fmt.Errorf("branch %s cannot be exported: %w", b.Name, err)
+		}
+	}
+	if err != nil {
+		release()
+		return nil, nil, err
+	}
+	return b, release, nil
 }
 
 // Export writes branch ref to path, signed with key, atomically: a failure
@@ -131,19 +142,21 @@ type exportEntry struct {
 	path string
 }
 
-func (s Store) export(b *Branch, out io.Writer, key *signing.Key) error {
-	scratch, err := os.MkdirTemp(s.Dir, ".export-")
-	if err != nil {
-		return err
-	}
-	defer os.RemoveAll(scratch)
+// signedHead is an export's manifest, index and signature, and the tree
+// and file entries the index lists (trees packed into scratch).
+type signedHead struct {
+	manifest, index, signature []byte
+	entries                    []exportEntry
+}
+
+func (s Store) signedHead(b *Branch, scratch string, key *signing.Key) (*signedHead, error) {
 	entries, err := s.exportEntries(b, scratch)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	manifest, err := json.Marshal(b)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	idx := index{Version: 2}
 	for _, e := range entries {
@@ -151,7 +164,7 @@ func (s Store) export(b *Branch, out io.Writer, key *signing.Key) error {
 	}
 	idxData, err := json.Marshal(idx)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	sig, err := json.Marshal(signature{
 		Algorithm: "ed25519",
@@ -159,8 +172,22 @@ func (s Store) export(b *Branch, out io.Writer, key *signing.Key) error {
 		Signature: base64.StdEncoding.EncodeToString(key.Sign(signedMessage(manifest, idxData))),
 	})
 	if err != nil {
+		return nil, err
+	}
+	return &signedHead{manifest: manifest, index: idxData, signature: sig, entries: entries}, nil
+}
+
+func (s Store) export(b *Branch, out io.Writer, key *signing.Key) error {
+	scratch, err := os.MkdirTemp(s.Dir, ".export-")
+	if err != nil {
 		return err
 	}
+	defer os.RemoveAll(scratch)
+	head, err := s.signedHead(b, scratch, key)
+	if err != nil {
+		return err
+	}
+	manifest, idxData, sig, entries := head.manifest, head.index, head.signature, head.entries
 	zw, err := zstd.NewWriter(out, zstd.WithEncoderLevel(zstd.SpeedFastest), zstd.WithWindowSize(exportWindow))
 	if err != nil {
 		return err
@@ -352,12 +379,18 @@ func (s Store) ImportFrom(in io.Reader, src string, opts ImportOptions) (*Branch
 		return nil, fmt.Errorf("%s: %w", src, ErrNotBranchArchive)
 	}
 	defer zr.Close()
-	im := &importer{src: src, tr: tar.NewReader(zr), opts: opts}
+	return s.importTar(tar.NewReader(zr), src, opts)
+}
+
+// importTar imports the archive's tar stream, decompressed.
+func (s Store) importTar(tr *tar.Reader, src string, opts ImportOptions) (*Branch, error) {
+	im := &importer{src: src, tr: tr, opts: opts}
 	if err := im.readHead(); err != nil {
 		return nil, err
 	}
 	rules := TreeRules{}
 	if opts.Prepare != nil {
+		var err error
 		if rules, err = opts.Prepare(&im.m); err != nil {
 			return nil, err
 		}

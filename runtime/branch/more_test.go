@@ -277,3 +277,77 @@ func TestImportRefusesCorruptChunk(t *testing.T) {
 		t.Fatalf("import of garbage: %v", err)
 	}
 }
+
+// An unpacked export, its plan files kept whole where the caller chose,
+// imports as its archive does: the chunks are found again by cutting the
+// files, a changed file is refused as corrupt, an unknown signer as
+// untrusted, and a refused import keeps nothing.
+func TestUnpackedExportImport(t *testing.T) {
+	needRoot(t)
+	src := Store{Dir: t.TempDir()}
+	mem := pages(5, 0, 700)
+	a := createWith(t, src, "img", map[string][]byte{"images/pages-1.img": mem, "images/core-1.img": []byte("core"), "plan.json": []byte(`{}`)},
+		func(dir string) { os.WriteFile(filepath.Join(dir, "file"), []byte("contents"), 0o640) }, func(*Branch) {})
+	os.WriteFile(filepath.Join(src.dirOf(a.ID), ArchiveFile), []byte("podman archive"), 0o600)
+	key := testKey(t)
+	layer := t.TempDir()
+	meta := filepath.Join(layer, "meta")
+	os.Mkdir(meta, 0o700)
+	if _, err := src.ExportUnpacked("img", meta, key); err != nil {
+		t.Fatal(err)
+	}
+	// The plan files go elsewhere, as a checkpoint image keeps them.
+	r, err := src.Open("img")
+	if err != nil {
+		t.Fatal(err)
+	}
+	planDir := filepath.Join(layer, "plan")
+	if err := r.WritePlan(planDir); err != nil {
+		t.Fatal(err)
+	}
+	r.Close()
+	if got, _ := os.ReadDir(meta); len(got) != 5 {
+		t.Errorf("the unpacked export holds %d entries (chunks left out): %v", len(got), got)
+	}
+	planFile := func(p string) string { return filepath.Join(planDir, p) }
+
+	dst := Store{Dir: t.TempDir()}
+	if _, err := dst.ImportUnpacked(meta, planFile, "layer", trusting(testKey(t), "", nil)); !errors.Is(err, ErrUntrusted) {
+		t.Errorf("an import trusting another key: %v", err)
+	}
+	b, err := dst.ImportUnpacked(meta, planFile, "layer", trusting(key, "back", nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := readBack(t, dst, "back")
+	if got, _ := os.ReadFile(filepath.Join(out, "images/pages-1.img")); !bytes.Equal(got, mem) {
+		t.Error("memory differs after the round trip")
+	}
+	if got, _ := os.ReadFile(filepath.Join(dst.Path(b, RootfsTree), "file")); string(got) != "contents" {
+		t.Errorf("tree file: %q", got)
+	}
+	if b.Imported == nil || !b.Imported.Trusted {
+		t.Errorf("import record: %+v", b.Imported)
+	}
+
+	// One byte of memory changed in the image.
+	pagesFile := planFile("images/pages-1.img")
+	data, _ := os.ReadFile(pagesFile)
+	data[len(data)/2] ^= 1
+	os.WriteFile(pagesFile, data, 0o600)
+	other := Store{Dir: t.TempDir()}
+	if _, err := other.ImportUnpacked(meta, planFile, "layer", trusting(key, "bad", nil)); !errors.Is(err, ErrCorrupt) && !errors.Is(err, ErrInvalid) {
+		t.Errorf("an import of changed memory: %v", err)
+	}
+	if infos, _ := other.List(); len(infos) != 0 {
+		t.Errorf("a refused import left %v", infos)
+	}
+	// Chunks it stored before the changed one wait for collection, as an
+	// archive's do.
+	if _, err := other.Collect(); err != nil {
+		t.Fatal(err)
+	}
+	if chunks, _ := filepath.Glob(filepath.Join(other.Dir, "chunks", "*", "*")); len(chunks) != 0 {
+		t.Errorf("a refused import left %d chunks after collection", len(chunks))
+	}
+}

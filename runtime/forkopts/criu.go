@@ -73,6 +73,28 @@ func (d Dumped) Restore(policy TCPPolicy) (args crun.Args, tcpClose bool) {
 	return args, d.TCPClose || (d.TCPEstablished && !keep)
 }
 
+// PodmanRestoreFlags are the flags `podman container restore` needs for a
+// checkpoint dumped with d, and what it cannot be told (Podman's restore
+// has no flag for it).
+func (d Dumped) PodmanRestoreFlags() (flags, missing []string) {
+	if d.TCPEstablished {
+		flags = append(flags, "--tcp-established")
+	}
+	if d.FileLocks {
+		flags = append(flags, "--file-locks")
+	}
+	if d.ExtUnixSk {
+		missing = append(missing, "ext-unix-sk")
+	}
+	if d.ShellJob {
+		missing = append(missing, "shell-job")
+	}
+	if d.TCPClose {
+		missing = append(missing, "tcp-close")
+	}
+	return flags, missing
+}
+
 // CrunArgs renders the capture options as crun's checkpoint and restore
 // flags, for an ordinary checkpoint or restore crun does itself. A close
 // policy has no crun flag: see CRIUConfig.

@@ -134,22 +134,39 @@ deleted (D) or changed (C) relative to A, as podman diff does.`,
 			{
 				Name:         "export",
 				OnUsageError: usageError,
-				Usage:        "write a branch to one file (tar + zstd)",
-				ArgsUsage:    "NAME FILE",
-				Flags:        []cli.Flag{debug},
-				Action:       branchExport,
+				Usage:        "write a branch to one file (tar + zstd), or as a checkpoint image (--image)",
+				ArgsUsage:    "NAME FILE | --image IMAGE NAME",
+				Description: `Without --image, writes the branch, signed with this host's key, to FILE,
+which podman container branch import reads on another host.
+
+With --image, writes it as a checkpoint image in the local image store, in
+the format of podman container checkpoint --create-image: push it with
+podman push, and restore it on any host with podman container restore IMAGE
+(the image's io.tclone.restore-flags annotation says which flags the
+restore needs; they are also printed), or import it as a branch there with
+podman container branch import --image IMAGE. The image holds the branch's
+processes, memory, root filesystem changes, /dev/shm and copied volumes;
+the image the container ran from must be on the restoring host, or
+pullable by its name.`,
+				Flags: []cli.Flag{
+					&cli.StringFlag{Name: "image", Usage: "write a checkpoint image of this name instead of a file"},
+					&cli.StringFlag{Name: "format", Usage: "with --image: json prints what was written (image, ID, layer size, restore flags, notes, time) as JSON"},
+					debug},
+				Action: branchExport,
 			},
 			{
 				Name:         "import",
 				OnUsageError: usageError,
-				Usage:        "read a branch from a file written by export; its image must be on this host",
-				ArgsUsage:    "FILE",
+				Usage:        "read a branch from a file or a checkpoint image (--image) written by export; its image must be on this host",
+				ArgsUsage:    "FILE | --image IMAGE",
 				Description: `The archive must be signed by a key this host trusts: its own, one given
 with --trust, or one in ` + signing.DefaultTrustDir + ` (a file KEY.pub a key, root's,
 writable by root only). An export is signed by its host's key; that host
 prints it with podman container branch key.`,
 				Flags: []cli.Flag{
 					&cli.StringFlag{Name: "name", Usage: "name the branch (default: its name when exported)"},
+					&cli.StringFlag{Name: "image", Usage: "read the checkpoint image of this name (written by export --image; pulled if this host lacks it) instead of a file"},
+					&cli.BoolFlag{Name: "tls-verify", Value: true, Usage: "with --image: require HTTPS and verify certificates when pulling it"},
 					&cli.StringSliceFlag{Name: "trust", Usage: "trust this public key (as podman container branch key prints it, or a file holding it) for this import (repeatable)"},
 					&cli.BoolFlag{Name: "insecure-unsigned", Usage: "import an archive that is unsigned or signed by a key this host does not trust: its processes then run from images no one vouches for"},
 					debug},
@@ -419,10 +436,41 @@ func branchDiff(c *cli.Context) error {
 
 func branchExport(c *cli.Context) error {
 	setDebug(c)
+	if c.IsSet("image") {
+		return branchExportImage(c)
+	}
 	if c.NArg() != 2 {
 		return fmt.Errorf("podman container branch export takes a branch NAME and a FILE; see --help")
 	}
 	_, err := podmanfork.ExportBranchFile(c.Args().Get(0), c.Args().Get(1))
+	return err
+}
+
+func branchExportImage(c *cli.Context) error {
+	if c.NArg() != 1 {
+		return fmt.Errorf("podman container branch export --image IMAGE takes one branch NAME; see --help")
+	}
+	format := c.String("format")
+	if format != "" && format != "json" {
+		return fmt.Errorf("--format %q: the one format is json", format)
+	}
+	ctx, stop, err := connectTo(c.Context, target{url: c.String("url")}, false)
+	if err != nil {
+		return err
+	}
+	defer stop()
+	x, err := podmanfork.ExportBranchImage(ctx, c.Args().First(), c.String("image"))
+	if err != nil {
+		return err
+	}
+	if format == "json" {
+		return printJSON(x)
+	}
+	for _, n := range x.Notes {
+		fmt.Fprintf(os.Stderr, "note: %s\n", n)
+	}
+	fmt.Fprintf(os.Stderr, "restore it with: podman container restore %s\n", strings.Join(append(x.RestoreFlags, x.Image), " "))
+	_, err = fmt.Println(x.ID)
 	return err
 }
 
@@ -441,10 +489,10 @@ func branchKey(c *cli.Context) error {
 
 func branchImport(c *cli.Context) error {
 	setDebug(c)
-	if c.NArg() != 1 {
-		return fmt.Errorf("podman container branch import takes one FILE; see --help")
+	if n := c.NArg(); (c.IsSet("image") && n != 0) || (!c.IsSet("image") && n != 1) {
+		return fmt.Errorf("podman container branch import takes one FILE, or --image IMAGE; see --help")
 	}
-	opts := podmanfork.ImportOptions{Name: c.String("name"), InsecureUnsigned: c.Bool("insecure-unsigned")}
+	opts := podmanfork.ImportOptions{Name: c.String("name"), InsecureUnsigned: c.Bool("insecure-unsigned"), SkipTLSVerify: !c.Bool("tls-verify")}
 	for _, v := range c.StringSlice("trust") {
 		k, err := signing.ParseTrust(v)
 		if err != nil {
@@ -457,7 +505,12 @@ func branchImport(c *cli.Context) error {
 		return err
 	}
 	defer stop()
-	b, err := podmanfork.ImportBranch(ctx, c.Args().First(), opts)
+	var b *branch.Branch
+	if c.IsSet("image") {
+		b, err = podmanfork.ImportBranchImage(ctx, c.String("image"), opts)
+	} else {
+		b, err = podmanfork.ImportBranch(ctx, c.Args().First(), opts)
+	}
 	if err != nil {
 		return err
 	}

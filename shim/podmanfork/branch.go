@@ -280,6 +280,9 @@ type ImportOptions struct {
 	// key not trusted. Its contents are then trusted as far as the checks
 	// every import makes go, no further (see README.md).
 	InsecureUnsigned bool
+	// SkipTLSVerify pulls a checkpoint image (ImportBranchImage) from a
+	// registry without HTTPS and certificate checks.
+	SkipTLSVerify bool
 }
 
 // ImportBranch imports a branch exported by ExportBranch (podman container
@@ -297,19 +300,33 @@ func ImportBranch(ctx context.Context, file string, opts ImportOptions) (*branch
 // ImportBranchFrom is ImportBranch of the archive read from in, which what
 // names in errors.
 func ImportBranchFrom(ctx context.Context, in io.Reader, what string, opts ImportOptions) (*branch.Branch, error) {
+	bopts, err := importOptions(ctx, opts)
+	if err != nil {
+		return nil, err
+	}
+	b, err := branch.DefaultStore().ImportFrom(in, what, bopts)
+	if err != nil {
+		return nil, importError(err)
+	}
+	return b, nil
+}
+
+// importOptions are the branch store's options of an import: the trust,
+// and a branch's image and tree rules checked before anything is written.
+func importOptions(ctx context.Context, opts ImportOptions) (branch.ImportOptions, error) {
 	if opts.Name != "" {
 		if err := branch.CheckName(opts.Name); err != nil {
-			return nil, ofKind(ErrInvalidOption, err)
+			return branch.ImportOptions{}, ofKind(ErrInvalidOption, err)
 		}
 	}
 	trust, err := signing.HostTrust(signing.KeyDir(), signing.TrustDir())
 	if err != nil {
-		return nil, err
+		return branch.ImportOptions{}, err
 	}
 	for _, k := range opts.Trust {
 		trust.Add(k, "--trust")
 	}
-	b, err := branch.DefaultStore().ImportFrom(in, what, branch.ImportOptions{
+	return branch.ImportOptions{
 		Name:             opts.Name,
 		Trust:            trust,
 		InsecureUnsigned: opts.InsecureUnsigned,
@@ -319,14 +336,18 @@ func ImportBranchFrom(ctx context.Context, in io.Reader, what string, opts Impor
 			}
 			return imageRules(ctx, b)
 		},
-	})
+	}, nil
+}
+
+// importError gives an import's error its kind.
+func importError(err error) error {
 	switch {
 	case errors.Is(err, branch.ErrNotBranchArchive), errors.Is(err, branch.ErrInvalid), errors.Is(err, branch.ErrUntrusted), errors.Is(err, branch.ErrCorrupt):
-		return nil, ofKind(ErrInvalidOption, err)
+		return ofKind(ErrInvalidOption, err)
 	case errors.Is(err, branch.ErrNameTaken):
-		return nil, ofKind(ErrConflict, err)
+		return ofKind(ErrConflict, err)
 	}
-	return b, err
+	return err
 }
 
 // ExportBranch writes branch ref to w, signed with this host's key (made

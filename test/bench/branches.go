@@ -30,6 +30,9 @@ type BranchResult struct {
 	// Successive are DirtyMiB-apart branches of the source.
 	DirtyMiB   int           `json:"dirty_mib"`
 	Successive []*BranchDisk `json:"successive"`
+	// Images are the first two successive branches carried through a
+	// registry as checkpoint images.
+	Images []*BranchImage `json:"images,omitempty"`
 }
 
 // BranchStart is one `podman container branch start --count N`.
@@ -155,6 +158,9 @@ func (b *Bench) runBranches(ctx context.Context) *BranchResult {
 		}
 		br.Successive = append(br.Successive, &BranchDisk{Index: i + 1, ChunksAddedMiB: s.Metrics["chunks_added_mib"], StoreMiB: float64(diskBytes(store.Dir)) / (1 << 20)})
 	}
+	if len(br.Successive) >= 2 {
+		br.Images = b.runBranchImages(ctx, w.Name, []string{"s-0", "s-1"})
+	}
 	return br
 }
 
@@ -245,6 +251,7 @@ func writeBranches(r *Results, p func(string, ...any)) {
 		}
 		p("\n")
 	}
+	writeBranchImages(br, p)
 }
 
 func firstSampleMetric(samples []*Sample, metric string) float64 {
@@ -257,7 +264,7 @@ func firstSampleMetric(samples []*Sample, metric string) float64 {
 }
 
 // branchTargetKeys are the branch targets.
-var branchTargetKeys = []string{"branch_pause_over_fork_pause", "branch_five_disk_over_one"}
+var branchTargetKeys = []string{"branch_pause_over_fork_pause", "branch_five_disk_over_one", "image_two_pushed_over_one"}
 
 func branchTargets(r *Results) []Target {
 	br := r.Branches
@@ -280,7 +287,7 @@ func branchTargets(r *Results) []Target {
 		disk.Detail = fmt.Sprintf("%s MiB after %d branches, %s MiB after one; %d MiB rewritten between two", fmtNum(br.Successive[n-1].StoreMiB), n, fmtNum(br.Successive[0].StoreMiB), br.DirtyMiB)
 	}
 	judge(&disk, exact && br.DirtyMiB <= 20)
-	return []Target{pause, disk}
+	return []Target{pause, disk, imageTarget(r, exact)}
 }
 
 // validateBranches checks a run that asked for the branches experiment.
@@ -298,8 +305,15 @@ func validateBranches(r *Results) []string {
 		return []string{fmt.Sprintf("branches: %d starts measured, want %d", len(br.Starts), len(branchStartCounts))}
 	case len(br.Successive) != successiveBranches:
 		return []string{fmt.Sprintf("branches: %d successive branches, want %d", len(br.Successive), successiveBranches)}
+	case len(br.Images) != 2:
+		return []string{fmt.Sprintf("branches: %d checkpoint images carried through the registry, want 2", len(br.Images))}
 	}
 	var bad []string
+	for _, im := range br.Images {
+		if im.LayerMiB <= 0 || im.PushedMiB <= 0 || im.ExportMs <= 0 || im.PushMs <= 0 || im.PullMs <= 0 || im.ImportMs <= 0 {
+			bad = append(bad, fmt.Sprintf("branches: checkpoint image of %s: %+v", im.Branch, *im))
+		}
+	}
 	for _, s := range br.Samples {
 		for _, k := range []string{"fork_pause_ms", "branch_pause_ms", "durable_ms", "images_mib"} {
 			if s.Metrics[k] <= 0 {

@@ -282,8 +282,19 @@ func TestBranchTargets(t *testing.T) {
 	for i, mib := range []float64{1030, 1052, 1075, 1097, 1120} {
 		br.Successive = append(br.Successive, &BranchDisk{Index: i + 1, StoreMiB: mib})
 	}
+	br.Images = []*BranchImage{
+		{Branch: "s-0", LayerMiB: 1040, PushedMiB: 500, ExportMs: 9000, PushMs: 30000, PullMs: 20000, ImportMs: 15000},
+		{Branch: "s-1", LayerMiB: 1040, PushedMiB: 100, ExportMs: 9000, PushMs: 30000, PullMs: 20000, ImportMs: 15000},
+	}
 	r := &Results{Config: RunConfig{BranchMemMiB: 1024, BranchReps: 2}, Branches: br}
 	ts := branchTargets(r)
+	if im := findTarget(t, ts, "image_two_pushed_over_one"); im.Status != TargetMet || math.Abs(im.Value-1.2) > 1e-9 {
+		t.Errorf("image target %+v, want met at 600/500", im)
+	}
+	br.Images[1].PushedMiB = 500
+	if im := findTarget(t, branchTargets(r), "image_two_pushed_over_one"); im.Status != TargetNotMet {
+		t.Errorf("a second image pushed whole: %+v", im)
+	}
 	if p := findTarget(t, ts, "branch_pause_over_fork_pause"); p.Status != TargetMet || math.Abs(p.Value-114.0/110) > 1e-9 {
 		t.Errorf("pause target %+v, want met at 114/110", p)
 	}
@@ -296,6 +307,14 @@ func TestBranchTargets(t *testing.T) {
 	br.Successive[4].StoreMiB = 2100
 	if d := findTarget(t, branchTargets(r), "branch_five_disk_over_one"); d.Status != TargetNotMet {
 		t.Errorf("a store that doubled: %+v", d)
+	}
+	br.Images[1].PullMs = 0
+	if p := strings.Join(validateBranches(r), "\n"); !strings.Contains(p, "checkpoint image of s-1") {
+		t.Errorf("an image without its pull time not flagged: %s", p)
+	}
+	br.Images = br.Images[:1]
+	if p := strings.Join(validateBranches(r), "\n"); !strings.Contains(p, "1 checkpoint images") {
+		t.Errorf("a missing image not flagged: %s", p)
 	}
 	br.Starts = br.Starts[:1]
 	if p := strings.Join(validateBranches(r), "\n"); !strings.Contains(p, "1 starts measured") {

@@ -540,7 +540,7 @@ func validateTargets(r *Results) []string {
 			need = r.Config.KSMMemMiB == 1024 && r.Config.KSMWindowS >= 60
 		case proxyTargetKeys[0], proxyTargetKeys[1]:
 			need = !r.Quick
-		case branchTargetKeys[0], branchTargetKeys[1]:
+		case branchTargetKeys[0], branchTargetKeys[1], branchTargetKeys[2]:
 			need = r.Config.BranchMemMiB == 1024 && !r.Quick
 		default:
 			need = slices.Contains(r.Config.FanOutCounts, 1) && slices.Contains(r.Config.FanOutCounts, 16)
