@@ -548,5 +548,16 @@ func unpackImage(ctx context.Context, image, tmp, layer string) error {
 	if err := rootfs.LayerFromDiff(io.NewSectionReader(f, at[0], at[1]), nil, layer); err != nil {
 		return ofKind(ErrInvalidOption, fmt.Errorf("image %s: %w", image, err))
 	}
-	return nil
+	// Only directories and regular files: a symlink would have the import
+	// read what it points to, outside the layer.
+	return filepath.WalkDir(layer, func(p string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if !d.IsDir() && !d.Type().IsRegular() {
+			rel, _ := filepath.Rel(layer, p)
+			return ofKind(ErrInvalidOption, fmt.Errorf("image %s holds %s, which is neither a directory nor a regular file: no checkpoint image does", image, rel))
+		}
+		return nil
+	})
 }

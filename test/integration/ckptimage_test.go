@@ -191,6 +191,17 @@ func TestBranchCheckpointImage(t *testing.T) {
 	t.Cleanup(func() { exec.Command("/usr/bin/podman", "rmi", "-f", podmansImage).Run() })
 	podman(t, "container", "checkpoint", "--leave-running", "--create-image", podmansImage, plain)
 	branchFails(t, "it has no tclone/branch): if it is a checkpoint image of Podman's, restore it with podman container restore", "import", "--image", podmansImage)
+	// One layer laid out as tclone's, whose CRIU images are a symlink out.
+	evil := t.TempDir()
+	os.MkdirAll(filepath.Join(evil, "tclone", "branch"), 0o755)
+	os.WriteFile(filepath.Join(evil, "tclone", "branch", "branch.json"), []byte("{}"), 0o644)
+	os.Symlink("/etc", filepath.Join(evil, "checkpoint"))
+	containerfile := filepath.Join(t.TempDir(), "Containerfile")
+	os.WriteFile(containerfile, []byte("FROM scratch\nCOPY . /\n"), 0o644)
+	evilImage := "localhost/" + uniqueName("evilckpt")
+	t.Cleanup(func() { exec.Command("/usr/bin/podman", "rmi", "-f", evilImage).Run() })
+	podman(t, "build", "-q", "-f", containerfile, "-t", evilImage, evil)
+	branchFails(t, "holds checkpoint, which is neither a directory nor a regular file", "import", "--image", evilImage)
 	branchFails(t, "no such branch", "export", "--image", registry+"/"+uniqueName("none"), "no-such-branch")
 	if l := branchList(t); len(l) != 1 {
 		t.Errorf("refused imports left branches: %+v", l)
