@@ -292,6 +292,20 @@ static int vdso_pad(pid_t pid, unsigned long *site, struct twin_err *e)
 	}
 	while (zeros < len && buf[len - 1 - zeros] == 0)
 		zeros++;
+	/*
+	 * A trampoline of tclone's may be there already: a CRIU killed while
+	 * the process was at it let the process go on through it, and left
+	 * it. Its place is the one to use again (its code is found whole,
+	 * with nothing but zeros after it).
+	 */
+	size_t code = TRAMP_OFF(twin_tramp_parent);
+	unsigned char *old = memmem(buf, len, twin_tramp_start, code);
+	if (old && (size_t)(old - buf) + TRAMP_LEN <= len && (size_t)(old - buf) + TRAMP_LEN >= len - zeros) {
+		*site = start + (old - buf);
+		free(buf);
+		twin_info("process %d: a trampoline left by a killed CRIU at %#lx is used again", pid, *site);
+		return 0;
+	}
 	free(buf);
 	/* Clear of the image's last byte, 16-aligned. */
 	unsigned long at = (end - zeros + 32) & ~15UL;

@@ -363,3 +363,43 @@ func TestTwinDaemonKilledWhileDraining(t *testing.T) {
 		t.Fatalf("the source's memory changed: %s, want %s", got, want)
 	}
 }
+
+// A CRIU killed while a process of the source sits at the twin plugin's
+// trampoline (its twin just born) lets the process go on through it, and
+// leaves the trampoline in the process's vDSO. The next twin capture of the
+// source uses that place again: it once refused, the vDSO's padding being
+// too short with the old trampoline in it (found by the fault suite).
+func TestTwinCaptureAfterCRIUKilledAtTheTrampoline(t *testing.T) {
+	requireStack(t)
+	requireTwins(t)
+	n, pid := workloadOf(t, 16)
+	// Each trampoline left used to push the next one further into the
+	// padding, until none fitted: several rounds.
+	for round := 1; round <= 4; round++ {
+		t.Setenv("TCLONE_TWIN_TEST_STALL", "after-clone:20000")
+		cmd, stderr, criu := startCapture(t, containerID(t, n), pid, "--memory", "twin")
+		eventually(t, 30*time.Second, "a twin born in the source", func() error {
+			if len(twinsUnder(pid)) == 0 {
+				return fmt.Errorf("none yet: %s", stderr.String())
+			}
+			return nil
+		})
+		syscall.Kill(criu, syscall.SIGKILL)
+		cmd.Process.Signal(syscall.SIGKILL)
+		cmd.Wait()
+		os.Unsetenv("TCLONE_TWIN_TEST_STALL")
+		requireUntraced(t, pid, releaseWait)
+		requireSourceRuns(t, n)
+		if r := run(t, time.Minute, tcloneBin(), "gc"); r.code != 0 {
+			t.Fatalf("round %d: tclone gc: %s", round, r.stderr)
+		}
+	}
+	r := runDetached(t, nil, tcloneBin(), "fork", "--plan-only", "--file-locks", "--memory", "twin", containerID(t, n))
+	if dir := strings.TrimSpace(r.stdout); hostStore.Contains(dir) {
+		defer removePlan(dir)
+	}
+	if r.code != 0 {
+		t.Fatalf("the twin capture after the killed one: exit %d: %s", r.code, r.stderr)
+	}
+	requireSourceRuns(t, n)
+}
