@@ -141,13 +141,14 @@ func ExportBranchImage(ctx context.Context, ref, image string) (*ImageExport, er
 		return nil, err
 	}
 	x := &ImageExport{Image: image, Branch: b.Name}
-	if err := writeCheckpointLayer(ctx, r, layer, x); err != nil {
+	cfg, err := writeCheckpointLayer(ctx, r, layer, x)
+	if err != nil {
 		return nil, fmt.Errorf("branch %s: %w", b.Name, err)
 	}
 	if x.Bytes, err = dirBytes(layer); err != nil {
 		return nil, err
 	}
-	annotations, err := checkpointAnnotations(ctx, b, layer, x.RestoreFlags)
+	annotations, err := checkpointAnnotations(ctx, b, cfg, x.RestoreFlags)
 	if err != nil {
 		return nil, err
 	}
@@ -175,27 +176,28 @@ func ExportBranchImage(ctx context.Context, ref, image string) (*ImageExport, er
 	return x, nil
 }
 
-// writeCheckpointLayer fills dir with the checkpoint image's files.
-func writeCheckpointLayer(ctx context.Context, r *branch.Reader, dir string, x *ImageExport) error {
+// writeCheckpointLayer fills dir with the checkpoint image's files and
+// returns the source's configuration it copied.
+func writeCheckpointLayer(ctx context.Context, r *branch.Reader, dir string, x *ImageExport) (*podmanConfig, error) {
 	b := r.Branch()
 	planDir := filepath.Join(filepath.Dir(dir), "plan")
 	if err := os.Mkdir(planDir, 0o700); err != nil {
-		return err
+		return nil, err
 	}
 	if err := r.WritePlan(planDir); err != nil {
-		return err
+		return nil, err
 	}
 	if err := os.Rename(plan.ImagesDir(planDir), filepath.Join(dir, checkpointDir)); err != nil {
-		return fmt.Errorf("its CRIU images: %w", err)
+		return nil, fmt.Errorf("its CRIU images: %w", err)
 	}
 	// tclone's own record of the branch, signed, for podman container
 	// branch import --image: the plan's other files, and the branch
 	// without the files above.
 	if err := os.MkdirAll(filepath.Join(dir, imageBranchDir), 0o700); err != nil {
-		return err
+		return nil, err
 	}
 	if err := os.Rename(planDir, filepath.Join(dir, imagePlanDir)); err != nil {
-		return err
+		return nil, err
 	}
 	// Podman's restore cannot pass CRIU's tcp-close, which the inventory
 	// of a dump that used it demands: Podman's copy of the inventory goes
@@ -204,36 +206,36 @@ func writeCheckpointLayer(ctx context.Context, r *branch.Reader, dir string, x *
 	inventory := filepath.Join(dir, checkpointDir, "inventory.img")
 	kept := filepath.Join(dir, imagePlanDir, "images", "inventory.img")
 	if err := os.MkdirAll(filepath.Dir(kept), 0o700); err != nil {
-		return err
+		return nil, err
 	}
 	if err := copyRegular(inventory, kept); err != nil {
-		return err
+		return nil, err
 	}
 	connections, err := criuhooks.ClearTCPClose(filepath.Join(dir, checkpointDir))
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if connections > 0 {
 		x.Notes = append(x.Notes, fmt.Sprintf("the branch holds %d established TCP connections, dumped to be restored closed (CRIU's tcp-close): podman container restore cannot ask for that and fails; import the image as a branch instead", connections))
 	}
 	key, err := signing.HostKey(signing.KeyDir())
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if _, err := branch.DefaultStore().ExportUnpacked(b.ID, filepath.Join(dir, imageBranchDir), key); err != nil {
-		return err
+		return nil, err
 	}
 	cfg, err := copyConfiguration(r.Path(branch.ArchiveFile), dir)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if b.Plan.Rootfs != nil {
 		layers, err := imageLayers(ctx, b.Source.ImageID)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		if err := writeRootfsDiff(r.Path(branch.RootfsTree), layers, dir); err != nil {
-			return err
+			return nil, err
 		}
 	}
 	copied := map[string]bool{}
@@ -250,10 +252,10 @@ func writeCheckpointLayer(ctx context.Context, r *branch.Reader, dir string, x *
 			continue
 		}
 		if err := os.MkdirAll(filepath.Dir(dst), 0o700); err != nil {
-			return err
+			return nil, err
 		}
 		if err := tarDir(r.Path(branch.VolumeTree(i)), dst); err != nil {
-			return fmt.Errorf("volume %s: %w", v.Name, err)
+			return nil, fmt.Errorf("volume %s: %w", v.Name, err)
 		}
 	}
 	flags, missing := b.Plan.Capture.PodmanRestoreFlags()
@@ -272,7 +274,7 @@ func writeCheckpointLayer(ctx context.Context, r *branch.Reader, dir string, x *
 			}
 		}
 	}
-	return nil
+	return cfg, nil
 }
 
 // podmanConfig is what an export reads of libpod's container
@@ -380,15 +382,7 @@ func tarDir(src, dst string) error {
 
 // checkpointAnnotations are Podman's annotations of a checkpoint image,
 // describing this host as Podman's own export does, and tclone's.
-func checkpointAnnotations(ctx context.Context, b *branch.Branch, layer string, restoreFlags []string) ([]string, error) {
-	data, err := os.ReadFile(filepath.Join(layer, configDump))
-	if err != nil {
-		return nil, err
-	}
-	var cfg podmanConfig
-	if err := json.Unmarshal(data, &cfg); err != nil {
-		return nil, err
-	}
+func checkpointAnnotations(ctx context.Context, b *branch.Branch, cfg *podmanConfig, restoreFlags []string) ([]string, error) {
 	info, err := system.Info(ctx, nil)
 	if err != nil {
 		return nil, fmt.Errorf("asking Podman about this host: %w", err)
