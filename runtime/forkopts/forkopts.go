@@ -34,23 +34,23 @@ const Unlimited = -1
 type Fork struct {
 	Capture
 	// Identity says how siblings differ from the source.
-	Identity Identity `json:"identity"`
+	Identity Identity `json:"identity" flag:"identity" group:"sibling" usage:"unique: each sibling gets its own hostname and machine-id, and a source where one cannot differ (--uts=host, a mounted /etc/machine-id) is refused; best-effort: the same where possible, keeping what cannot change (--print-stats says what was kept); preserve: the source's"`
 	// Memory is how siblings get the source's memory; empty means auto:
 	// copy-on-write where the vma_cherrypick module is loaded, else lazy
 	// where this host can, else copy.
-	Memory Memory `json:"memory,omitempty"`
+	Memory Memory `json:"memory,omitempty" flag:"memory" group:"memory" usage:"how a sibling gets the source's memory: auto (the default: cow where the vma_cherrypick module is loaded, else twin where tclone's CRIU plugin is installed, else lazy where CRIU and the kernel support it, else copy), cow (shared copy-on-write, as fork() shares it: the source is held for page-table copies only, and siblings map its pages), twin (copy-on-write without the module: each process gets a twin while the source is held, for page-table copies only, and siblings run at once on copies of its pages), lazy (it runs at once and receives copies of its memory while it runs), copy (every page is copied before it runs), or ksm (as lazy, and the sibling is mergeable: with a source run with the annotation io.tclone.memory-merge=true, ksmd shares their identical pages again)"`
 	// Uses is how many siblings the plan serves, or Unlimited; 0 means 1.
-	Uses int `json:"uses"`
+	Uses int `json:"uses" flag:"uses" group:"plan" usage:"how many siblings the plan serves (-1: any number until it expires)"`
 	// TTL bounds how long an unused plan is kept; 0 means DefaultPlanTTL.
-	TTL time.Duration `json:"ttl"`
+	TTL time.Duration `json:"ttl" flag:"ttl" group:"plan" usage:"how long an unused plan is kept"`
 	// CaptureTimeout bounds the dump, and so the source's pause: on
 	// expiry CRIU is stopped and the source runs on. 0 means
 	// DefaultCaptureTimeout.
-	CaptureTimeout time.Duration `json:"capture_timeout,omitempty"`
+	CaptureTimeout time.Duration `json:"capture_timeout,omitempty" flag:"capture-timeout" group:"timeout" usage:"longest the source may be held for the capture; then CRIU is stopped, the source runs on and the fork fails"`
 	// FilesOnly captures the root filesystem and the volumes only, with no
 	// process: each sibling runs its command from the start on the
 	// source's files.
-	FilesOnly bool `json:"files_only,omitempty"`
+	FilesOnly bool `json:"files_only,omitempty" flag:"files-only" group:"files" usage:"take the source's files only (root filesystem and volumes, while its processes are held still for a moment): each sibling runs its command from the start on them, with none of the source's processes or memory"`
 	// Durable: the capture must end as page images, for a branch that
 	// outlives it. Auto then never takes module snapshots (they live only
 	// as long as the plan); twins are drained into images, and do.
@@ -77,13 +77,13 @@ type Capture struct {
 	// TCP is what the siblings do with their copies of the source's
 	// established TCP connections; it decides the dump's TCP options.
 	// Empty means none was asked for: Normalize makes it TCPClose.
-	TCP TCPPolicy `json:"tcp_policy,omitempty"`
+	TCP TCPPolicy `json:"tcp_policy,omitempty" flag:"tcp-established=keep,tcp-close=close" group:"capture" usage:"keep open TCP connections: a sibling carries on the source's connections (only a sibling in the source's own network namespace; podman container fork refuses it) | close the sibling's copies of the source's open TCP connections; the source keeps them (what a fork does by default)"`
 	// FileLocks dumps and restores file locks.
-	FileLocks bool `json:"file_locks,omitempty"`
+	FileLocks bool `json:"file_locks,omitempty" flag:"file-locks" group:"capture" usage:"capture and restore file locks"`
 	// ExtUnixSk allows unix sockets connected outside the container.
-	ExtUnixSk bool `json:"ext_unix_sk,omitempty"`
+	ExtUnixSk bool `json:"ext_unix_sk,omitempty" flag:"ext-unix-sk" group:"capture" usage:"allow unix sockets connected outside the container"`
 	// ShellJob allows a tree attached to an outside terminal session.
-	ShellJob bool `json:"shell_job,omitempty"`
+	ShellJob bool `json:"shell_job,omitempty" flag:"shell-job" group:"capture" usage:"allow a tree attached to an outside terminal session"`
 }
 
 // Normalize checks every option and fills the defaults. Each way in calls

@@ -1,9 +1,10 @@
-// Package forkflags is the one table of a fork's command-line flags, shared
-// by `tclone fork`, `tclone restore`, `tclone checkpoint` and `podman
-// container fork`, and the one reader that turns them into a
-// forkopts.Fork. A flag is spelled, described and read here only: the flags
-// of Podman's fork and branch commands, which only those take, are in
-// podmanflags below, so that the runtime binary does not link Podman's client.
+// Package forkflags derives command-line flags, REST query parameters and
+// their reading from flag tables: structs whose fields' tags name their
+// flags (see Fields). A fork's options are such a table (forkopts.Fork,
+// shared by `tclone fork`, `tclone restore`, `tclone checkpoint` and
+// `podman container fork`), and so are the Podman client's (podmanfork
+// Options, BranchOptions), whose commands and API service podmanflags
+// builds. A flag is spelled and described once, in its field's tag.
 package forkflags
 
 import (
@@ -14,117 +15,93 @@ import (
 	"github.com/tclone/tclone/runtime/forkopts"
 )
 
-// Flag names.
+// The groups of a fork's flags (see forkopts.Fork's tags).
 const (
-	TCPEstablished = "tcp-established"
-	TCPClose       = "tcp-close"
-	FileLocks      = "file-locks"
-	ExtUnixSk      = "ext-unix-sk"
-	ShellJob       = "shell-job"
-	Identity       = "identity"
-	Uses           = "uses"
-	TTL            = "ttl"
-	CaptureTimeout = "capture-timeout"
-	Memory         = "memory"
-	FilesOnly      = "files-only"
+	// GroupCapture is what the dump asks of CRIU: --tcp-established,
+	// --tcp-close, --file-locks, --ext-unix-sk, --shell-job.
+	GroupCapture = "capture"
+	// GroupMemory is --memory.
+	GroupMemory = "memory"
+	// GroupSibling is how siblings differ from the source: --identity.
+	GroupSibling = "sibling"
+	// GroupFiles is --files-only.
+	GroupFiles = "files"
+	// GroupPlan is a plan's life: --uses, --ttl.
+	GroupPlan = "plan"
+	// GroupTimeout is --capture-timeout.
+	GroupTimeout = "timeout"
 )
 
+// Defaults are the values of a fork's flags that are not given: those
+// Normalize fills, but for the TCP policy, which a restore without a TCP
+// flag takes from its plan.
+func Defaults() forkopts.Fork {
+	return forkopts.Fork{Identity: forkopts.IdentityUnique, Uses: forkopts.Unlimited,
+		TTL: forkopts.DefaultPlanTTL, CaptureTimeout: forkopts.DefaultCaptureTimeout}
+}
+
+// For is the fork flags keep keeps, with their defaults.
+func For(keep Keep) []cli.Flag { return Flags(Defaults(), keep) }
+
 // CrunCapture is the capture flags crun itself has, for the verbs tclone
-// hands to crun (an ordinary checkpoint).
+// hands to crun (an ordinary checkpoint): the capture's, less --tcp-close.
 func CrunCapture() []cli.Flag {
-	return []cli.Flag{
-		&cli.BoolFlag{Name: TCPEstablished, Usage: "keep open TCP connections: a sibling carries on the source's connections " +
-			"(only a sibling in the source's own network namespace; podman container fork refuses it)"},
-		&cli.BoolFlag{Name: FileLocks, Usage: "capture and restore file locks"},
-		&cli.BoolFlag{Name: ExtUnixSk, Usage: "allow unix sockets connected outside the container"},
-		&cli.BoolFlag{Name: ShellJob, Usage: "allow a tree attached to an outside terminal session"},
-	}
+	return For(func(f Field) bool { return f.Group == GroupCapture && f.Choice != string(forkopts.TCPClose) })
 }
 
 // Capture is every capture flag: crun's, and --tcp-close.
-func Capture() []cli.Flag {
-	return append(CrunCapture(),
-		&cli.BoolFlag{Name: TCPClose, Usage: "close the sibling's copies of the source's open TCP connections; the source keeps them (what a fork does by default)"})
-}
+func Capture() []cli.Flag { return For(InGroups(GroupCapture)) }
 
 // Sibling is the flags of how siblings differ from the source and get its
 // memory.
-func Sibling() []cli.Flag {
-	return []cli.Flag{
-		MemoryFlag(),
-		&cli.BoolFlag{Name: FilesOnly, Usage: "take the source's files only (root filesystem and volumes, while its processes are held still for a moment): " +
-			"each sibling runs its command from the start on them, with none of the source's processes or memory"},
-		&cli.StringFlag{Name: Identity, Value: string(forkopts.IdentityUnique), Usage: "unique: each sibling gets its own hostname and machine-id, and a source where one cannot differ (--uts=host, a mounted /etc/machine-id) is refused; " +
-			"best-effort: the same where possible, keeping what cannot change (--print-stats says what was kept); preserve: the source's"},
-	}
-}
+func Sibling() []cli.Flag { return For(InGroups(GroupMemory, GroupFiles, GroupSibling)) }
 
 // MemoryFlag is --memory.
-func MemoryFlag() cli.Flag {
-	return &cli.StringFlag{Name: Memory, Usage: "how a sibling gets the source's memory: auto (the default: cow where the vma_cherrypick module is loaded, else twin where tclone's CRIU plugin is installed, else lazy where CRIU " +
-		"and the kernel support it, else copy), cow (shared copy-on-write, as fork() shares it: the source is held for page-table copies only, and siblings map its pages), " +
-		"twin (copy-on-write without the module: each process gets a twin while the source is held, for page-table copies only, and siblings run at once on copies of its pages), " +
-		"lazy (it runs at once and receives copies of its memory while it runs), copy (every page is copied before it runs), or ksm (as lazy, and the sibling is " +
-		"mergeable: with a source run with the annotation " + forkopts.AnnotationMerge + "=true, ksmd shares their identical pages again)"}
-}
+func MemoryFlag() cli.Flag { return For(InGroups(GroupMemory))[0] }
 
 // PlanLife is the flags of a plan captured on its own: how many siblings it
 // serves and how long it is kept.
-func PlanLife() []cli.Flag {
-	return []cli.Flag{
-		&cli.IntFlag{Name: Uses, Value: forkopts.Unlimited, Usage: "how many siblings the plan serves (-1: any number until it expires)"},
-		&cli.DurationFlag{Name: TTL, Value: forkopts.DefaultPlanTTL, Usage: "how long an unused plan is kept"},
-	}
-}
+func PlanLife() []cli.Flag { return For(InGroups(GroupPlan)) }
 
 // Timeout is --capture-timeout.
-func Timeout() cli.Flag {
-	return &cli.DurationFlag{Name: CaptureTimeout, Value: forkopts.DefaultCaptureTimeout,
-		Usage: "longest the source may be held for the capture; then CRIU is stopped, the source runs on and the fork fails"}
-}
+func Timeout() cli.Flag { return For(InGroups(GroupTimeout))[0] }
 
 // ReadCapture reads the capture flags the command has. It does not fill
 // defaults: a restore without a TCP flag takes its plan's policy.
 func ReadCapture(c *cli.Context) (forkopts.Capture, error) {
-	tcp, err := forkopts.TCPFromFlags(c.Bool(TCPEstablished), c.Bool(TCPClose))
-	if err != nil {
-		return forkopts.Capture{}, err
-	}
-	return forkopts.Capture{
-		TCP: tcp, FileLocks: c.Bool(FileLocks), ExtUnixSk: c.Bool(ExtUnixSk), ShellJob: c.Bool(ShellJob),
-	}, nil
+	var f forkopts.Fork
+	err := ReadInto(c, &f)
+	return f.Capture, err
 }
 
-// Read reads every fork flag the command has into a Fork, refusing values
-// only a flag can get wrong. A flag the command does not have leaves its
-// option zero, for Normalize (which whoever runs the fork calls) to fill.
+// Read reads every fork flag the command has into a Fork, refusing
+// values only a flag can get wrong. A flag the command does not have leaves
+// its option zero, for Normalize (which whoever runs the fork calls) to
+// fill.
 func Read(c *cli.Context) (forkopts.Fork, error) {
-	capture, err := ReadCapture(c)
-	if err != nil {
+	var f forkopts.Fork
+	if err := ReadInto(c, &f); err != nil {
 		return forkopts.Fork{}, err
 	}
-	f := forkopts.Fork{
-		Capture:        capture,
-		Identity:       forkopts.Identity(c.String(Identity)),
-		Memory:         forkopts.Memory(c.String(Memory)),
-		FilesOnly:      c.Bool(FilesOnly),
-		Uses:           c.Int(Uses),
-		TTL:            c.Duration(TTL),
-		CaptureTimeout: c.Duration(CaptureTimeout),
-	}
+	return f, CheckFork(c, &f)
+}
+
+// CheckFork refuses the fork flags given values only a flag can get wrong:
+// a zero the model would take as its default.
+func CheckFork(c *cli.Context, f *forkopts.Fork) error {
 	if f.FilesOnly && (f.Memory != "" || f.TCP == forkopts.TCPKeep) {
-		return forkopts.Fork{}, fmt.Errorf("--files-only takes none of the source's processes: --memory and --tcp-established do not apply")
+		return fmt.Errorf("--files-only takes none of the source's processes: --memory and --tcp-established do not apply")
 	}
-	if c.IsSet(CaptureTimeout) && f.CaptureTimeout <= 0 {
-		return forkopts.Fork{}, &BadValue{Flag: CaptureTimeout, Value: f.CaptureTimeout.String(), Advice: "give a positive duration, such as 60s"}
+	if name := NameOf(f, &f.CaptureTimeout); c.IsSet(name) && f.CaptureTimeout <= 0 {
+		return &BadValue{Flag: name, Value: f.CaptureTimeout.String(), Advice: "give a positive duration, such as 60s"}
 	}
-	if c.IsSet(Uses) && (f.Uses == 0 || f.Uses < forkopts.Unlimited) {
-		return forkopts.Fork{}, &BadValue{Flag: Uses, Value: fmt.Sprint(f.Uses), Advice: "give a number of siblings (1 or more), or -1 for any number until the plan expires"}
+	if name := NameOf(f, &f.Uses); c.IsSet(name) && (f.Uses == 0 || f.Uses < forkopts.Unlimited) {
+		return &BadValue{Flag: name, Value: fmt.Sprint(f.Uses), Advice: "give a number of siblings (1 or more), or -1 for any number until the plan expires"}
 	}
-	if c.IsSet(TTL) && f.TTL <= 0 {
-		return forkopts.Fork{}, &BadValue{Flag: TTL, Value: f.TTL.String(), Advice: "give how long an unused plan is kept, such as 10m"}
+	if name := NameOf(f, &f.TTL); c.IsSet(name) && f.TTL <= 0 {
+		return &BadValue{Flag: name, Value: f.TTL.String(), Advice: "give how long an unused plan is kept, such as 10m"}
 	}
-	return f, nil
+	return nil
 }
 
 // BadValue names the flag a bad value was given to, and what to give.

@@ -13,7 +13,7 @@
 // Given a connection to Podman's own service, the fork runs in the caller,
 // which must then be root on the Podman host: it leaves a fork intent for
 // tclone in the host's plan store (see plan.Intent).
-package podmanfork
+package hostagent
 
 import (
 	"errors"

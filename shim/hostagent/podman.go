@@ -1,4 +1,4 @@
-package podmanfork
+package hostagent
 
 import (
 	"context"
