@@ -26,40 +26,6 @@ import (
 	"github.com/tclone/tclone/runtime/rootfs"
 )
 
-// LabelBranch names the label siblings started from a branch carry: the
-// branch's ID. A branch taken of such a sibling records it as its parent.
-const LabelBranch = "io.tclone.branch"
-
-// BranchOptions configure a branch's creation.
-type BranchOptions struct {
-	// Labels of the branch, KEY=VALUE.
-	Labels map[string]string
-	// VolumeModes is what siblings started from the branch get of the
-	// source's named volumes; by default the branch keeps a copy of each,
-	// as it was at the capture.
-	VolumeModes VolumeModes
-	// FileLocks captures the source's file locks.
-	FileLocks bool
-	// Runnable, when set, is told once the source is captured and runs
-	// on, while the branch is written. An error from it (its caller is
-	// gone) ends the creation, which is rolled back. A failure after it
-	// returned leaves the branch listed as failed, with why.
-	Runnable func(*branch.Branch) error
-}
-
-// BranchStats describes a branch's creation.
-type BranchStats struct {
-	Branch *branch.Branch `json:"branch"`
-	Call   string         `json:"call"`
-	// CheckpointMs is the capture, of which the source could not run for
-	// SourcePauseMs; DurableMs runs from the request until the branch was
-	// on disk.
-	CheckpointMs  float64 `json:"checkpoint_ms"`
-	SourcePauseMs float64 `json:"source_pause_ms"`
-	WriteMs       float64 `json:"write_ms"`
-	DurableMs     float64 `json:"durable_ms"`
-}
-
 // branchEngine is what this package keeps in a branch (branch.Branch's
 // Engine) to start siblings from it once its source is gone.
 type branchEngine struct {

@@ -14,22 +14,6 @@ import (
 	"github.com/tclone/tclone/runtime/forkopts"
 )
 
-// What a sibling's identity part is, in IdentityReport.
-const (
-	IdentityOwn  = "own"  // the sibling has its own
-	IdentityKept = "kept" // the sibling has the source's
-	IdentityNone = "none" // the image has none (no /etc/machine-id)
-)
-
-// IdentityReport says what makes a sibling a different machine from its
-// source, as found in the running sibling.
-type IdentityReport struct {
-	Hostname  string `json:"hostname"`
-	MachineID string `json:"machine_id"`
-	// Kept says why a part the policy would change was kept (best-effort).
-	Kept []string `json:"kept,omitempty"`
-}
-
 // identityLimits lists what keeps siblings of src from getting their own
 // hostname or machine-id, keyed by the part.
 func identityLimits(src *define.InspectContainerData) map[string]string {

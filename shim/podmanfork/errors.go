@@ -19,8 +19,12 @@ var (
 	// not run by tclone), or a sibling's name or port is held by another
 	// container.
 	ErrConflict = errors.New("conflict")
-	// ErrNoSuchSource: Podman knows no such container.
+	// ErrNoSuchSource: Podman knows no such container, or the host no
+	// such branch.
 	ErrNoSuchSource = errors.New("no such container")
+	// ErrNotTcloneService: the connection's service is Podman's own,
+	// which has none of tclone's endpoints.
+	ErrNotTcloneService = errors.New("not tclone's API service")
 )
 
 // kindError is an error of a kind.
@@ -32,7 +36,9 @@ type kindError struct {
 func (e *kindError) Error() string   { return e.err.Error() }
 func (e *kindError) Unwrap() []error { return []error{e.kind, e.err} }
 
-// ofKind tags err with kind; nil stays nil.
+// WithKind tags err with kind; nil stays nil.
+func WithKind(kind, err error) error { return ofKind(kind, err) }
+
 func ofKind(kind, err error) error {
 	if err == nil {
 		return nil

@@ -4,15 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"net/url"
-	"sort"
-	"strconv"
 
 	"github.com/containers/podman/v5/pkg/bindings"
 	"github.com/containers/podman/v5/pkg/errorhandling"
 
-	"github.com/tclone/tclone/runtime/forkopts"
+	"github.com/tclone/tclone/runtime/branch"
+	"github.com/tclone/tclone/shim/forkflags"
 )
 
 // ServiceHeader is the response header by which tclone's API service (`tclone
@@ -20,12 +20,32 @@ import (
 // version. A service without it is Podman's own.
 const ServiceHeader = "Tclone-Version"
 
-// ForkEndpoint is the fork endpoint of tclone's API service, below the API
-// version's /libpod, in the bindings' path-value form.
-const ForkEndpoint = "/containers/%s/fork"
+// The endpoints of tclone's API service, below the API version's /libpod,
+// in the bindings' path-value form.
+const (
+	ForkEndpoint         = "/containers/%s/fork"
+	BranchCreateEndpoint = "/containers/%s/branches"
+	BranchesEndpoint     = "/branches"
+	BranchEndpoint       = "/branches/%s"
+	BranchVerbEndpoint   = "/branches/%s/%s"
+	BranchImportEndpoint = "/branches/import"
+)
 
-// serviceIsTclone asks the connection's service whether it is tclone's.
-func serviceIsTclone(ctx context.Context) (bool, error) {
+// ForkQuery keeps the fields of Options the fork endpoint takes: all but
+// the plan's life (Uses, TTL), which is the service's to decide.
+var ForkQuery = forkflags.Not(forkflags.InGroups(forkflags.GroupPlan))
+
+// StartQuery keeps the fields of Options a branch's start takes: a fork's,
+// less those of the capture, which the branch already is.
+var StartQuery = forkflags.Not(forkflags.InGroups(forkflags.GroupPlan, forkflags.GroupCapture,
+	forkflags.GroupFiles, forkflags.GroupTimeout, GroupVolumes))
+
+// GroupVolumes is the group of the volume modes, which a branch's start
+// takes from the branch.
+const GroupVolumes = "volumes"
+
+// IsTcloneService asks the connection's service whether it is tclone's.
+func IsTcloneService(ctx context.Context) (bool, error) {
 	conn, err := bindings.GetClient(ctx)
 	if err != nil {
 		return false, err
@@ -38,26 +58,169 @@ func serviceIsTclone(ctx context.Context) (bool, error) {
 	return resp.Header.Get(ServiceHeader) != "", nil
 }
 
-// forkOverREST asks tclone's API service to fork.
-func forkOverREST(ctx context.Context, source string, opts Options) (*Stats, error) {
-	conn, err := bindings.GetClient(ctx)
+// requireTclone fails, saying what to connect to, unless the connection's
+// service is tclone's.
+func requireTclone(ctx context.Context) error {
+	ok, err := IsTcloneService(ctx)
+	if err != nil || ok {
+		return err
+	}
+	conn, _ := bindings.GetClient(ctx)
+	return ofKind(ErrNotTcloneService, fmt.Errorf("the API service at %s is Podman's own, which cannot fork: connect to tclone's API service "+
+		"(`tclone service`, unix:///run/tclone/tclone.sock or ssh://USER@HOST/run/tclone/tclone.sock), "+
+		"or fork on the Podman host with `podman container fork`", conn.URI.Redacted()))
+}
+
+// Fork forks the running container source into opts.Count siblings through
+// tclone's API service on the connection in ctx (bindings.NewConnection).
+// All or nothing: on any failure every sibling of this call is removed, the
+// capture is discarded, and the source runs on untouched.
+func Fork(ctx context.Context, source string, opts Options) ([]Result, error) {
+	st, err := ForkWithStats(ctx, source, opts)
 	if err != nil {
 		return nil, err
 	}
-	resp, err := conn.DoRequest(ctx, nil, http.MethodPost, ForkEndpoint, opts.Query(), nil, source)
-	if err != nil {
-		return nil, fmt.Errorf("fork of %s at %s: %w", source, conn.URI.Redacted(), err)
+	out := make([]Result, len(st.Siblings))
+	for i, r := range st.Siblings {
+		out[i] = *r
 	}
-	defer resp.Body.Close()
+	return out, nil
+}
+
+// ForkWithStats is Fork, also returning timings of every phase. The
+// options are checked here first, then sent; this process needs no access
+// to the host.
+func ForkWithStats(ctx context.Context, source string, opts Options) (*Stats, error) {
+	if err := opts.Validate(); err != nil {
+		return nil, ofKind(ErrInvalidOption, err)
+	}
 	var stats Stats
-	if err := resp.Process(&stats); err != nil {
-		var model *errorhandling.ErrorModel
-		if errors.As(err, &model) {
-			err = ofKind(kindOfStatus(model.ResponseCode), err)
-		}
-		return nil, err
+	err := call(ctx, http.MethodPost, ForkEndpoint, forkflags.Query(opts, ForkQuery), nil, &stats, source)
+	if err != nil {
+		return nil, fmt.Errorf("fork of %s: %w", source, err)
 	}
 	return &stats, nil
+}
+
+// CreateBranch captures the running container source, as a fork would, and
+// keeps the capture on the service's host as branch name.
+func CreateBranch(ctx context.Context, source, name string, opts BranchOptions) (*BranchStats, error) {
+	if err := branch.CheckName(name); err != nil {
+		return nil, ofKind(ErrInvalidOption, err)
+	}
+	if err := opts.Validate(); err != nil {
+		return nil, ofKind(ErrInvalidOption, err)
+	}
+	q := forkflags.Query(opts, forkflags.All)
+	q.Set("name", name)
+	var stats BranchStats
+	if err := call(ctx, http.MethodPost, BranchCreateEndpoint, q, nil, &stats, source); err != nil {
+		return nil, fmt.Errorf("branch %s of %s: %w", name, source, err)
+	}
+	return &stats, nil
+}
+
+// StartBranch starts opts.Count siblings from the branch ref (a name or
+// ID), with the same options and all-or-nothing rule as a fork, less those
+// of the capture (StartQuery).
+func StartBranch(ctx context.Context, ref string, opts Options) (*Stats, error) {
+	if err := opts.Validate(); err != nil {
+		return nil, ofKind(ErrInvalidOption, err)
+	}
+	var stats Stats
+	if err := call(ctx, http.MethodPost, BranchVerbEndpoint, forkflags.Query(opts, StartQuery), nil, &stats, ref, "start"); err != nil {
+		return nil, fmt.Errorf("start of branch %s: %w", ref, err)
+	}
+	return &stats, nil
+}
+
+// ListBranches lists the branches of source ("": of every source).
+func ListBranches(ctx context.Context, source string) ([]branch.Info, error) {
+	q := url.Values{}
+	if source != "" {
+		q.Set("source", source)
+	}
+	var list []branch.Info
+	return list, call(ctx, http.MethodGet, BranchesEndpoint, q, nil, &list)
+}
+
+// InspectBranch is branch ref's record.
+func InspectBranch(ctx context.Context, ref string) (*branch.Branch, error) {
+	var b branch.Branch
+	if err := call(ctx, http.MethodGet, BranchVerbEndpoint, nil, nil, &b, ref, "json"); err != nil {
+		return nil, err
+	}
+	return &b, nil
+}
+
+// RemoveBranch removes branch ref.
+func RemoveBranch(ctx context.Context, ref string) (*branch.Removed, error) {
+	var r branch.Removed
+	if err := call(ctx, http.MethodDelete, BranchEndpoint, nil, nil, &r, ref); err != nil {
+		return nil, err
+	}
+	return &r, nil
+}
+
+// ExportBranch writes branch ref, as the service's host signs it, to w. An
+// archive cut short by a failure midway is refused by an import.
+func ExportBranch(ctx context.Context, ref string, w io.Writer) error {
+	if err := requireTclone(ctx); err != nil {
+		return err
+	}
+	conn, err := bindings.GetClient(ctx)
+	if err != nil {
+		return err
+	}
+	resp, err := conn.DoRequest(ctx, nil, http.MethodGet, BranchVerbEndpoint, nil, nil, ref, "export")
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return answerError(resp.Process(nil))
+	}
+	_, err = io.Copy(w, resp.Body)
+	return err
+}
+
+// ImportBranch imports the archive read from r (ExportBranch, or podman
+// container branch export) on the service's host.
+func ImportBranch(ctx context.Context, r io.Reader, opts ImportOptions) (*branch.Branch, error) {
+	var b branch.Branch
+	if err := call(ctx, http.MethodPost, BranchImportEndpoint, forkflags.Query(opts, forkflags.All), r, &b); err != nil {
+		return nil, err
+	}
+	return &b, nil
+}
+
+// call makes a request of tclone's API service and decodes its answer
+// into out.
+func call(ctx context.Context, method, endpoint string, q url.Values, body io.Reader, out any, pathValues ...string) error {
+	if err := requireTclone(ctx); err != nil {
+		return err
+	}
+	conn, err := bindings.GetClient(ctx)
+	if err != nil {
+		return err
+	}
+	resp, err := conn.DoRequest(ctx, body, method, endpoint, q, nil, pathValues...)
+	if err != nil {
+		return fmt.Errorf("at %s: %w", conn.URI.Redacted(), err)
+	}
+	defer resp.Body.Close()
+	return answerError(resp.Process(out))
+}
+
+// answerError gives the service's error its kind.
+func answerError(err error) error {
+	var model *errorhandling.ErrorModel
+	if errors.As(err, &model) {
+		if kind := kindOfStatus(model.ResponseCode); kind != nil {
+			return ofKind(kind, err)
+		}
+	}
+	return err
 }
 
 // kindOfStatus is HTTPStatus the other way round.
@@ -71,54 +234,4 @@ func kindOfStatus(status int) error {
 		return ErrConflict
 	}
 	return nil
-}
-
-// Query is the options as the fork endpoint's query parameters, named as
-// `podman container fork`'s flags (podmanflags.FromQuery reads them back).
-// The plan's life (Uses, TTL) is the service's to decide and is not sent.
-func (o Options) Query() url.Values {
-	q := url.Values{}
-	set := func(key string, on bool, value string) {
-		if on {
-			q.Add(key, value)
-		}
-	}
-	flag := func(key string, on bool) { set(key, on, "true") }
-	for _, n := range o.Names {
-		q.Add("name", n)
-	}
-	set("count", o.Count != 0, strconv.Itoa(o.Count))
-	set("parallel", o.Parallel != 0, strconv.Itoa(o.Parallel))
-	for _, p := range o.Publish {
-		q.Add("publish", p)
-	}
-	flag("ignore-static-ip", o.IgnoreStaticIP)
-	flag("ignore-static-mac", o.IgnoreStaticMAC)
-	keys := make([]string, 0, len(o.Labels))
-	for k := range o.Labels {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	for _, k := range keys {
-		q.Add("label", k+"="+o.Labels[k])
-	}
-	for _, m := range o.VolumeModes.Values() {
-		q.Add("volume-mode", m)
-	}
-	for _, h := range o.Hooks {
-		q.Add("hook", h)
-	}
-	set("ready", o.Ready.Kind != "", o.Ready.String())
-	set("ready-timeout", o.ReadyTimeout != 0, o.ReadyTimeout.String())
-	flag("wait-memory", o.WaitMemory)
-	flag("tcp-established", o.TCP == forkopts.TCPKeep)
-	flag("tcp-close", o.TCP == forkopts.TCPClose)
-	flag("file-locks", o.FileLocks)
-	flag("ext-unix-sk", o.ExtUnixSk)
-	flag("shell-job", o.ShellJob)
-	set("identity", o.Identity != "", string(o.Identity))
-	set("memory", o.Memory != "", string(o.Memory))
-	flag("files-only", o.FilesOnly)
-	set("capture-timeout", o.CaptureTimeout != 0, o.CaptureTimeout.String())
-	return q
 }
