@@ -1,6 +1,8 @@
 package hostagent
 
 import (
+	"github.com/tclone/tclone/shim/podmanfork"
+
 	"context"
 	"encoding/json"
 	"errors"
@@ -31,7 +33,7 @@ import (
 type branchEngine struct {
 	// Source is Podman's inspection of the source at the capture.
 	Source  *define.InspectContainerData `json:"source"`
-	Volumes []VolumeUse                  `json:"volumes,omitempty"`
+	Volumes []podmanfork.VolumeUse       `json:"volumes,omitempty"`
 	// The source's identity, which siblings must not share.
 	Hostname  string `json:"hostname,omitempty"`
 	MachineID string `json:"machine_id,omitempty"`
@@ -42,21 +44,26 @@ type branchEngine struct {
 // the capture; the branch is written after it runs on. A failure, or this
 // process's death, leaves no branch (`tclone gc` removes what a dead one
 // wrote).
-func CreateBranch(ctx context.Context, source, name string, opts BranchOptions) (*BranchStats, error) {
+//
+// runnable, when not nil, is told once the source is captured and runs on,
+// while the branch is written. An error from it (its caller is gone) ends
+// the creation, which is rolled back. A failure after it returned leaves
+// the branch listed as failed, with why.
+func CreateBranch(ctx context.Context, source, name string, opts podmanfork.BranchOptions, runnable func(*branch.Branch) error) (*podmanfork.BranchStats, error) {
 	start := time.Now()
 	if err := branch.CheckName(name); err != nil {
-		return nil, ofKind(ErrInvalidOption, err)
+		return nil, podmanfork.WithKind(podmanfork.ErrInvalidOption, err)
 	}
 	// The branch's labels are its own, not its siblings'.
-	fo := Options{VolumeModes: opts.VolumeModes}
+	fo := podmanfork.Options{VolumeModes: opts.VolumeModes}
 	fo.FileLocks = opts.FileLocks
 	// A branch keeps page images: never module snapshots, whose memory
 	// lives only as long as the plan, but twins, which the plan's daemon
 	// drains into images, where the host can (the pause is then the
 	// fork's); its starts choose their own memory mode.
 	fo.Durable = true
-	if err := fo.normalize(); err != nil {
-		return nil, ofKind(ErrInvalidOption, err)
+	if err := normalize(&fo); err != nil {
+		return nil, podmanfork.WithKind(podmanfork.ErrInvalidOption, err)
 	}
 	store := plan.DefaultStore()
 	src, uses, err := prepareSource(ctx, store, source, &fo)
@@ -66,14 +73,14 @@ func CreateBranch(ctx context.Context, source, name string, opts BranchOptions) 
 	bstore := branch.DefaultStore()
 	w, err := bstore.Begin(name, branch.Source{ID: src.ID, Name: src.Name, Image: src.ImageName, ImageID: src.Image})
 	if errors.Is(err, branch.ErrNameTaken) {
-		return nil, ofKind(ErrConflict, err)
+		return nil, podmanfork.WithKind(podmanfork.ErrConflict, err)
 	}
 	if err != nil {
 		return nil, err
 	}
 	f := &forker{opts: fo, src: src, store: store, start: start, volumes: uses}
 	defer f.cleanupFiles()
-	stats, err := f.writeBranch(ctx, w, opts)
+	stats, err := f.writeBranch(ctx, w, opts, runnable)
 	if err != nil {
 		if f.runnable {
 			w.Fail(err)
@@ -89,12 +96,12 @@ func CreateBranch(ctx context.Context, source, name string, opts BranchOptions) 
 	return stats, nil
 }
 
-func (f *forker) writeBranch(ctx context.Context, w *branch.Writer, opts BranchOptions) (*BranchStats, error) {
+func (f *forker) writeBranch(ctx context.Context, w *branch.Writer, opts podmanfork.BranchOptions, runnable func(*branch.Branch) error) (*podmanfork.BranchStats, error) {
 	archive, err := f.begin()
 	if err != nil {
 		return nil, err
 	}
-	stats := &BranchStats{Call: f.nonce}
+	stats := &podmanfork.BranchStats{Call: f.nonce}
 	t := time.Now()
 	capture, err := f.checkpoint(ctx, archive)
 	if err != nil {
@@ -111,9 +118,9 @@ func (f *forker) writeBranch(ctx context.Context, w *branch.Writer, opts BranchO
 		}
 		capture.Memory, capture.Snapshots = "", nil
 	}
-	if opts.Runnable != nil {
+	if runnable != nil {
 		b := w.Branch()
-		if err := opts.Runnable(&b); err != nil {
+		if err := runnable(&b); err != nil {
 			return nil, err
 		}
 		f.runnable = true
@@ -153,11 +160,11 @@ func (f *forker) writeBranch(ctx context.Context, w *branch.Writer, opts BranchO
 		b.Plan = *capture
 		b.Engine = engine
 		if f.src.Config != nil {
-			b.Parent = f.src.Config.Labels[LabelBranch]
+			b.Parent = f.src.Config.Labels[podmanfork.LabelBranch]
 		}
 	})
 	if errors.Is(err, branch.ErrNameTaken) {
-		return nil, ofKind(ErrConflict, err)
+		return nil, podmanfork.WithKind(podmanfork.ErrConflict, err)
 	}
 	if err != nil {
 		return nil, err
@@ -173,13 +180,13 @@ func (f *forker) writeBranch(ctx context.Context, w *branch.Writer, opts BranchO
 // StartBranch starts opts.Count siblings from the branch ref (a name or
 // ID), with the same options and all-or-nothing rule as a fork. The
 // branch's source need not exist any more; its image must.
-func StartBranch(ctx context.Context, ref string, opts Options) (*Stats, error) {
+func StartBranch(ctx context.Context, ref string, opts podmanfork.Options) (*podmanfork.Stats, error) {
 	start := time.Now()
-	if err := opts.normalize(); err != nil {
-		return nil, ofKind(ErrInvalidOption, err)
+	if err := normalize(&opts); err != nil {
+		return nil, podmanfork.WithKind(podmanfork.ErrInvalidOption, err)
 	}
 	if opts.Memory == forkopts.MemoryCow {
-		return nil, ofKind(ErrInvalidOption, fmt.Errorf("--memory cow: branch %s holds its memory as page images, which its containers get copies of; start it with --memory lazy or copy", ref))
+		return nil, podmanfork.WithKind(podmanfork.ErrInvalidOption, fmt.Errorf("--memory cow: branch %s holds its memory as page images, which its containers get copies of; start it with --memory lazy or copy", ref))
 	}
 	store := branch.DefaultStore()
 	r, err := store.Open(ref)
@@ -190,7 +197,7 @@ func StartBranch(ctx context.Context, ref string, opts Options) (*Stats, error) 
 		}
 	}
 	if errors.Is(err, branch.ErrNotFound) {
-		return nil, ofKind(ErrNoSuchSource, err)
+		return nil, podmanfork.WithKind(podmanfork.ErrNoSuchSource, err)
 	}
 	if err != nil {
 		return nil, err
@@ -214,7 +221,7 @@ func StartBranch(ctx context.Context, ref string, opts Options) (*Stats, error) 
 	collectDeadCalls(ctx, plans)
 	limits, err := checkIdentity(opts.Identity, eng.Source)
 	if err != nil {
-		return nil, ofKind(ErrConflict, err)
+		return nil, podmanfork.WithKind(podmanfork.ErrConflict, err)
 	}
 	names, err := newNamer(ctx, b.Name, opts)
 	if err != nil {
@@ -235,29 +242,13 @@ func StartBranch(ctx context.Context, ref string, opts Options) (*Stats, error) 
 	return stats, nil
 }
 
-// ImportOptions configure an import.
-type ImportOptions struct {
-	// Name is the branch's name here (its own when empty).
-	Name string
-	// Trust are keys trusted for this import, beside this host's own and
-	// those of its trusted-keys directory (signing.TrustDir).
-	Trust []signing.PublicKey
-	// InsecureUnsigned accepts an archive that is unsigned or signed by a
-	// key not trusted. Its contents are then trusted as far as the checks
-	// every import makes go, no further (see README.md).
-	InsecureUnsigned bool
-	// SkipTLSVerify pulls a checkpoint image (ImportBranchImage) from a
-	// registry without HTTPS and certificate checks.
-	SkipTLSVerify bool
-}
-
 // ImportBranch imports a branch exported by ExportBranch (podman container
 // branch export). The archive must be signed by a trusted key (or
 // opts.InsecureUnsigned), and the branch's image must be on this host.
-func ImportBranch(ctx context.Context, file string, opts ImportOptions) (*branch.Branch, error) {
+func ImportBranch(ctx context.Context, file string, opts podmanfork.ImportOptions) (*branch.Branch, error) {
 	f, err := os.Open(file)
 	if err != nil {
-		return nil, ofKind(ErrInvalidOption, err)
+		return nil, podmanfork.WithKind(podmanfork.ErrInvalidOption, err)
 	}
 	defer f.Close()
 	return ImportBranchFrom(ctx, f, file, opts)
@@ -265,7 +256,7 @@ func ImportBranch(ctx context.Context, file string, opts ImportOptions) (*branch
 
 // ImportBranchFrom is ImportBranch of the archive read from in, which what
 // names in errors.
-func ImportBranchFrom(ctx context.Context, in io.Reader, what string, opts ImportOptions) (*branch.Branch, error) {
+func ImportBranchFrom(ctx context.Context, in io.Reader, what string, opts podmanfork.ImportOptions) (*branch.Branch, error) {
 	bopts, err := importOptions(ctx, opts)
 	if err != nil {
 		return nil, err
@@ -279,10 +270,10 @@ func ImportBranchFrom(ctx context.Context, in io.Reader, what string, opts Impor
 
 // importOptions are the branch store's options of an import: the trust,
 // and a branch's image and tree rules checked before anything is written.
-func importOptions(ctx context.Context, opts ImportOptions) (branch.ImportOptions, error) {
+func importOptions(ctx context.Context, opts podmanfork.ImportOptions) (branch.ImportOptions, error) {
 	if opts.Name != "" {
 		if err := branch.CheckName(opts.Name); err != nil {
-			return branch.ImportOptions{}, ofKind(ErrInvalidOption, err)
+			return branch.ImportOptions{}, podmanfork.WithKind(podmanfork.ErrInvalidOption, err)
 		}
 	}
 	trust, err := signing.HostTrust(signing.KeyDir(), signing.TrustDir())
@@ -309,9 +300,9 @@ func importOptions(ctx context.Context, opts ImportOptions) (branch.ImportOption
 func importError(err error) error {
 	switch {
 	case errors.Is(err, branch.ErrNotBranchArchive), errors.Is(err, branch.ErrInvalid), errors.Is(err, branch.ErrUntrusted), errors.Is(err, branch.ErrCorrupt):
-		return ofKind(ErrInvalidOption, err)
+		return podmanfork.WithKind(podmanfork.ErrInvalidOption, err)
 	case errors.Is(err, branch.ErrNameTaken):
-		return ofKind(ErrConflict, err)
+		return podmanfork.WithKind(podmanfork.ErrConflict, err)
 	}
 	return err
 }
@@ -346,16 +337,16 @@ func requireImage(ctx context.Context, b *branch.Branch) error {
 			return nil
 		}
 	}
-	return ofKind(ErrConflict, fmt.Errorf("branch %s needs image %s (ID %.12s), which this host does not have: pull or load it first",
+	return podmanfork.WithKind(podmanfork.ErrConflict, fmt.Errorf("branch %s needs image %s (ID %.12s), which this host does not have: pull or load it first",
 		b.Name, b.Source.Image, b.Source.ImageID))
 }
 
-func (f *forker) startBranch(ctx context.Context, r *branch.Reader) (*Stats, error) {
+func (f *forker) startBranch(ctx context.Context, r *branch.Reader) (*podmanfork.Stats, error) {
 	archive, err := f.begin()
 	if err != nil {
 		return nil, err
 	}
-	stats := &Stats{Source: f.src.ID, Call: f.nonce, Branch: f.branch.ID}
+	stats := &podmanfork.Stats{Source: f.src.ID, Call: f.nonce, Branch: f.branch.ID}
 	t := time.Now()
 	p, err := f.planFromBranch(ctx, r)
 	if err != nil {
@@ -478,7 +469,7 @@ func imageLayers(ctx context.Context, image string) ([]string, error) {
 
 // importedVolumeDirs localizes an imported branch's volumes (see
 // localizeVolumes) under this host's volume directory.
-func importedVolumeDirs(ctx context.Context, b *branch.Branch, uses []VolumeUse) (map[string]string, error) {
+func importedVolumeDirs(ctx context.Context, b *branch.Branch, uses []podmanfork.VolumeUse) (map[string]string, error) {
 	info, err := system.Info(ctx, nil)
 	if err != nil {
 		return nil, fmt.Errorf("asking Podman where it keeps volumes: %w", err)

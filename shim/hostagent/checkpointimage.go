@@ -1,6 +1,8 @@
 package hostagent
 
 import (
+	"github.com/tclone/tclone/shim/podmanfork"
+
 	"archive/tar"
 	"context"
 	"encoding/json"
@@ -112,11 +114,11 @@ type ImageExport struct {
 func ExportBranchImage(ctx context.Context, ref, image string) (*ImageExport, error) {
 	start := time.Now()
 	if image == "" {
-		return nil, ofKind(ErrInvalidOption, errors.New("--image needs an image name, for example localhost:5000/workspace:b1"))
+		return nil, podmanfork.WithKind(podmanfork.ErrInvalidOption, errors.New("--image needs an image name, for example localhost:5000/workspace:b1"))
 	}
 	r, err := branch.DefaultStore().Open(ref)
 	if errors.Is(err, branch.ErrNotFound) {
-		return nil, ofKind(ErrNoSuchSource, err)
+		return nil, podmanfork.WithKind(podmanfork.ErrNoSuchSource, err)
 	}
 	if err != nil {
 		return nil, err
@@ -125,11 +127,11 @@ func ExportBranchImage(ctx context.Context, ref, image string) (*ImageExport, er
 	b := r.Branch()
 	switch {
 	case b.Imported != nil:
-		return nil, ofKind(ErrInvalidOption, fmt.Errorf("branch %s was imported from another host: export it as an image from the host that took it", b.Name))
+		return nil, podmanfork.WithKind(podmanfork.ErrInvalidOption, fmt.Errorf("branch %s was imported from another host: export it as an image from the host that took it", b.Name))
 	case b.Plan.FilesOnly:
-		return nil, ofKind(ErrInvalidOption, fmt.Errorf("branch %s holds files only, no processes: a checkpoint image is a checkpoint of processes", b.Name))
+		return nil, podmanfork.WithKind(podmanfork.ErrInvalidOption, fmt.Errorf("branch %s holds files only, no processes: a checkpoint image is a checkpoint of processes", b.Name))
 	case b.Plan.Rootfs != nil && b.Plan.Rootfs.Kind != rootfs.KindOverlay:
-		return nil, ofKind(ErrInvalidOption, fmt.Errorf("branch %s captured a %s root filesystem: a checkpoint image carries changes over an image (an overlay root, as Podman's containers have)", b.Name, b.Plan.Rootfs.Kind))
+		return nil, podmanfork.WithKind(podmanfork.ErrInvalidOption, fmt.Errorf("branch %s captured a %s root filesystem: a checkpoint image carries changes over an image (an overlay root, as Podman's containers have)", b.Name, b.Plan.Rootfs.Kind))
 	}
 	tmp, err := calls.MkdirTemp(plan.DefaultStore(), "tclone-fork-")
 	if err != nil {
@@ -454,7 +456,7 @@ func dirBytes(dir string) (int64, error) {
 // ExportBranchImage on some host, as a branch, with the checks and the
 // trust an archive's import has (ImportBranch): its signature must be by a
 // key this host trusts. The image is pulled when this host lacks it.
-func ImportBranchImage(ctx context.Context, image string, opts ImportOptions) (*branch.Branch, error) {
+func ImportBranchImage(ctx context.Context, image string, opts podmanfork.ImportOptions) (*branch.Branch, error) {
 	bopts, err := importOptions(ctx, opts)
 	if err != nil {
 		return nil, err
@@ -463,7 +465,7 @@ func ImportBranchImage(ctx context.Context, image string, opts ImportOptions) (*
 		return nil, err
 	} else if !ok {
 		if _, err := images.Pull(ctx, image, new(images.PullOptions).WithQuiet(true).WithSkipTLSVerify(opts.SkipTLSVerify)); err != nil {
-			return nil, ofKind(ErrNoSuchSource, fmt.Errorf("image %s is not on this host, and pulling it failed (pull it yourself, with the options its registry needs): %w", image, err))
+			return nil, podmanfork.WithKind(podmanfork.ErrNoSuchSource, fmt.Errorf("image %s is not on this host, and pulling it failed (pull it yourself, with the options its registry needs): %w", image, err))
 		}
 	}
 	tmp, err := calls.MkdirTemp(plan.DefaultStore(), "tclone-fork-")
@@ -477,7 +479,7 @@ func ImportBranchImage(ctx context.Context, image string, opts ImportOptions) (*
 	}
 	meta := filepath.Join(layer, imageBranchDir)
 	if _, err := os.Stat(filepath.Join(meta, "branch.json")); err != nil {
-		return nil, ofKind(ErrInvalidOption, fmt.Errorf("image %s is no checkpoint image written by podman container branch export --image (it has no %s): if it is a checkpoint image of Podman's, restore it with podman container restore", image, imageBranchDir))
+		return nil, podmanfork.WithKind(podmanfork.ErrInvalidOption, fmt.Errorf("image %s is no checkpoint image written by podman container branch export --image (it has no %s): if it is a checkpoint image of Podman's, restore it with podman container restore", image, imageBranchDir))
 	}
 	b, err := branch.DefaultStore().ImportUnpacked(meta, func(rel string) string { return imagePlanFile(layer, rel) }, "image "+image, bopts)
 	if err != nil {
@@ -533,14 +535,14 @@ func unpackImage(ctx context.Context, image, tmp, layer string) error {
 		for _, m := range manifest {
 			n += len(m.Layers)
 		}
-		return ofKind(ErrInvalidOption, fmt.Errorf("image %s is no checkpoint image written by podman container branch export --image: it has %d layers, where those have one", image, n))
+		return podmanfork.WithKind(podmanfork.ErrInvalidOption, fmt.Errorf("image %s is no checkpoint image written by podman container branch export --image: it has %d layers, where those have one", image, n))
 	}
 	at, ok := layers[path.Clean(manifest[0].Layers[0])]
 	if !ok {
 		return fmt.Errorf("image %s: its layer %s is missing", image, manifest[0].Layers[0])
 	}
 	if err := rootfs.LayerFromDiff(io.NewSectionReader(f, at[0], at[1]), nil, layer); err != nil {
-		return ofKind(ErrInvalidOption, fmt.Errorf("image %s: %w", image, err))
+		return podmanfork.WithKind(podmanfork.ErrInvalidOption, fmt.Errorf("image %s: %w", image, err))
 	}
 	// Only directories and regular files: a symlink would have the import
 	// read what it points to, outside the layer.
@@ -550,7 +552,7 @@ func unpackImage(ctx context.Context, image, tmp, layer string) error {
 		}
 		if !d.IsDir() && !d.Type().IsRegular() {
 			rel, _ := filepath.Rel(layer, p)
-			return ofKind(ErrInvalidOption, fmt.Errorf("image %s holds %s, which is neither a directory nor a regular file: no checkpoint image does", image, rel))
+			return podmanfork.WithKind(podmanfork.ErrInvalidOption, fmt.Errorf("image %s holds %s, which is neither a directory nor a regular file: no checkpoint image does", image, rel))
 		}
 		return nil
 	})

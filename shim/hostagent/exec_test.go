@@ -1,6 +1,8 @@
 package hostagent
 
 import (
+	"github.com/tclone/tclone/shim/podmanfork"
+
 	"context"
 	"strings"
 	"testing"
@@ -63,10 +65,10 @@ func TestReadyExecRetriesAStuckAttempt(t *testing.T) {
 		}
 		return &execResult{code: 0}, nil
 	}
-	f := &forker{opts: Options{Ready: Ready{Kind: ReadyExec}}, start: time.Now()}
+	f := &forker{opts: podmanfork.Options{Ready: podmanfork.Ready{Kind: podmanfork.ReadyExec}}, start: time.Now()}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	r := &Result{ID: "sibling"}
+	r := &podmanfork.Result{ID: "sibling"}
 	if err := f.ready(ctx, r); err != nil {
 		t.Fatalf("ready: %v", err)
 	}

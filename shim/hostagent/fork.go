@@ -1,6 +1,8 @@
 package hostagent
 
 import (
+	"github.com/tclone/tclone/shim/podmanfork"
+
 	"context"
 	"errors"
 	"fmt"
@@ -22,11 +24,51 @@ import (
 	"github.com/tclone/tclone/runtime/plan"
 )
 
+// ForkHere forks in this process, through the connection to the Podman
+// service of this host, which must restore with tclone. It is what tclone's
+// API service runs; it needs root on the host, since it leaves the fork's
+// request to tclone in the host's plan store.
+//
+// The call is recorded in the host's plan store while it runs (see package
+// runtime/calls): if this process dies, the next fork or `tclone gc` rolls
+// back what it made. Calls of clients that died are rolled back first.
+func ForkHere(ctx context.Context, source string, opts podmanfork.Options) (*podmanfork.Stats, error) {
+	start := time.Now()
+	if err := normalize(&opts); err != nil {
+		return nil, podmanfork.WithKind(podmanfork.ErrInvalidOption, err)
+	}
+	store := plan.DefaultStore()
+	src, uses, err := prepareSource(ctx, store, source, &opts)
+	if err != nil {
+		return nil, err
+	}
+	limits, err := checkIdentity(opts.Identity, src)
+	if err != nil {
+		return nil, podmanfork.WithKind(podmanfork.ErrConflict, err)
+	}
+	names, err := newNamer(ctx, src.Name, opts)
+	if err != nil {
+		return nil, err
+	}
+	f := &forker{opts: opts, src: src, store: store, start: start, names: names,
+		identityLimits: limits, srcID: readSourceIdentity(src), volumes: uses}
+	defer f.cleanupFiles()
+	stats, err := f.run(ctx)
+	if err != nil {
+		if ctx.Err() != nil {
+			err = fmt.Errorf("fork of %s cancelled (%v); everything it made was removed", src.Name, context.Cause(ctx))
+		}
+		return nil, errors.Join(err, f.rollback(ctx))
+	}
+	stats.TotalMs = ms(time.Since(start))
+	return stats, nil
+}
+
 // prepareSource is the start of every capture of source: it rolls back the
 // calls of dead clients, inspects the source, and works out what each
 // sibling gets of its volumes. tclone copies them in the source's frozen
 // window; opts.Fork.Volumes, in the fork intent, tells it which.
-func prepareSource(ctx context.Context, store plan.Store, source string, opts *Options) (*define.InspectContainerData, []VolumeUse, error) {
+func prepareSource(ctx context.Context, store plan.Store, source string, opts *podmanfork.Options) (*define.InspectContainerData, []podmanfork.VolumeUse, error) {
 	collectDeadCalls(ctx, store)
 	src, err := inspectSource(ctx, source)
 	if err != nil {
@@ -34,7 +76,7 @@ func prepareSource(ctx context.Context, store plan.Store, source string, opts *O
 	}
 	copies, uses, err := planVolumes(src, opts.VolumeModes)
 	if err != nil {
-		return nil, nil, ofKind(ErrInvalidOption, err)
+		return nil, nil, podmanfork.WithKind(podmanfork.ErrInvalidOption, err)
 	}
 	opts.Fork.Volumes = copies
 	return src, uses, nil
@@ -58,7 +100,7 @@ type forker struct {
 	// importedVolumes are an imported branch's volume mount points and
 	// their directories here (nil for every other start).
 	importedVolumes map[string]string
-	opts            Options
+	opts            podmanfork.Options
 	src             *define.InspectContainerData
 	store           plan.Store
 	start           time.Time
@@ -69,7 +111,7 @@ type forker struct {
 	identityLimits map[string]string
 	crun           *crun.Runtime
 	// volumes is what every sibling gets of the source's mounts.
-	volumes []VolumeUse
+	volumes []podmanfork.VolumeUse
 
 	call    *calls.Call
 	nonce   string
@@ -86,14 +128,32 @@ type forker struct {
 	mu       sync.Mutex
 	made     []string // sibling IDs, for rollback
 	inflight int      // restores under way
+	pids     map[*podmanfork.Result]int
+}
+
+// setPid records the pid of a sibling's first process, as Podman reports it.
+func (f *forker) setPid(r *podmanfork.Result, pid int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.pids == nil {
+		f.pids = map[*podmanfork.Result]int{}
+	}
+	f.pids[r] = pid
+}
+
+// pid is the pid setPid recorded for r.
+func (f *forker) pid(r *podmanfork.Result) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.pids[r]
 }
 
 // restoreAll makes every sibling, up to opts.Parallel at a time. The first
 // failure stops the others; the caller rolls back what any of them made.
-func (f *forker) restoreAll(ctx context.Context, archive string) ([]*Result, error) {
+func (f *forker) restoreAll(ctx context.Context, archive string) ([]*podmanfork.Result, error) {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	results := make([]*Result, f.opts.Count)
+	results := make([]*podmanfork.Result, f.opts.Count)
 	slots := make(chan struct{}, f.opts.Parallel)
 	var wg sync.WaitGroup
 	for i := range results {
@@ -123,12 +183,12 @@ func (f *forker) restoreAll(ctx context.Context, archive string) ([]*Result, err
 	return results, nil
 }
 
-func (f *forker) run(ctx context.Context) (*Stats, error) {
+func (f *forker) run(ctx context.Context) (*podmanfork.Stats, error) {
 	archive, err := f.begin()
 	if err != nil {
 		return nil, err
 	}
-	stats := &Stats{Source: f.src.ID, Call: f.nonce}
+	stats := &podmanfork.Stats{Source: f.src.ID, Call: f.nonce}
 	t := time.Now()
 	capture, err := f.checkpoint(ctx, archive)
 	if err != nil {
@@ -171,7 +231,7 @@ func (f *forker) begin() (archive string, err error) {
 }
 
 // makeSiblings restores every sibling from the archive into stats.
-func (f *forker) makeSiblings(ctx context.Context, archive string, stats *Stats) error {
+func (f *forker) makeSiblings(ctx context.Context, archive string, stats *podmanfork.Stats) error {
 	var err error
 	if stats.Siblings, err = f.restoreAll(ctx, archive); err != nil {
 		return err
@@ -287,7 +347,7 @@ const maxNameTries = 64
 // restoreNamed makes sibling number i. A default name that another call
 // took in the meantime is replaced by the next free one; a name the user
 // gave is not.
-func (f *forker) restoreNamed(ctx context.Context, archive string, i int) (*Result, error) {
+func (f *forker) restoreNamed(ctx context.Context, archive string, i int) (*podmanfork.Result, error) {
 	for try := 1; ; try++ {
 		f.mu.Lock()
 		name := f.names.name(i)
@@ -310,14 +370,14 @@ func (f *forker) restoreNamed(ctx context.Context, archive string, i int) (*Resu
 }
 
 // restore makes sibling number i, called name, from the archive.
-func (f *forker) restore(ctx context.Context, archive, name string, i int) (*Result, error) {
-	r := &Result{Name: name}
+func (f *forker) restore(ctx context.Context, archive, name string, i int) (*podmanfork.Result, error) {
+	r := &podmanfork.Result{Name: name}
 	if f.opts.Identity != forkopts.IdentityPreserve && f.identityLimits["hostname"] == "" {
 		r.Hostname = hostnameFor(name)
 	}
-	labels := map[string]string{LabelForkedFrom: f.src.ID, calls.LabelCall: f.nonce}
+	labels := map[string]string{podmanfork.LabelForkedFrom: f.src.ID, calls.LabelCall: f.nonce}
 	if f.branch != nil {
-		labels[LabelBranch] = f.branch.ID
+		labels[podmanfork.LabelBranch] = f.branch.ID
 	}
 	for k, v := range f.opts.Labels {
 		labels[k] = v
@@ -494,14 +554,14 @@ func explainRestoreError(err error) error {
 	msg := strings.ToLower(err.Error())
 	switch {
 	case nameInUse(err):
-		return ofKind(ErrConflict, fmt.Errorf("%w: choose another --name, or leave --name out for SOURCE-fork-<n>", err))
+		return podmanfork.WithKind(podmanfork.ErrConflict, fmt.Errorf("%w: choose another --name, or leave --name out for SOURCE-fork-<n>", err))
 	case strings.Contains(msg, "address already in use") || strings.Contains(msg, "port is already allocated") ||
 		strings.Contains(msg, "bind: address"):
-		return ofKind(ErrConflict, fmt.Errorf("%w: a --publish host port is taken (the source or another container holds it); choose a free host port, or give only the container port so Podman picks one", err))
+		return podmanfork.WithKind(podmanfork.ErrConflict, fmt.Errorf("%w: a --publish host port is taken (the source or another container holds it); choose a free host port, or give only the container port so Podman picks one", err))
 	case strings.Contains(msg, "requested ip address") || strings.Contains(msg, "static ip"):
-		return ofKind(ErrConflict, fmt.Errorf("%w: the source has a static IP; fork with --ignore-static-ip", err))
+		return podmanfork.WithKind(podmanfork.ErrConflict, fmt.Errorf("%w: the source has a static IP; fork with --ignore-static-ip", err))
 	case strings.Contains(msg, "mac address"):
-		return ofKind(ErrConflict, fmt.Errorf("%w: the source has a static MAC address; fork with --ignore-static-mac", err))
+		return podmanfork.WithKind(podmanfork.ErrConflict, fmt.Errorf("%w: the source has a static MAC address; fork with --ignore-static-mac", err))
 	}
 	return err
 }

@@ -1,6 +1,8 @@
 package hostagent
 
 import (
+	"github.com/tclone/tclone/shim/podmanfork"
+
 	"fmt"
 	"io"
 	"os"
@@ -70,29 +72,29 @@ func readSourceIdentity(src *define.InspectContainerData) sourceIdentity {
 
 // verifyIdentity reports what the running sibling has of its own, and
 // fails under unique if it kept something of the source's.
-func (f *forker) verifyIdentity(r *Result) error {
-	rep := IdentityReport{Hostname: IdentityOwn, MachineID: IdentityOwn}
-	uts, _ := os.Readlink(fmt.Sprintf("/proc/%d/ns/uts", r.pid))
+func (f *forker) verifyIdentity(r *podmanfork.Result) error {
+	rep := podmanfork.IdentityReport{Hostname: podmanfork.IdentityOwn, MachineID: podmanfork.IdentityOwn}
+	uts, _ := os.Readlink(fmt.Sprintf("/proc/%d/ns/uts", f.pid(r)))
 	// A hostname the user chose equal to the source's is still the
 	// sibling's own; only a shared UTS namespace, or preserve, keeps it.
 	if (uts != "" && uts == f.srcID.utsNS) || f.opts.Identity == forkopts.IdentityPreserve {
-		rep.Hostname = IdentityKept
+		rep.Hostname = podmanfork.IdentityKept
 	}
-	switch mid := readMachineID(r.pid); {
+	switch mid := readMachineID(f.pid(r)); {
 	case mid == "":
-		rep.MachineID = IdentityNone
+		rep.MachineID = podmanfork.IdentityNone
 	case mid == f.srcID.machineID:
-		rep.MachineID = IdentityKept
+		rep.MachineID = podmanfork.IdentityKept
 	}
 	r.Identity = rep
 	if f.opts.Identity == forkopts.IdentityPreserve {
 		return nil
 	}
 	kept := map[string]string{}
-	if rep.Hostname == IdentityKept {
+	if rep.Hostname == podmanfork.IdentityKept {
 		kept["hostname"] = fmt.Sprintf("it kept the source's hostname %q", f.srcID.hostname)
 	}
-	if rep.MachineID == IdentityKept {
+	if rep.MachineID == podmanfork.IdentityKept {
 		kept["machine_id"] = "it kept the source's /etc/machine-id"
 	}
 	for _, part := range []string{"hostname", "machine_id"} {

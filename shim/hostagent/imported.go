@@ -1,6 +1,8 @@
 package hostagent
 
 import (
+	"github.com/tclone/tclone/shim/podmanfork"
+
 	"archive/tar"
 	"encoding/json"
 	"fmt"
@@ -97,7 +99,7 @@ func empty(v any) bool {
 }
 
 func refuse(what string) error {
-	return fmt.Errorf("%w: the branch was imported, and its configuration asks for %s, which a start of an imported branch never gives", ErrInvalidOption, what)
+	return fmt.Errorf("%w: the branch was imported, and its configuration asks for %s, which a start of an imported branch never gives", podmanfork.ErrInvalidOption, what)
 }
 
 // checkImportedConfig checks and trims libpod's configuration.
@@ -386,16 +388,16 @@ func writeTarFile(tw *tar.Writer, name string, data []byte) error {
 // directories: each named volume's copy is made by Podman in volumeRoot.
 // A volume the source shared, or a host directory it mounted, is refused:
 // an archive must not choose which of this host's data its containers get.
-func localizeVolumes(uses []VolumeUse, planVols []plan.Volume, volumeRoot string) (map[string]string, error) {
+func localizeVolumes(uses []podmanfork.VolumeUse, planVols []plan.Volume, volumeRoot string) (map[string]string, error) {
 	byDest := map[string]string{}
 	for i := range uses {
 		u := &uses[i]
 		switch {
-		case u.Mode == volumeBind:
+		case u.Mode == podmanfork.VolumeBind:
 			return nil, refuse(fmt.Sprintf("host directory %s mounted at %s", u.Source, u.Destination))
-		case u.Mode == VolumeShare:
+		case u.Mode == podmanfork.VolumeShare:
 			return nil, refuse(fmt.Sprintf("this host's volume %s, shared (it was created with --volume-mode share)", u.Name))
-		case u.Mode != VolumeCopy || !volumeNameRE.MatchString(u.Name) || !filepath.IsAbs(u.Destination) || filepath.Clean(u.Destination) != u.Destination:
+		case u.Mode != podmanfork.VolumeCopy || !volumeNameRE.MatchString(u.Name) || !filepath.IsAbs(u.Destination) || filepath.Clean(u.Destination) != u.Destination:
 			return nil, refuse(fmt.Sprintf("volume %q at %q", u.Name, u.Destination))
 		}
 		u.Source = filepath.Join(volumeRoot, u.Name, "_data")

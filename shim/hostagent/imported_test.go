@@ -1,6 +1,8 @@
 package hostagent
 
 import (
+	"github.com/tclone/tclone/shim/podmanfork"
+
 	"encoding/json"
 	"errors"
 	"maps"
@@ -62,7 +64,7 @@ func TestImportedConfigurationRefusesPrivileges(t *testing.T) {
 			return strings.Replace(s, `"seccomp":`, `"sysctl":{"kernel.core_pattern":"|/tmp/x"},"seccomp":`, 1)
 		},
 	} {
-		if _, err := checkImportedSpec([]byte(change(plainSpec)), vols); !errors.Is(err, ErrInvalidOption) {
+		if _, err := checkImportedSpec([]byte(change(plainSpec)), vols); !errors.Is(err, podmanfork.ErrInvalidOption) {
 			t.Errorf("%s: %v, want a refusal", what, err)
 		}
 	}
@@ -73,7 +75,7 @@ func TestImportedConfigurationRefusesPrivileges(t *testing.T) {
 		"this host's secrets":        `{"secrets":[{"Name":"db-password"}]}`,
 		"host network":               `{"networkMode":"host"}`,
 	} {
-		if _, err := checkImportedConfig([]byte(cfg)); !errors.Is(err, ErrInvalidOption) {
+		if _, err := checkImportedConfig([]byte(cfg)); !errors.Is(err, podmanfork.ErrInvalidOption) {
 			t.Errorf("config with %s: %v, want a refusal", what, err)
 		}
 	}
@@ -84,17 +86,17 @@ func TestImportedConfigurationRefusesPrivileges(t *testing.T) {
 }
 
 func TestLocalizeVolumes(t *testing.T) {
-	uses := []VolumeUse{{Name: "data", Source: "/etc/cron.d/x/_data", Destination: "/data", Mode: VolumeCopy}}
+	uses := []podmanfork.VolumeUse{{Name: "data", Source: "/etc/cron.d/x/_data", Destination: "/data", Mode: podmanfork.VolumeCopy}}
 	dirs, err := localizeVolumes(uses, nil, "/var/lib/containers/storage/volumes")
 	if err != nil || dirs["/data"] != "/var/lib/containers/storage/volumes/data/_data" || uses[0].Source != dirs["/data"] {
 		t.Fatalf("%v %v %+v", dirs, err, uses)
 	}
-	for _, u := range []VolumeUse{
-		{Name: "prod-db", Source: "/x", Destination: "/db", Mode: VolumeShare},
-		{Source: "/", Destination: "/host", Mode: volumeBind},
-		{Name: "../x", Destination: "/d", Mode: VolumeCopy},
+	for _, u := range []podmanfork.VolumeUse{
+		{Name: "prod-db", Source: "/x", Destination: "/db", Mode: podmanfork.VolumeShare},
+		{Source: "/", Destination: "/host", Mode: podmanfork.VolumeBind},
+		{Name: "../x", Destination: "/d", Mode: podmanfork.VolumeCopy},
 	} {
-		if _, err := localizeVolumes([]VolumeUse{u}, nil, "/v"); !errors.Is(err, ErrInvalidOption) {
+		if _, err := localizeVolumes([]podmanfork.VolumeUse{u}, nil, "/v"); !errors.Is(err, podmanfork.ErrInvalidOption) {
 			t.Errorf("%+v: %v, want a refusal", u, err)
 		}
 	}
@@ -133,7 +135,7 @@ func TestImportedPlainPodmanDumps(t *testing.T) {
 	}
 	m["idMappingsOptions"].(map[string]any)["UIDMap"] = []any{map[string]any{"container_id": 0, "host_id": 100000, "size": 65536}}
 	mapped, _ := json.Marshal(m)
-	if _, err := checkImportedConfig(mapped); !errors.Is(err, ErrInvalidOption) {
+	if _, err := checkImportedConfig(mapped); !errors.Is(err, podmanfork.ErrInvalidOption) {
 		t.Errorf("config with a UID mapping: %v, want a refusal", err)
 	}
 }

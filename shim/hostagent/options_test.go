@@ -1,6 +1,8 @@
 package hostagent
 
 import (
+	"github.com/tclone/tclone/shim/podmanfork"
+
 	"archive/tar"
 	"bytes"
 	"context"
@@ -17,59 +19,25 @@ import (
 	"github.com/tclone/tclone/runtime/plan"
 )
 
-func TestParseReady(t *testing.T) {
-	good := map[string]Ready{
-		"":                {Kind: ReadyRunning},
-		"running":         {Kind: ReadyRunning},
-		"exec":            {Kind: ReadyExec},
-		"tcp:8080":        {Kind: ReadyTCP, Port: 8080},
-		"http:80/healthz": {Kind: ReadyHTTP, Port: 80, Path: "/healthz"},
-		"http:80":         {Kind: ReadyHTTP, Port: 80, Path: "/"},
-	}
-	for in, want := range good {
-		got, err := ParseReady(in)
-		if err != nil || got != want {
-			t.Errorf("ParseReady(%q) = %+v, %v; want %+v", in, got, err, want)
-		}
-	}
-	for _, bad := range []string{"tcp", "tcp:0", "tcp:70000", "tcp:80/x", "udp:53", "http:", "ready"} {
-		if _, err := ParseReady(bad); err == nil {
-			t.Errorf("ParseReady(%q) accepted", bad)
-		}
-	}
-}
-
-func TestParseLabels(t *testing.T) {
-	got, err := ParseLabels([]string{"a=1", "b=x=y", "c="})
-	if err != nil || got["a"] != "1" || got["b"] != "x=y" || got["c"] != "" {
-		t.Fatalf("%v %v", got, err)
-	}
-	for _, bad := range [][]string{{"novalue"}, {"=x"}, {LabelForkedFrom + "=x"}} {
-		if _, err := ParseLabels(bad); err == nil {
-			t.Errorf("%v accepted", bad)
-		}
-	}
-}
-
 func TestNormalize(t *testing.T) {
-	o := Options{}
-	if err := o.normalize(); err != nil || o.Count != 1 || o.Identity != forkopts.IdentityUnique || o.Ready.Kind != ReadyRunning || o.ReadyTimeout == 0 {
+	o := podmanfork.Options{}
+	if err := normalize(&o); err != nil || o.Count != 1 || o.Identity != forkopts.IdentityUnique || o.Ready.Kind != podmanfork.ReadyRunning || o.ReadyTimeout == 0 {
 		t.Fatalf("defaults: %+v %v", o, err)
 	}
-	for _, bad := range []Options{
+	for _, bad := range []podmanfork.Options{
 		{Count: 33}, {Count: -1}, {Count: 2, Names: []string{"a"}},
 		{Fork: forkopts.Fork{Capture: forkopts.Capture{TCP: forkopts.TCPKeep}}}, {Fork: forkopts.Fork{Identity: "clone"}},
 	} {
-		if err := bad.normalize(); err == nil {
+		if err := normalize(&bad); err == nil {
 			t.Errorf("%+v accepted", bad)
 		}
 	}
-	o = Options{Fork: forkopts.Fork{Capture: forkopts.Capture{TCP: forkopts.TCPClose}}}
-	if err := o.normalize(); err != nil {
+	o = podmanfork.Options{Fork: forkopts.Fork{Capture: forkopts.Capture{TCP: forkopts.TCPClose}}}
+	if err := normalize(&o); err != nil {
 		t.Fatalf("--tcp-close, the default said out loud, refused: %v", err)
 	}
-	o = Options{Names: []string{"a", "b"}}
-	if err := o.normalize(); err != nil || o.Count != 2 {
+	o = podmanfork.Options{Names: []string{"a", "b"}}
+	if err := normalize(&o); err != nil || o.Count != 2 {
 		t.Fatalf("names imply the count: %+v %v", o, err)
 	}
 }
@@ -78,8 +46,8 @@ func TestNormalize(t *testing.T) {
 // it talk to the source's peers as the source: refused, saying why and what
 // the default does.
 func TestTCPEstablishedRefused(t *testing.T) {
-	o := Options{Fork: forkopts.Fork{Capture: forkopts.Capture{TCP: forkopts.TCPKeep}}}
-	err := o.normalize()
+	o := podmanfork.Options{Fork: forkopts.Fork{Capture: forkopts.Capture{TCP: forkopts.TCPKeep}}}
+	err := normalize(&o)
 	if err == nil {
 		t.Fatal("--tcp-established accepted")
 	}
@@ -123,7 +91,7 @@ func TestWriteSiblingArchive(t *testing.T) {
 		t.Fatalf("reference %+v %v", got, err)
 	}
 	dst := filepath.Join(dir, "sib.tar")
-	err = writeSiblingArchive(src, dst, siblingEdit{Hostname: "ws-fork-1", Labels: map[string]string{LabelForkedFrom: "id"}, DropPorts: true})
+	err = writeSiblingArchive(src, dst, siblingEdit{Hostname: "ws-fork-1", Labels: map[string]string{podmanfork.LabelForkedFrom: "id"}, DropPorts: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -132,7 +100,7 @@ func TestWriteSiblingArchive(t *testing.T) {
 	json.Unmarshal(out["config.dump"], &cfg)
 	json.Unmarshal(out["spec.dump"], &sp)
 	labels := cfg["labels"].(map[string]any)
-	if labels["keep"] != "me" || labels[LabelForkedFrom] != "id" {
+	if labels["keep"] != "me" || labels[podmanfork.LabelForkedFrom] != "id" {
 		t.Errorf("labels %v", labels)
 	}
 	if _, ok := cfg["newPortMappings"]; ok {
@@ -206,7 +174,7 @@ func readTar(t *testing.T, path string) map[string][]byte {
 
 // Every option is checked before anything is made.
 func TestNormalizeRefuses(t *testing.T) {
-	for what, o := range map[string]Options{
+	for what, o := range map[string]podmanfork.Options{
 		"slash in name":       {Names: []string{"bad/x!"}},
 		"space in name":       {Names: []string{"bad x"}},
 		"leading dot":         {Names: []string{".x"}},
@@ -218,19 +186,19 @@ func TestNormalizeRefuses(t *testing.T) {
 		"empty label key":     {Labels: map[string]string{"": "x"}},
 		"empty hook":          {Hooks: []string{" "}},
 		"negative timeout":    {ReadyTimeout: -time.Second},
-		"bad readiness port":  {Ready: Ready{Kind: ReadyTCP, Port: 0}},
-		"unknown readiness":   {Ready: Ready{Kind: "udp", Port: 53}},
-		"count above maximum": {Count: MaxCount + 1},
+		"bad readiness port":  {Ready: podmanfork.Ready{Kind: podmanfork.ReadyTCP, Port: 0}},
+		"unknown readiness":   {Ready: podmanfork.Ready{Kind: "udp", Port: 53}},
+		"count above maximum": {Count: podmanfork.MaxCount + 1},
 	} {
-		if err := o.Validate(); err == nil {
+		if err := normalize(&o); err == nil {
 			t.Errorf("%s: %+v accepted", what, o)
 		}
 	}
-	err := (Options{Names: []string{"bad x"}}).Validate()
+	err := (podmanfork.Options{Names: []string{"bad x"}}).Validate()
 	if err == nil || !strings.Contains(err.Error(), "names must match [a-zA-Z0-9][a-zA-Z0-9_.-]*") {
 		t.Errorf("a bad name is not refused in Podman's words: %v", err)
 	}
-	for _, good := range []Options{
+	for _, good := range []podmanfork.Options{
 		{Names: []string{"ws.fork_1-a"}}, {Publish: []string{"8080", "127.0.0.1:18080:80/udp"}},
 		{Count: 3, Publish: []string{"8080"}}, {Labels: map[string]string{"task": "42"}},
 	} {
@@ -320,8 +288,8 @@ func TestExplainRestoreError(t *testing.T) {
 // is refused before the branch is even looked for, saying what to ask.
 func TestStartBranchRefusesCow(t *testing.T) {
 	t.Setenv("TCLONE_BRANCH_DIR", t.TempDir())
-	_, err := StartBranch(context.Background(), "no-such-branch", Options{Fork: forkopts.Fork{Memory: forkopts.MemoryCow}})
-	if !errors.Is(err, ErrInvalidOption) || !strings.Contains(err.Error(), "--memory lazy or copy") {
+	_, err := StartBranch(context.Background(), "no-such-branch", podmanfork.Options{Fork: forkopts.Fork{Memory: forkopts.MemoryCow}})
+	if !errors.Is(err, podmanfork.ErrInvalidOption) || !strings.Contains(err.Error(), "--memory lazy or copy") {
 		t.Fatalf("StartBranch --memory cow: %v", err)
 	}
 }

@@ -1,6 +1,8 @@
 package hostagent
 
 import (
+	"github.com/tclone/tclone/shim/podmanfork"
+
 	"context"
 	"errors"
 	"fmt"
@@ -20,7 +22,7 @@ import (
 
 // waitRunning waits until both Podman and crun say the sibling runs, and
 // records what Podman knows of it. It needs nothing in the sibling's image.
-func (f *forker) waitRunning(ctx context.Context, r *Result) error {
+func (f *forker) waitRunning(ctx context.Context, r *podmanfork.Result) error {
 	for {
 		data, err := containers.Inspect(ctx, r.ID, nil)
 		if err != nil {
@@ -76,7 +78,7 @@ func (f *forker) crunState(ctx context.Context, id string) (string, error) {
 	return st.Status, nil
 }
 
-func (f *forker) recordInspect(r *Result, data *define.InspectContainerData) {
+func (f *forker) recordInspect(r *podmanfork.Result, data *define.InspectContainerData) {
 	if data.NetworkSettings != nil {
 		r.IP = data.NetworkSettings.IPAddress
 		for _, n := range data.NetworkSettings.Networks {
@@ -88,11 +90,11 @@ func (f *forker) recordInspect(r *Result, data *define.InspectContainerData) {
 	if r.Hostname == "" && data.Config != nil {
 		r.Hostname = data.Config.Hostname
 	}
-	r.pid = data.State.Pid
+	f.setPid(r, data.State.Pid)
 }
 
 // hooks runs the user's hooks in a new sibling, with sh -c.
-func (f *forker) hooks(ctx context.Context, r *Result) error {
+func (f *forker) hooks(ctx context.Context, r *podmanfork.Result) error {
 	t := time.Now()
 	for _, hook := range f.opts.Hooks {
 		res, err := execIn(ctx, r.ID, []string{"sh", "-c", hook})
@@ -118,13 +120,13 @@ var readyCommand = []string{"true"}
 
 // ready waits until the sibling meets the readiness condition. It runs
 // after waitRunning, so `running` is already met.
-func (f *forker) ready(ctx context.Context, r *Result) error {
+func (f *forker) ready(ctx context.Context, r *podmanfork.Result) error {
 	t := time.Now()
 	var check func() error
 	switch f.opts.Ready.Kind {
-	case ReadyExec:
+	case podmanfork.ReadyExec:
 		check = func() error { return f.readyExec(ctx, r) }
-	case ReadyTCP, ReadyHTTP:
+	case podmanfork.ReadyTCP, podmanfork.ReadyHTTP:
 		if r.IP == "" {
 			return fmt.Errorf("readiness %s needs the sibling's IP, and it has none (no network?)", f.opts.Ready)
 		}
@@ -168,7 +170,7 @@ var readyExecAttempt = 10 * time.Second
 // runExec runs a command in a container (execIn; a test replaces it).
 var runExec = execIn
 
-func (f *forker) readyExec(ctx context.Context, r *Result) error {
+func (f *forker) readyExec(ctx context.Context, r *podmanfork.Result) error {
 	actx, cancel := context.WithTimeout(ctx, readyExecAttempt)
 	defer cancel()
 	res, err := runExec(actx, r.ID, readyCommand)
@@ -186,9 +188,9 @@ func (f *forker) readyExec(ctx context.Context, r *Result) error {
 }
 
 // probe checks a tcp: or http: readiness condition once.
-func probe(ready Ready, ip string) func() error {
+func probe(ready podmanfork.Ready, ip string) func() error {
 	addr := net.JoinHostPort(ip, strconv.Itoa(ready.Port))
-	if ready.Kind == ReadyTCP {
+	if ready.Kind == podmanfork.ReadyTCP {
 		return func() error {
 			c, err := net.DialTimeout("tcp", addr, time.Second)
 			if err == nil {
@@ -214,7 +216,7 @@ func probe(ready Ready, ip string) func() error {
 }
 
 // firstCommand records when the first command answered in the sibling.
-func (f *forker) firstCommand(r *Result) {
+func (f *forker) firstCommand(r *podmanfork.Result) {
 	if r.FirstCommandMs == 0 {
 		r.FirstCommandMs = ms(time.Since(f.start))
 	}
@@ -222,7 +224,7 @@ func (f *forker) firstCommand(r *Result) {
 
 // waitMemoryAll waits until every sibling has all of its memory, each
 // within the ready timeout.
-func (f *forker) waitMemoryAll(ctx context.Context, siblings []*Result) error {
+func (f *forker) waitMemoryAll(ctx context.Context, siblings []*podmanfork.Result) error {
 	ctx, cancel := context.WithTimeout(ctx, f.opts.ReadyTimeout)
 	defer cancel()
 	errs := make([]error, len(siblings))
@@ -241,9 +243,9 @@ func (f *forker) waitMemoryAll(ctx context.Context, siblings []*Result) error {
 }
 
 // waitMemory waits until the sibling's tasks have all of their memory.
-func (f *forker) waitMemory(ctx context.Context, r *Result) error {
+func (f *forker) waitMemory(ctx context.Context, r *podmanfork.Result) error {
 	for {
-		task, err := fork.MemoryFilling(r.pid)
+		task, err := fork.MemoryFilling(f.pid(r))
 		if err != nil {
 			return fmt.Errorf("waiting for its memory: %w", err)
 		}

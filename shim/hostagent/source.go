@@ -1,6 +1,8 @@
 package hostagent
 
 import (
+	"github.com/tclone/tclone/shim/podmanfork"
+
 	"context"
 	"errors"
 	"fmt"
@@ -19,29 +21,29 @@ const RuntimeName = "tclone"
 // inspectSource checks that source is a running container run by tclone.
 func inspectSource(ctx context.Context, source string) (*define.InspectContainerData, error) {
 	if source == "" {
-		return nil, ofKind(ErrInvalidOption, errors.New("no source container given: name the container to fork"))
+		return nil, podmanfork.WithKind(podmanfork.ErrInvalidOption, errors.New("no source container given: name the container to fork"))
 	}
 	data, err := containers.Inspect(ctx, source, nil)
 	if err != nil {
 		err = fmt.Errorf("cannot fork %s: %w", source, err)
 		var model *errorhandling.ErrorModel
 		if errors.As(err, &model) && model.ResponseCode == http.StatusNotFound {
-			err = ofKind(ErrNoSuchSource, err)
+			err = podmanfork.WithKind(podmanfork.ErrNoSuchSource, err)
 		}
 		return nil, err
 	}
 	runtime := data.OCIRuntime
 	if runtime != RuntimeName && filepath.Base(runtime) != RuntimeName {
-		return nil, ofKind(ErrConflict, fmt.Errorf("cannot fork %s: it was created with --runtime %s; only containers run by tclone can be forked, so recreate it with --runtime %s", data.Name, runtime, RuntimeName))
+		return nil, podmanfork.WithKind(podmanfork.ErrConflict, fmt.Errorf("cannot fork %s: it was created with --runtime %s; only containers run by tclone can be forked, so recreate it with --runtime %s", data.Name, runtime, RuntimeName))
 	}
 	if data.State == nil {
 		return nil, fmt.Errorf("cannot fork %s: Podman reports no state for it", data.Name)
 	}
 	switch {
 	case data.State.Paused:
-		return nil, ofKind(ErrConflict, fmt.Errorf("cannot fork %s: it is paused; unpause it first (podman unpause %s)", data.Name, data.Name))
+		return nil, podmanfork.WithKind(podmanfork.ErrConflict, fmt.Errorf("cannot fork %s: it is paused; unpause it first (podman unpause %s)", data.Name, data.Name))
 	case !data.State.Running:
-		return nil, ofKind(ErrConflict, fmt.Errorf("cannot fork %s: it is %s, and only a running container can be forked; start it first", data.Name, data.State.Status))
+		return nil, podmanfork.WithKind(podmanfork.ErrConflict, fmt.Errorf("cannot fork %s: it is %s, and only a running container can be forked; start it first", data.Name, data.State.Status))
 	}
 	return data, nil
 }
@@ -59,7 +61,7 @@ type namer struct {
 	list   func(context.Context) ([]string, error)
 }
 
-func newNamer(ctx context.Context, source string, opts Options) (*namer, error) {
+func newNamer(ctx context.Context, source string, opts podmanfork.Options) (*namer, error) {
 	n := &namer{given: opts.Names, base: source, taken: map[string]bool{}, chosen: map[int]string{}, list: containerNames}
 	if n.defaulted() {
 		if err := n.learn(ctx); err != nil {

@@ -1,11 +1,12 @@
 package hostagent
 
 import (
+	"github.com/tclone/tclone/shim/podmanfork"
+
 	"context"
 	"fmt"
 	"path/filepath"
 	"slices"
-	"sort"
 	"strings"
 
 	"github.com/containers/podman/v5/libpod/define"
@@ -18,13 +19,13 @@ import (
 // copy at the fork instant, and what every sibling gets of each mount. A
 // mode given for something that is not one of the source's named volumes
 // is refused, saying what the source has.
-func planVolumes(src *define.InspectContainerData, modes VolumeModes) ([]forkopts.Volume, []VolumeUse, error) {
+func planVolumes(src *define.InspectContainerData, modes podmanfork.VolumeModes) ([]forkopts.Volume, []podmanfork.VolumeUse, error) {
 	def := modes.Default
 	if def == "" {
-		def = VolumeCopy
+		def = podmanfork.VolumeCopy
 	}
 	var copies []forkopts.Volume
-	var uses []VolumeUse
+	var uses []podmanfork.VolumeUse
 	var names []string
 	named := map[string]bool{}
 	for _, m := range src.Mounts {
@@ -36,25 +37,25 @@ func planVolumes(src *define.InspectContainerData, modes VolumeModes) ([]forkopt
 			if !ok {
 				mode = def
 			}
-			if mode == VolumeCopy {
+			if mode == podmanfork.VolumeCopy {
 				if err := copyable(m); err != nil {
 					return nil, nil, err
 				}
 				copies = append(copies, forkopts.Volume{Name: m.Name, Source: m.Source, Destination: m.Destination})
 			}
-			uses = append(uses, VolumeUse{Name: m.Name, Source: m.Source, Destination: m.Destination, Mode: mode})
+			uses = append(uses, podmanfork.VolumeUse{Name: m.Name, Source: m.Source, Destination: m.Destination, Mode: mode})
 		case "bind":
-			uses = append(uses, VolumeUse{Source: m.Source, Destination: m.Destination, Mode: volumeBind})
+			uses = append(uses, podmanfork.VolumeUse{Source: m.Source, Destination: m.Destination, Mode: podmanfork.VolumeBind})
 		}
 	}
 	for name, mode := range modes.ByName {
 		if named[name] {
 			continue
 		}
-		if i := slices.IndexFunc(uses, func(u VolumeUse) bool {
-			return u.Mode == volumeBind && (u.Destination == name || u.Source == name)
+		if i := slices.IndexFunc(uses, func(u podmanfork.VolumeUse) bool {
+			return u.Mode == podmanfork.VolumeBind && (u.Destination == name || u.Source == name)
 		}); i >= 0 {
-			if mode == VolumeCopy {
+			if mode == podmanfork.VolumeCopy {
 				return nil, nil, fmt.Errorf("--volume-mode %s=copy: %s is host directory %s mounted by path, which is always shared with the sibling; only named volumes are copied", name, uses[i].Destination, uses[i].Source)
 			}
 			continue
@@ -87,11 +88,11 @@ func copyable(m define.InspectMount) error {
 // siblingVolumes names the sibling's own copies of the copied volumes, and
 // refuses a name already taken: Podman would mount that volume instead,
 // and tclone fills only an empty one.
-func siblingVolumes(ctx context.Context, uses []VolumeUse, sibling string) ([]VolumeUse, siblingEdit, error) {
+func siblingVolumes(ctx context.Context, uses []podmanfork.VolumeUse, sibling string) ([]podmanfork.VolumeUse, siblingEdit, error) {
 	out := slices.Clone(uses)
 	edit := siblingEdit{Volumes: map[string]string{}, VolumePaths: map[string]string{}}
 	for i, u := range out {
-		if u.Mode != VolumeCopy {
+		if u.Mode != podmanfork.VolumeCopy {
 			continue
 		}
 		name := u.Name + "-" + sibling
@@ -109,4 +110,3 @@ func siblingVolumes(ctx context.Context, uses []VolumeUse, sibling string) ([]Vo
 	}
 	return out, edit, nil
 }
-

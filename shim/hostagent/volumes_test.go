@@ -1,6 +1,8 @@
 package hostagent
 
 import (
+	"github.com/tclone/tclone/shim/podmanfork"
+
 	"encoding/json"
 	"path/filepath"
 	"strings"
@@ -8,18 +10,6 @@ import (
 
 	"github.com/containers/podman/v5/libpod/define"
 )
-
-func TestParseVolumeModes(t *testing.T) {
-	m, err := ParseVolumeModes([]string{"share", "db=copy", "cache=share"})
-	if err != nil || m.Default != VolumeShare || m.ByName["db"] != VolumeCopy || m.ByName["cache"] != VolumeShare {
-		t.Fatalf("%+v %v", m, err)
-	}
-	for _, bad := range [][]string{{"both"}, {"copy", "share"}, {"=copy"}, {"db=copy", "db=share"}, {"db=move"}} {
-		if _, err := ParseVolumeModes(bad); err == nil {
-			t.Errorf("%q accepted", bad)
-		}
-	}
-}
 
 func volumeSource() *define.InspectContainerData {
 	return &define.InspectContainerData{Name: "ws", Mounts: []define.InspectMount{
@@ -33,26 +23,26 @@ func volumeSource() *define.InspectContainerData {
 // shared, and asking to copy one, or naming a volume the source does not
 // have, is refused saying why.
 func TestPlanVolumes(t *testing.T) {
-	copies, uses, err := planVolumes(volumeSource(), VolumeModes{ByName: map[string]VolumeMode{"cache": VolumeShare}})
+	copies, uses, err := planVolumes(volumeSource(), podmanfork.VolumeModes{ByName: map[string]podmanfork.VolumeMode{"cache": podmanfork.VolumeShare}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(copies) != 1 || copies[0].Name != "db" || copies[0].Destination != "/db" {
 		t.Errorf("copies %+v", copies)
 	}
-	modes := map[string]VolumeMode{}
+	modes := map[string]podmanfork.VolumeMode{}
 	for _, u := range uses {
 		modes[u.Destination] = u.Mode
 	}
-	if modes["/db"] != VolumeCopy || modes["/cache"] != VolumeShare || modes["/code"] != volumeBind {
+	if modes["/db"] != podmanfork.VolumeCopy || modes["/cache"] != podmanfork.VolumeShare || modes["/code"] != podmanfork.VolumeBind {
 		t.Errorf("uses %+v", uses)
 	}
-	if copies, _, _ := planVolumes(volumeSource(), VolumeModes{Default: VolumeShare}); len(copies) != 0 {
+	if copies, _, _ := planVolumes(volumeSource(), podmanfork.VolumeModes{Default: podmanfork.VolumeShare}); len(copies) != 0 {
 		t.Errorf("share copied %+v", copies)
 	}
-	for modes, want := range map[string]VolumeModes{
-		"always shared":       {ByName: map[string]VolumeMode{"/code": VolumeCopy}},
-		"no volume named web": {ByName: map[string]VolumeMode{"web": VolumeShare}},
+	for modes, want := range map[string]podmanfork.VolumeModes{
+		"always shared":       {ByName: map[string]podmanfork.VolumeMode{"/code": podmanfork.VolumeCopy}},
+		"no volume named web": {ByName: map[string]podmanfork.VolumeMode{"web": podmanfork.VolumeShare}},
 	} {
 		if _, _, err := planVolumes(volumeSource(), want); err == nil || !strings.Contains(err.Error(), modes) {
 			t.Errorf("%+v: %v, want an error saying %q", want, err, modes)
@@ -62,10 +52,10 @@ func TestPlanVolumes(t *testing.T) {
 	src := volumeSource()
 	src.Mounts[0].SubPath = "part"
 	src.Mounts[1].Driver = "nfs-plugin"
-	if _, _, err := planVolumes(src, VolumeModes{ByName: map[string]VolumeMode{"cache": VolumeShare}}); err == nil || !strings.Contains(err.Error(), "subpath") {
+	if _, _, err := planVolumes(src, podmanfork.VolumeModes{ByName: map[string]podmanfork.VolumeMode{"cache": podmanfork.VolumeShare}}); err == nil || !strings.Contains(err.Error(), "subpath") {
 		t.Errorf("a volume mounted with a subpath: %v", err)
 	}
-	if _, _, err := planVolumes(src, VolumeModes{ByName: map[string]VolumeMode{"db": VolumeShare}}); err == nil || !strings.Contains(err.Error(), "driver") {
+	if _, _, err := planVolumes(src, podmanfork.VolumeModes{ByName: map[string]podmanfork.VolumeMode{"db": podmanfork.VolumeShare}}); err == nil || !strings.Contains(err.Error(), "driver") {
 		t.Errorf("a volume of another driver: %v", err)
 	}
 }

@@ -1,0 +1,51 @@
+package podmanfork
+
+import (
+	"testing"
+)
+
+func TestParseReady(t *testing.T) {
+	good := map[string]Ready{
+		"":                {Kind: ReadyRunning},
+		"running":         {Kind: ReadyRunning},
+		"exec":            {Kind: ReadyExec},
+		"tcp:8080":        {Kind: ReadyTCP, Port: 8080},
+		"http:80/healthz": {Kind: ReadyHTTP, Port: 80, Path: "/healthz"},
+		"http:80":         {Kind: ReadyHTTP, Port: 80, Path: "/"},
+	}
+	for in, want := range good {
+		got, err := ParseReady(in)
+		if err != nil || got != want {
+			t.Errorf("ParseReady(%q) = %+v, %v; want %+v", in, got, err, want)
+		}
+	}
+	for _, bad := range []string{"tcp", "tcp:0", "tcp:70000", "tcp:80/x", "udp:53", "http:", "ready"} {
+		if _, err := ParseReady(bad); err == nil {
+			t.Errorf("ParseReady(%q) accepted", bad)
+		}
+	}
+}
+
+func TestParseLabels(t *testing.T) {
+	got, err := ParseLabels([]string{"a=1", "b=x=y", "c="})
+	if err != nil || got["a"] != "1" || got["b"] != "x=y" || got["c"] != "" {
+		t.Fatalf("%v %v", got, err)
+	}
+	for _, bad := range [][]string{{"novalue"}, {"=x"}, {LabelForkedFrom + "=x"}} {
+		if _, err := ParseLabels(bad); err == nil {
+			t.Errorf("%v accepted", bad)
+		}
+	}
+}
+
+func TestParseVolumeModes(t *testing.T) {
+	m, err := ParseVolumeModes([]string{"share", "db=copy", "cache=share"})
+	if err != nil || m.Default != VolumeShare || m.ByName["db"] != VolumeCopy || m.ByName["cache"] != VolumeShare {
+		t.Fatalf("%+v %v", m, err)
+	}
+	for _, bad := range [][]string{{"both"}, {"copy", "share"}, {"=copy"}, {"db=copy", "db=share"}, {"db=move"}} {
+		if _, err := ParseVolumeModes(bad); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+}
