@@ -318,11 +318,11 @@ func ReadInto(c *cli.Context, ptr any) error {
 			}
 		case kindList:
 			if err := v.Addr().Interface().(listSetter).SetFlagValues(c.StringSlice(f.Name)); err != nil {
-				return err
+				return fmt.Errorf("--%s: %w", f.Name, err)
 			}
 		case kindText:
 			if err := v.Addr().Interface().(encoding.TextUnmarshaler).UnmarshalText([]byte(c.String(f.Name))); err != nil {
-				return err
+				return fmt.Errorf("--%s: %w", f.Name, err)
 			}
 		}
 	}

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
-	"slices"
 
 	"github.com/urfave/cli/v2"
 
@@ -14,9 +13,8 @@ import (
 	"github.com/tclone/tclone/shim/podmanfork"
 )
 
-// Names of the branch flags that are not a fork's.
+// Names of the flags of a prune.
 const (
-	BranchName = "name"
 	KeepLast   = "keep-last"
 	OlderThan  = "older-than"
 	Source     = "source"
@@ -26,35 +24,25 @@ const (
 
 // BranchCreate is every flag that says what `podman container branch
 // create` keeps: the command's, and the query parameters of the branch
-// endpoint of tclone's API service (there, with the branch's name).
-func BranchCreate() []cli.Flag {
-	return []cli.Flag{
-		&cli.StringSliceFlag{Name: Label, Aliases: []string{"l"}, Usage: "label the branch KEY=VALUE (" + branch.KeepLabel + "=true: never pruned)"},
-		&cli.StringSliceFlag{Name: VolumeMode, Usage: "what containers started from the branch get of the source's named volumes: copy (default: the branch keeps a copy, " +
-			"and each container gets its own), share (the source's own), or NAME=copy|share for one volume"},
-		&cli.BoolFlag{Name: forkflags.FileLocks, Usage: "capture file locks"},
-	}
-}
+// endpoint of tclone's API service (there, with the branch's name):
+// podmanfork.BranchOptions' table.
+func BranchCreate() []cli.Flag { return forkflags.Flags(podmanfork.BranchOptions{}, forkflags.All) }
 
 // ReadBranchCreate reads the flags of BranchCreate.
 func ReadBranchCreate(c *cli.Context) (podmanfork.BranchOptions, error) {
-	labels, err := podmanfork.ParseBranchLabels(c.StringSlice(Label))
-	if err != nil {
+	var opts podmanfork.BranchOptions
+	if err := forkflags.ReadInto(c, &opts); err != nil {
 		return podmanfork.BranchOptions{}, err
 	}
-	modes, err := podmanfork.ParseVolumeModes(c.StringSlice(VolumeMode))
-	if err != nil {
-		return podmanfork.BranchOptions{}, fmt.Errorf("--%s: %w", VolumeMode, err)
-	}
-	return podmanfork.BranchOptions{Labels: labels, VolumeModes: modes, FileLocks: c.Bool(forkflags.FileLocks)}, nil
+	return opts, opts.Validate()
 }
 
 // BranchCreateFromQuery reads the branch endpoint's query parameters: the
 // branch's name, and the flags of BranchCreate.
 func BranchCreateFromQuery(q url.Values) (name string, opts podmanfork.BranchOptions, err error) {
-	flags := append(BranchCreate(), &cli.StringFlag{Name: BranchName, Usage: "the branch's name"})
+	flags := append(BranchCreate(), &cli.StringFlag{Name: "name", Usage: "the branch's name"})
 	err = fromQuery(q, "a branch", flags, func(c *cli.Context) (err error) {
-		if name = c.String(BranchName); name == "" {
+		if name = c.String("name"); name == "" {
 			return errors.New("no branch name: give the query parameter name=NAME")
 		}
 		if err := branch.CheckName(name); err != nil {
@@ -66,38 +54,23 @@ func BranchCreateFromQuery(q url.Values) (name string, opts podmanfork.BranchOpt
 	return name, opts, err
 }
 
-// captureOnly names the fork flags that say how the source is captured: a
-// branch decides them when it is created, so its start refuses them.
-var captureOnly = []string{forkflags.TCPEstablished, forkflags.TCPClose, forkflags.FileLocks, forkflags.ExtUnixSk, forkflags.ShellJob, forkflags.FilesOnly, forkflags.CaptureTimeout, VolumeMode}
+// captureOnly keeps the fields of a fork that say how the source is
+// captured: a branch decides them when it is created, so its start refuses
+// them.
+var captureOnly = forkflags.Not(podmanfork.StartQuery)
 
 // PodmanBranchStart is the flags of `podman container branch start`: a
 // fork's. Those of the capture are hidden, and refused by
 // RefuseCaptureFlags with a word on why.
 func PodmanBranchStart() []cli.Flag {
-	var out []cli.Flag
-	for _, f := range PodmanFork() {
-		if slices.Contains(captureOnly, f.Names()[0]) {
-			switch f := f.(type) {
-			case *cli.BoolFlag:
-				f.Hidden = true
-			case *cli.DurationFlag:
-				f.Hidden = true
-			case *cli.StringSliceFlag:
-				f.Hidden = true
-			}
-		}
-		out = append(out, f)
-	}
-	return out
+	return forkflags.Hide(PodmanFork(), podmanfork.Options{}, captureOnly)
 }
 
 // RefuseCaptureFlags fails when a flag of the capture was given to a
 // branch start.
 func RefuseCaptureFlags(c *cli.Context) error {
-	for _, name := range captureOnly {
-		if c.IsSet(name) {
-			return fmt.Errorf("--%s says how the source is captured, which the branch already is: give it to podman container branch create", name)
-		}
+	if given := forkflags.Given(c, podmanfork.Options{}, captureOnly); len(given) > 0 {
+		return fmt.Errorf("--%s says how the source is captured, which the branch already is: give it to podman container branch create", given[0])
 	}
 	return nil
 }
@@ -116,6 +89,15 @@ func BranchStartFromQuery(q url.Values) (opts podmanfork.Options, err error) {
 	err = fromQuery(q, "a branch start", PodmanBranchStart(), func(c *cli.Context) (err error) {
 		opts, err = ReadBranchStart(c)
 		return err
+	})
+	return opts, err
+}
+
+// ImportFromQuery reads the import endpoint's query parameters:
+// podmanfork.ImportOptions' table.
+func ImportFromQuery(q url.Values) (opts podmanfork.ImportOptions, err error) {
+	err = fromQuery(q, "an import", forkflags.Flags(podmanfork.ImportOptions{}, forkflags.All), func(c *cli.Context) error {
+		return forkflags.ReadInto(c, &opts)
 	})
 	return opts, err
 }

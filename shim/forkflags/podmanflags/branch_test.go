@@ -48,7 +48,7 @@ func TestBranchCreateFromQuery(t *testing.T) {
 // and refused: the branch was captured when it was created. A fork's own
 // table is not changed by it.
 func TestBranchStartHidesAndRefusesCaptureFlags(t *testing.T) {
-	capture := []string{forkflags.FilesOnly, forkflags.CaptureTimeout, VolumeMode}
+	capture := []string{"files-only", "capture-timeout", "volume-mode"}
 	for _, f := range forkflags.Capture() {
 		capture = append(capture, f.Names()[0])
 	}

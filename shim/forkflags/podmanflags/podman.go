@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"net/url"
-	"slices"
 	"sort"
 	"strings"
 
@@ -19,100 +18,51 @@ import (
 	"github.com/tclone/tclone/shim/podmanfork"
 )
 
-// Names of the flags of a Podman fork.
-const (
-	Name            = "name"
-	Count           = "count"
-	Parallel        = "parallel"
-	Publish         = "publish"
-	IgnoreStaticIP  = "ignore-static-ip"
-	IgnoreStaticMAC = "ignore-static-mac"
-	Label           = "label"
-	VolumeMode      = "volume-mode"
-	Hook            = "hook"
-	Ready           = "ready"
-	ReadyTimeout    = "ready-timeout"
-	WaitMemory      = "wait-memory"
-)
+// Defaults are the values of the flags of a Podman fork that are not given.
+func Defaults() podmanfork.Options {
+	return podmanfork.Options{Fork: forkflags.Defaults(), Count: 1,
+		Ready: podmanfork.Ready{Kind: podmanfork.ReadyRunning}, ReadyTimeout: podmanfork.DefaultReadyTimeout}
+}
 
 // PodmanFork is every flag that says what a `podman container fork` makes:
 // the command's, and the query parameters of the fork endpoint of tclone's
-// API service (see FromQuery). How the command prints its result and where
-// it connects are the command's own.
-func PodmanFork() []cli.Flag {
-	return slices.Concat(forkflags.Capture(), forkflags.Sibling(), []cli.Flag{
-		forkflags.Timeout(),
-		&cli.StringSliceFlag{Name: Name, Usage: "name of the new container (with --count N: NAME-1..NAME-N, or give N names); default SOURCE-fork-<n>"},
-		&cli.IntFlag{Name: Count, Value: 1, Usage: fmt.Sprintf("number of siblings, 1..%d, all or nothing", podmanfork.MaxCount)},
-		&cli.IntFlag{Name: Parallel, Usage: fmt.Sprintf("restore this many siblings at once, 1..%d (default: one per CPU, up to 4)", podmanfork.MaxCount)},
-		&cli.StringSliceFlag{Name: Publish, Aliases: []string{"p"}, Usage: "publish a port of each sibling (podman -p syntax)"},
-		&cli.BoolFlag{Name: IgnoreStaticIP, Usage: "give siblings of a source with a static IP fresh addresses"},
-		&cli.BoolFlag{Name: IgnoreStaticMAC, Usage: "give siblings of a source with a static MAC fresh addresses"},
-		&cli.StringSliceFlag{Name: Label, Aliases: []string{"l"}, Usage: "add a label KEY=VALUE to each sibling"},
-		&cli.StringSliceFlag{Name: VolumeMode, Usage: "what siblings get of the source's named volumes: copy (default: a new volume each, <volume>-<sibling>, " +
-			"as it was at the fork instant, removed by podman rm -v), share (the source's own), or NAME=copy|share for one volume; host directories are always shared"},
-		&cli.StringSliceFlag{Name: Hook, Usage: "command run with sh -c in each sibling before it is reported; a failure fails the fork"},
-		&cli.StringFlag{Name: Ready, Value: "running", Usage: "when a sibling is up: running (Podman and crun say it runs; needs nothing in the image), " +
-			"exec (`true` runs in it), tcp:PORT (it accepts a connection) or http:PORT/PATH (GET answers 2xx/3xx)"},
-		&cli.DurationFlag{Name: ReadyTimeout, Value: podmanfork.DefaultReadyTimeout, Usage: "how long hooks plus readiness may take per sibling (> 0)"},
-		&cli.BoolFlag{Name: WaitMemory, Usage: "report each sibling once it has all of its memory (memory_complete_ms); a lazily started sibling runs before"},
-	})
-}
+// API service (see FromQuery), both podmanfork.Options' table less the
+// plan's life. How the command prints its result and where it connects are
+// the command's own.
+func PodmanFork() []cli.Flag { return forkflags.Flags(Defaults(), podmanfork.ForkQuery) }
 
 // ReadPodmanFork reads the flags of PodmanFork into fork options, refusing
 // what a flag alone can get wrong; Options.Validate checks the rest.
 func ReadPodmanFork(c *cli.Context) (podmanfork.Options, error) {
-	labels, err := podmanfork.ParseLabels(c.StringSlice(Label))
-	if err != nil {
+	var opts podmanfork.Options
+	if err := forkflags.ReadInto(c, &opts); err != nil {
 		return podmanfork.Options{}, err
 	}
-	ready, err := podmanfork.ParseReady(c.String(Ready))
-	if err != nil {
+	if err := forkflags.CheckFork(c, &opts.Fork); err != nil {
 		return podmanfork.Options{}, err
 	}
-	count := c.Int(Count)
-	if count < 1 || count > podmanfork.MaxCount {
-		return podmanfork.Options{}, &forkflags.BadValue{Flag: Count, Value: fmt.Sprint(count), Advice: fmt.Sprintf("out of range: fork 1 to %d siblings at a time", podmanfork.MaxCount)}
+	name := func(field any) string { return forkflags.NameOf(&opts, field) }
+	if opts.Count < 1 || opts.Count > podmanfork.MaxCount {
+		return podmanfork.Options{}, &forkflags.BadValue{Flag: name(&opts.Count), Value: fmt.Sprint(opts.Count), Advice: fmt.Sprintf("out of range: fork 1 to %d siblings at a time", podmanfork.MaxCount)}
 	}
 	// 0 is the default (one per CPU, up to 4), but only when not given.
-	if p := c.Int(Parallel); c.IsSet(Parallel) && (p < 1 || p > podmanfork.MaxCount) {
-		return podmanfork.Options{}, &forkflags.BadValue{Flag: Parallel, Value: fmt.Sprint(p), Advice: fmt.Sprintf("out of range: restore 1 to %d siblings at a time", podmanfork.MaxCount)}
+	if p := opts.Parallel; c.IsSet(name(&opts.Parallel)) && (p < 1 || p > podmanfork.MaxCount) {
+		return podmanfork.Options{}, &forkflags.BadValue{Flag: name(&opts.Parallel), Value: fmt.Sprint(p), Advice: fmt.Sprintf("out of range: restore 1 to %d siblings at a time", podmanfork.MaxCount)}
 	}
-	if d := c.Duration(ReadyTimeout); d <= 0 {
-		return podmanfork.Options{}, &forkflags.BadValue{Flag: ReadyTimeout, Value: d.String(), Advice: "give a duration above zero, such as 30s"}
+	if d := opts.ReadyTimeout; d <= 0 {
+		return podmanfork.Options{}, &forkflags.BadValue{Flag: name(&opts.ReadyTimeout), Value: d.String(), Advice: "give a duration above zero, such as 30s"}
 	}
-	fork, err := forkflags.Read(c)
-	if err != nil {
-		return podmanfork.Options{}, err
-	}
-	volumeModes, err := podmanfork.ParseVolumeModes(c.StringSlice(VolumeMode))
-	if err != nil {
-		return podmanfork.Options{}, fmt.Errorf("--%s: %w", VolumeMode, err)
-	}
-	opts := podmanfork.Options{
-		Count:           count,
-		Publish:         c.StringSlice(Publish),
-		IgnoreStaticIP:  c.Bool(IgnoreStaticIP),
-		IgnoreStaticMAC: c.Bool(IgnoreStaticMAC),
-		Fork:            fork,
-		Labels:          labels,
-		Hooks:           c.StringSlice(Hook),
-		Ready:           ready,
-		ReadyTimeout:    c.Duration(ReadyTimeout),
-		Parallel:        c.Int(Parallel),
-		VolumeModes:     volumeModes,
-		WaitMemory:      c.Bool(WaitMemory),
-	}
-	opts.Names, err = siblingNames(c.StringSlice(Name), count)
+	var err error
+	opts.Names, err = siblingNames(opts.Names, opts.Count, name(&opts.Names))
 	return opts, err
 }
 
 // siblingNames reads --name: one name (NAME, or NAME-1..NAME-N for N
 // siblings) or one per sibling.
-func siblingNames(given []string, count int) ([]string, error) {
+func siblingNames(given []string, count int, flag string) ([]string, error) {
 	for _, name := range given {
 		if err := podmanfork.CheckName(name); err != nil {
-			return nil, fmt.Errorf("--%s: %w", Name, err)
+			return nil, fmt.Errorf("--%s: %w", flag, err)
 		}
 	}
 	switch {
@@ -123,7 +73,7 @@ func siblingNames(given []string, count int) ([]string, error) {
 		}
 		return names, nil
 	case len(given) > 1 && len(given) != count:
-		return nil, &forkflags.BadValue{Flag: Name, Value: strings.Join(given, ","), Advice: fmt.Sprintf("%d names for %d siblings: give one name (NAME-1..NAME-N), or one per sibling", len(given), count)}
+		return nil, &forkflags.BadValue{Flag: flag, Value: strings.Join(given, ","), Advice: fmt.Sprintf("%d names for %d siblings: give one name (NAME-1..NAME-N), or one per sibling", len(given), count)}
 	}
 	return given, nil
 }

@@ -8,10 +8,14 @@ import (
 	"time"
 
 	"github.com/tclone/tclone/runtime/forkopts"
+	"github.com/tclone/tclone/shim/forkflags"
 	"github.com/tclone/tclone/shim/podmanfork"
 )
 
-// What a client sends (Options.Query) is what the service reads back.
+// query is what the client sends for o.
+func query(o podmanfork.Options) url.Values { return forkflags.Query(o, podmanfork.ForkQuery) }
+
+// What a client sends (its query of Options) is what the service reads back.
 func TestQueryRoundTrip(t *testing.T) {
 	for _, o := range []podmanfork.Options{
 		{},
@@ -27,9 +31,9 @@ func TestQueryRoundTrip(t *testing.T) {
 				Identity: forkopts.IdentityBestEffort, Memory: forkopts.Memory("copy"), CaptureTimeout: 30 * time.Second}},
 		{Count: 1, Names: []string{"one"}, Fork: forkopts.Fork{FilesOnly: true}},
 	} {
-		got, err := FromQuery(o.Query())
+		got, err := FromQuery(query(o))
 		if err != nil {
-			t.Fatalf("%v: %v", o.Query(), err)
+			t.Fatalf("%v: %v", query(o), err)
 		}
 		want := o
 		// Unset values come back as the command's defaults.
@@ -52,7 +56,7 @@ func TestQueryRoundTrip(t *testing.T) {
 			want.Labels = map[string]string{}
 		}
 		if !reflect.DeepEqual(got, want) {
-			t.Errorf("round trip of %v:\n got %+v\nwant %+v", o.Query(), got, want)
+			t.Errorf("round trip of %v:\n got %+v\nwant %+v", query(o), got, want)
 		}
 	}
 }
