@@ -32,9 +32,9 @@ all: build
 
 build:
 	@mkdir -p $(BIN)
-	$(GOBUILD) -o $(BIN)/tclone ./shim
-	$(GOBUILD) -o $(BIN)/tclone-service ./shim/tclone-service
-	$(GOBUILD) -o $(BIN)/podman-fork ./shim/podman-fork
+	$(GOBUILD) -o $(BIN)/tclone ./shim/cmd/tclone
+	$(GOBUILD) -o $(BIN)/tclone-service ./shim/cmd/tclone-service
+	$(GOBUILD) -o $(BIN)/podman-fork ./shim/cmd/podman-fork
 	ln -sfn podman-fork $(BIN)/podman-branch
 	# The fidelity workload runs inside test containers: static, no libc.
 	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN)/workload ./test/workload

@@ -121,7 +121,7 @@ if [ -n "$stack_tests" ]; then
 	log "building the stack stage (tclone, test/integration, a busybox root)"
 	tags="remote exclude_graphdriver_btrfs exclude_graphdriver_devicemapper containers_image_openpgp"
 	mkdir -p "$stage/stack/bin"
-	(cd "$top" && CGO_ENABLED=0 "$GO" build -trimpath -tags "$tags" -o "$stage/stack/bin/tclone" ./shim)
+	(cd "$top" && CGO_ENABLED=0 "$GO" build -trimpath -tags "$tags" -o "$stage/stack/bin/tclone" ./shim/cmd/tclone)
 	# The fidelity workload, static, which the copy-on-write tests run, and
 	# the CRIU tests' memory filler, which answers fork(2)'s time (the 1 GiB
 	# copy-on-write fork).
