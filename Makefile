@@ -38,7 +38,7 @@ build:
 	ln -sfn podman-fork $(BIN)/podman-branch
 	# The fidelity workload runs inside test containers: static, no libc.
 	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN)/workload ./test/workload
-	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN)/memfill ./criuhooks/lazypages/internal/memfill
+	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN)/memfill ./test/cmd/memfill
 
 install: build
 	hack/install.sh $(BIN) $(PREFIX)
