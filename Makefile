@@ -32,13 +32,13 @@ all: build
 
 build:
 	@mkdir -p $(BIN)
-	$(GOBUILD) -o $(BIN)/tclone ./shim
-	$(GOBUILD) -o $(BIN)/tclone-service ./shim/tclone-service
-	$(GOBUILD) -o $(BIN)/podman-fork ./shim/podman-fork
+	$(GOBUILD) -o $(BIN)/tclone ./shim/cmd/tclone
+	$(GOBUILD) -o $(BIN)/tclone-service ./shim/cmd/tclone-service
+	$(GOBUILD) -o $(BIN)/podman-fork ./shim/cmd/podman-fork
 	ln -sfn podman-fork $(BIN)/podman-branch
 	# The fidelity workload runs inside test containers: static, no libc.
 	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN)/workload ./test/workload
-	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN)/memfill ./criuhooks/lazypages/internal/memfill
+	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN)/memfill ./test/cmd/memfill
 
 install: build
 	hack/install.sh $(BIN) $(PREFIX)

@@ -19,7 +19,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tclone/tclone/criuhooks/lazypages/internal/pattern"
+	"github.com/tclone/tclone/test/pattern"
 	"github.com/tclone/tclone/test/testenv"
 )
 
@@ -135,7 +135,7 @@ func buildHelpers() {
 		return
 	}
 	for _, prog := range []string{"memfill", "lazypagesd"} {
-		cmd := exec.Command(gotool, "build", "-o", filepath.Join(helpersDir, prog), "./internal/"+prog)
+		cmd := exec.Command(gotool, "build", "-o", filepath.Join(helpersDir, prog), "../../test/cmd/"+prog)
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if out, err := cmd.CombinedOutput(); err != nil {
 			helpersErr = fmt.Errorf("go build %s: %v: %s", prog, err, out)

@@ -112,7 +112,7 @@ if [ -n "$criu_tests" ]; then
 	mkdir -p "$stage/helpers"
 	(cd "$top" && CGO_ENABLED=0 "$GO" test -c -trimpath -o "$stage/lazypages.test" ./criuhooks/lazypages)
 	for prog in memfill lazypagesd; do
-		(cd "$top" && CGO_ENABLED=0 "$GO" build -trimpath -o "$stage/helpers/$prog" "./criuhooks/lazypages/internal/$prog")
+		(cd "$top" && CGO_ENABLED=0 "$GO" build -trimpath -o "$stage/helpers/$prog" "./test/cmd/$prog")
 	done
 	printf '%s\n' "$criu_tests" >"$stage/criu-tests"
 	printf '%s\n' "${VCP_CRIU_BENCH:-}" >"$stage/criu-bench"
@@ -121,12 +121,12 @@ if [ -n "$stack_tests" ]; then
 	log "building the stack stage (tclone, test/integration, a busybox root)"
 	tags="remote exclude_graphdriver_btrfs exclude_graphdriver_devicemapper containers_image_openpgp"
 	mkdir -p "$stage/stack/bin"
-	(cd "$top" && CGO_ENABLED=0 "$GO" build -trimpath -tags "$tags" -o "$stage/stack/bin/tclone" ./shim)
+	(cd "$top" && CGO_ENABLED=0 "$GO" build -trimpath -tags "$tags" -o "$stage/stack/bin/tclone" ./shim/cmd/tclone)
 	# The fidelity workload, static, which the copy-on-write tests run, and
 	# the CRIU tests' memory filler, which answers fork(2)'s time (the 1 GiB
 	# copy-on-write fork).
 	(cd "$top" && CGO_ENABLED=0 "$GO" build -trimpath -o "$stage/stack/bin/workload" ./test/workload)
-	(cd "$top" && CGO_ENABLED=0 "$GO" build -trimpath -o "$stage/stack/bin/memfill" ./criuhooks/lazypages/internal/memfill)
+	(cd "$top" && CGO_ENABLED=0 "$GO" build -trimpath -o "$stage/stack/bin/memfill" ./test/cmd/memfill)
 	(cd "$top" && CGO_ENABLED=0 "$GO" test -c -trimpath -tags "$tags" -o "$stage/integration.test" ./test/integration)
 	printf '%s\n' "$stack_tests" >"$stage/stack-tests"
 	# crun and the libcriu it loads; GNU tar and iproute2's ip too: CRIU

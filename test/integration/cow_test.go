@@ -298,8 +298,8 @@ func processUse(t *testing.T, pid int) memuse.Usage {
 	return u
 }
 
-// memfillBin is the CRIU tests' memory filler (criuhooks/lazypages/internal/
-// memfill), which the kernel VM's stack stage puts beside tclone.
+// memfillBin is the CRIU tests' memory filler (test/cmd/memfill), which the
+// kernel VM's stack stage puts beside tclone.
 func memfillBin() string { return filepath.Join(binDir(), "memfill") }
 
 // memfillAsk leaves a request for the memfill running as pid 1 of a

@@ -13,7 +13,7 @@ import (
 // --url, --connection and --identity (as --ssh-identity, since podman-fork's
 // --identity is the siblings').
 func TestPodmanWrapperPassesRemoteOptions(t *testing.T) {
-	script, err := os.ReadFile("../../hack/podman-wrapper.sh")
+	script, err := os.ReadFile("../../../hack/podman-wrapper.sh")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -43,7 +43,7 @@ func TestPodmanWrapperPassesRemoteOptions(t *testing.T) {
 // `podman container branch` goes to podman-branch beside podman-fork, with
 // the same options passed on; podman-branch refuses those it cannot use.
 func TestPodmanWrapperRunsBranch(t *testing.T) {
-	script, err := os.ReadFile("../../hack/podman-wrapper.sh")
+	script, err := os.ReadFile("../../../hack/podman-wrapper.sh")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,7 +5,7 @@ import (
 	"syscall"
 	"unsafe"
 
-	"github.com/tclone/tclone/criuhooks/lazypages/internal/pattern"
+	"github.com/tclone/tclone/test/pattern"
 )
 
 // exitJob makes rawFork's child exit at once: fork(2)'s cost, measured.

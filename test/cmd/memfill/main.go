@@ -59,7 +59,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/tclone/tclone/criuhooks/lazypages/internal/pattern"
+	"github.com/tclone/tclone/test/pattern"
 )
 
 type filled struct {
