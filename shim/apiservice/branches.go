@@ -5,16 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"net/url"
 	"regexp"
-	"strconv"
 	"time"
 
 	"github.com/sirupsen/logrus"
 
 	"github.com/tclone/tclone/runtime/branch"
-	"github.com/tclone/tclone/runtime/branch/signing"
 	"github.com/tclone/tclone/shim/forkflags/podmanflags"
+	"github.com/tclone/tclone/shim/hostagent"
 	"github.com/tclone/tclone/shim/podmanfork"
 )
 
@@ -53,7 +51,7 @@ func (s *Service) routeBranches(w http.ResponseWriter, r *http.Request) bool {
 			if err != nil {
 				return nil, err
 			}
-			return podmanfork.CreateBranch(conn, m[1], name, opts)
+			return hostagent.CreateBranch(conn, m[1], name, opts, nil)
 		})
 		return true
 	}
@@ -80,7 +78,7 @@ func (s *Service) routeBranches(w http.ResponseWriter, r *http.Request) bool {
 			return store.Prune(rule, time.Now(), yes)
 		})
 	case ref == "import" && verb == "" && r.Method == http.MethodPost:
-		opts, err := importOptions(r.URL.Query())
+		opts, err := podmanflags.ImportFromQuery(r.URL.Query())
 		if err != nil {
 			writeError(w, http.StatusBadRequest, err)
 			break
@@ -90,7 +88,7 @@ func (s *Service) routeBranches(w http.ResponseWriter, r *http.Request) bool {
 			if err != nil {
 				return nil, err
 			}
-			return podmanfork.ImportBranchFrom(conn, r.Body, "the request's body", opts)
+			return hostagent.ImportBranchFrom(conn, r.Body, "the request's body", opts)
 		})
 	case verb == "export":
 		if !allow(w, r, http.MethodGet) {
@@ -105,7 +103,7 @@ func (s *Service) routeBranches(w http.ResponseWriter, r *http.Request) bool {
 		w.Header().Set("Content-Disposition", fmt.Sprintf("attachment; filename=%q", b.Name+".tar.zst"))
 		// A failure midway cuts the archive short, which an import
 		// refuses.
-		if _, err := podmanfork.ExportBranch(b.ID, w); err != nil {
+		if _, err := hostagent.ExportBranch(b.ID, w); err != nil {
 			logrus.Warnf("exporting branch %s to %s: %v", b.Name, clientOf(r), err)
 		}
 	case verb == "json":
@@ -139,7 +137,7 @@ func (s *Service) routeBranches(w http.ResponseWriter, r *http.Request) bool {
 			if err != nil {
 				return nil, err
 			}
-			return podmanfork.StartBranch(conn, ref, opts)
+			return hostagent.StartBranch(conn, ref, opts)
 		})
 	default: // a branch itself
 		if allow(w, r, http.MethodDelete) {
@@ -212,34 +210,4 @@ func (s *Service) long(w http.ResponseWriter, r *http.Request, what string, fn f
 	if err := http.NewResponseController(w).Flush(); err != nil {
 		logrus.Debugf("sending the answer: %v", err)
 	}
-}
-
-// importOptions reads the import endpoint's query: name, trust (a public
-// key, repeatable) and insecure-unsigned, as the command's flags.
-func importOptions(q url.Values) (podmanfork.ImportOptions, error) {
-	opts := podmanfork.ImportOptions{Name: q.Get("name")}
-	for k := range q {
-		switch k {
-		case "name", "trust", "insecure-unsigned", "insecureUnsigned":
-		default:
-			return opts, fmt.Errorf("unknown parameter %q of the import endpoint: it takes name, trust and insecure-unsigned", k)
-		}
-	}
-	for _, v := range q["trust"] {
-		key, err := signing.ParsePublicKey(v)
-		if err != nil {
-			return opts, err
-		}
-		opts.Trust = append(opts.Trust, key)
-	}
-	for _, k := range []string{"insecure-unsigned", "insecureUnsigned"} {
-		if v := q.Get(k); v != "" {
-			b, err := strconv.ParseBool(v)
-			if err != nil {
-				return opts, fmt.Errorf("%s=%s: give true or false", k, v)
-			}
-			opts.InsecureUnsigned = b
-		}
-	}
-	return opts, nil
 }

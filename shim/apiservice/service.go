@@ -28,6 +28,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/tclone/tclone/shim/forkflags/podmanflags"
+	"github.com/tclone/tclone/shim/hostagent"
 	"github.com/tclone/tclone/shim/podmanfork"
 )
 
@@ -141,7 +142,7 @@ func (s *Service) forkHere(ctx context.Context, source string, opts podmanfork.O
 	if err != nil {
 		return nil, err
 	}
-	return podmanfork.ForkHere(conn, source, opts)
+	return hostagent.ForkHere(conn, source, opts)
 }
 
 // connect returns ctx with a connection to Podman's service.

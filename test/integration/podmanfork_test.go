@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/containers/podman/v5/pkg/bindings"
 
+	"github.com/tclone/tclone/shim/hostagent"
 	"github.com/tclone/tclone/shim/podmanfork"
 )
 
@@ -401,15 +403,21 @@ func TestPodmanForkSourceRemovedMidway(t *testing.T) {
 	requireNoLeftovers(t)
 }
 
-// The Go package, over the REST socket of the Podman service.
-func TestGoClientOverREST(t *testing.T) {
+// The host agent, in this process, over the REST socket of Podman's own
+// service; the light client refuses that service, saying what to connect
+// to.
+func TestHostAgentOverPodmansService(t *testing.T) {
 	requireStack(t)
 	ctx, err := bindings.NewConnection(context.Background(), "unix:///run/podman/podman.sock")
 	if err != nil {
 		t.Fatalf("no Podman service (hack/podman-service.sh start): %v", err)
 	}
 	src := demoWorkspace(t)
-	st, err := podmanfork.ForkWithStats(ctx, src, podmanfork.Options{Count: 2, Ready: podmanfork.Ready{Kind: podmanfork.ReadyExec}})
+	_, err = podmanfork.Fork(ctx, src, podmanfork.Options{})
+	if !errors.Is(err, podmanfork.ErrNotTcloneService) || !strings.Contains(err.Error(), "tclone service") {
+		t.Fatalf("the light client over Podman's own service: %v, want ErrNotTcloneService naming tclone's service", err)
+	}
+	st, err := hostagent.ForkHere(ctx, src, podmanfork.Options{Count: 2, Ready: podmanfork.Ready{Kind: podmanfork.ReadyExec}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -425,7 +433,7 @@ func TestGoClientOverREST(t *testing.T) {
 		}
 	}
 	// All or nothing through the package too: the second hook fails.
-	_, err = podmanfork.Fork(ctx, src, podmanfork.Options{Count: 2, Names: []string{src + "-g1", src + "-g2"},
+	_, err = hostagent.ForkHere(ctx, src, podmanfork.Options{Count: 2, Names: []string{src + "-g1", src + "-g2"},
 		Hooks: []string{`[ "$(hostname)" != "` + src + `-g2" ]`}})
 	if err == nil {
 		t.Fatal("failing hook did not fail the fork")

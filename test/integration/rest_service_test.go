@@ -1,9 +1,12 @@
 package integration
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"github.com/tclone/tclone/runtime/forkopts"
 	"io"
 	"net"
 	"net/http"
@@ -730,4 +733,63 @@ func TestRESTServiceKilledMidFork(t *testing.T) {
 	if status, body := again.curl(t, "POST", forkPath(src, nil)); status != 200 {
 		t.Errorf("a fork through a new service: %d %s", status, body)
 	}
+}
+
+// The light client's branch calls, through tclone's API service: create,
+// list, inspect, start, a refused start, export, remove and import.
+func TestGoClientBranchesOverREST(t *testing.T) {
+	requireStack(t)
+	branchStore(t)
+	svc := startAPIService(t)
+	src := shellSource(t)
+	conn, err := bindings.NewConnection(context.Background(), "unix://"+svc.socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := podmanfork.CreateBranch(conn, src, "gob1", podmanfork.BranchOptions{Labels: podmanfork.Labels{"stage": "one"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	list, err := podmanfork.ListBranches(conn, src)
+	if err != nil || len(list) != 1 || list[0].Name != "gob1" || list[0].Labels["stage"] != "one" {
+		t.Fatalf("list: %+v, %v", list, err)
+	}
+	if b, err := podmanfork.InspectBranch(conn, "gob1"); err != nil || b.ID != st.Branch.ID {
+		t.Fatalf("inspect: %+v, %v; want ID %s", b, err, st.Branch.ID)
+	}
+	stats, err := podmanfork.StartBranch(conn, "gob1", podmanfork.Options{Count: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range stats.Siblings {
+		t.Cleanup(func() { removeContainers(t, s.Name) })
+		if got := state(t, s.Name); got != "running" {
+			t.Errorf("%s is %s", s.Name, got)
+		}
+		if l := podman(t, "inspect", "--format", `{{index .Config.Labels "io.tclone.branch"}}`, s.Name); l != st.Branch.ID {
+			t.Errorf("%s: label io.tclone.branch %q, want %s", s.Name, l, st.Branch.ID)
+		}
+	}
+	_, err = podmanfork.StartBranch(conn, "gob1", podmanfork.Options{Fork: forkopts.Fork{Capture: forkopts.Capture{FileLocks: true}}})
+	if !errors.Is(err, podmanfork.ErrInvalidOption) || !strings.Contains(err.Error(), "--file-locks says how the source is captured") {
+		t.Errorf("a start with a capture option: %v, want ErrInvalidOption naming --file-locks", err)
+	}
+	var archive bytes.Buffer
+	if err := podmanfork.ExportBranch(conn, "gob1", &archive); err != nil || archive.Len() == 0 {
+		t.Fatalf("export: %d bytes, %v", archive.Len(), err)
+	}
+	if _, err := podmanfork.RemoveBranch(conn, "gob1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := podmanfork.InspectBranch(conn, "gob1"); !errors.Is(err, podmanfork.ErrNoSuchSource) {
+		t.Errorf("inspect of a removed branch: %v, want ErrNoSuchSource", err)
+	}
+	b, err := podmanfork.ImportBranch(conn, &archive, podmanfork.ImportOptions{Name: "gob2"})
+	if err != nil || b.Name != "gob2" || b.Source.Name != src {
+		t.Fatalf("import: %+v, %v", b, err)
+	}
+	if _, err := podmanfork.RemoveBranch(conn, "gob2"); err != nil {
+		t.Fatal(err)
+	}
+	requireNoLiveCalls(t)
 }

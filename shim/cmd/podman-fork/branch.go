@@ -16,6 +16,7 @@ import (
 	"github.com/tclone/tclone/runtime/branch/signing"
 	"github.com/tclone/tclone/runtime/buildinfo"
 	"github.com/tclone/tclone/shim/forkflags/podmanflags"
+	"github.com/tclone/tclone/shim/hostagent"
 	"github.com/tclone/tclone/shim/podmanfork"
 )
 
@@ -230,8 +231,9 @@ func branchCreate(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
+	var runnable func(*branch.Branch) error
 	if notify.f != nil {
-		opts.Runnable = notify.runnable
+		runnable = notify.runnable
 	}
 	ctx, stop, err := connectTo(c.Context, target{url: c.String("url")}, false)
 	if err != nil {
@@ -239,7 +241,7 @@ func branchCreate(c *cli.Context) error {
 		return err
 	}
 	defer stop()
-	st, err := podmanfork.CreateBranch(ctx, c.Args().Get(0), c.Args().Get(1), opts)
+	st, err := hostagent.CreateBranch(ctx, c.Args().Get(0), c.Args().Get(1), opts, runnable)
 	if err != nil {
 		notify.failed(err)
 		return err
@@ -331,7 +333,7 @@ func branchStart(c *cli.Context) error {
 		return err
 	}
 	defer stop()
-	stats, err := podmanfork.StartBranch(ctx, c.Args().First(), opts)
+	stats, err := hostagent.StartBranch(ctx, c.Args().First(), opts)
 	if err != nil {
 		return err
 	}
@@ -442,7 +444,7 @@ func branchExport(c *cli.Context) error {
 	if c.NArg() != 2 {
 		return fmt.Errorf("podman container branch export takes a branch NAME and a FILE; see --help")
 	}
-	_, err := podmanfork.ExportBranchFile(c.Args().Get(0), c.Args().Get(1))
+	_, err := hostagent.ExportBranchFile(c.Args().Get(0), c.Args().Get(1))
 	return err
 }
 
@@ -459,7 +461,7 @@ func branchExportImage(c *cli.Context) error {
 		return err
 	}
 	defer stop()
-	x, err := podmanfork.ExportBranchImage(ctx, c.Args().First(), c.String("image"))
+	x, err := hostagent.ExportBranchImage(ctx, c.Args().First(), c.String("image"))
 	if err != nil {
 		return err
 	}
@@ -507,9 +509,9 @@ func branchImport(c *cli.Context) error {
 	defer stop()
 	var b *branch.Branch
 	if c.IsSet("image") {
-		b, err = podmanfork.ImportBranchImage(ctx, c.String("image"), opts)
+		b, err = hostagent.ImportBranchImage(ctx, c.String("image"), opts)
 	} else {
-		b, err = podmanfork.ImportBranch(ctx, c.Args().First(), opts)
+		b, err = hostagent.ImportBranch(ctx, c.Args().First(), opts)
 	}
 	if err != nil {
 		return err

@@ -19,6 +19,7 @@ import (
 
 	"github.com/tclone/tclone/runtime/buildinfo"
 	"github.com/tclone/tclone/shim/forkflags/podmanflags"
+	"github.com/tclone/tclone/shim/hostagent"
 	"github.com/tclone/tclone/shim/podmanfork"
 )
 
@@ -99,11 +100,25 @@ func run(c *cli.Context) error {
 		return err
 	}
 	defer stop()
-	stats, err := podmanfork.ForkWithStats(ctx, c.Args().First(), opts)
+	stats, err := fork(ctx, c.Args().First(), opts)
 	if err != nil {
 		return err
 	}
 	return report(c, stats)
+}
+
+// fork asks tclone's API service to fork, when the connection is to it;
+// with Podman's own service, the fork runs here, through the host agent,
+// which needs root on the Podman host.
+func fork(ctx context.Context, source string, opts podmanfork.Options) (*podmanfork.Stats, error) {
+	remote, err := podmanfork.IsTcloneService(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if remote {
+		return podmanfork.ForkWithStats(ctx, source, opts)
+	}
+	return hostagent.ForkHere(ctx, source, opts)
 }
 
 // report prints what a call made in one write: the call is over, and a

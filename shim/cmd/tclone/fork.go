@@ -52,7 +52,7 @@ With --plan-only, only the capture is made; its directory is printed and
 		if err != nil {
 			return err
 		}
-		if !c.Bool("plan-only") && (c.IsSet(forkflags.Uses) || c.IsSet(forkflags.TTL)) {
+		if !c.Bool("plan-only") && len(forkflags.Given(c, opts, forkflags.InGroups(forkflags.GroupPlan))) > 0 {
 			return fmt.Errorf("--uses and --ttl apply to --plan-only: a plain fork's plan serves its one sibling")
 		}
 		eng := fork.NewEngine(rt)

@@ -87,10 +87,13 @@ func crunRestoreArgs(c *cli.Context, capture forkopts.Capture) []string {
 // siblingRequest maps the restore flags onto a sibling of a fork plan: the
 // TCP flags choose its policy, the plan decides the other capture options.
 func siblingRequest(c *cli.Context, id, planDir string, capture forkopts.Capture) fork.MaterializeRequest {
+	// --memory; the capture flags were read, and checked, before.
+	var flags forkopts.Fork
+	_ = forkflags.ReadInto(c, &flags)
 	return fork.MaterializeRequest{
 		Plan: planDir, ID: id, Bundle: c.String("bundle"),
 		Detach: c.Bool("detach"), PidFile: c.String("pid-file"), ConsoleSocket: c.String("console-socket"),
-		WorkPath: c.String("work-path"), TCP: capture.TCP, Memory: forkopts.Memory(c.String(forkflags.Memory)),
+		WorkPath: c.String("work-path"), TCP: capture.TCP, Memory: flags.Memory,
 		ManageCgroupsMode: c.String("manage-cgroups-mode"),
 		LSMProfile:        c.String("lsm-profile"), LSMMountContext: c.String("lsm-mount-context"),
 		Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr,
