@@ -74,7 +74,7 @@ func dumpOptions(in dumpInput) (*rpc.CriuOpts, error) {
 	// letting the tree go (delete_link_remaps, for leave_running dumps
 	// too). A watcher of that directory in the source sees it come and go.
 	o.LinkRemap = proto.Bool(true)
-	in.opts.SetCriuOpts(o)
+	setDumpOpts(o, in.opts)
 	if !in.opts.NeedsNetworkLock() {
 		// CRIU's network lock drops every packet of the source's network
 		// namespace from the seizing of the tree until the dump ends
@@ -173,4 +173,13 @@ func v1CgroupMounts(selfCgroups []procfs.Cgroup) []string {
 		dirs = append(dirs, filepath.Join(cgroups.Root, sub))
 	}
 	return dirs
+}
+
+// setDumpOpts writes what the dump asks of CRIU into its RPC options.
+func setDumpOpts(o *rpc.CriuOpts, d forkopts.Dumped) {
+	o.TcpEstablished = proto.Bool(d.TCPEstablished)
+	o.TcpClose = proto.Bool(d.TCPClose)
+	o.FileLocks = proto.Bool(d.FileLocks)
+	o.ExtUnixSk = proto.Bool(d.ExtUnixSk)
+	o.ShellJob = proto.Bool(d.ShellJob)
 }

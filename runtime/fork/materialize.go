@@ -422,20 +422,17 @@ func (op *materializeOp) crunRestore(ctx context.Context, images, work string) e
 	e, req, p := op.e, op.req, op.p
 	// The restore must declare what the dump allowed.
 	declared, tcpClose := p.Capture.Restore(op.tcp)
-	args := crun.Args{"--image-path", images, "--work-path", work, "--bundle", req.Bundle}
-	args.Flag("--detach", req.Detach)
-	args.Value("--pid-file", req.PidFile)
-	args.Value("--console-socket", req.ConsoleSocket)
-	args = append(args, declared...)
-	args.Value("--manage-cgroups-mode", req.ManageCgroupsMode)
-	args.Value("--lsm-profile", req.LSMProfile)
-	args.Value("--lsm-mount-context", req.LSMMountContext)
-	args = append(args, req.ID)
+	args := crun.Restore{
+		ID: req.ID, ImagePath: images, WorkPath: work, Bundle: req.Bundle,
+		Detach: req.Detach, PidFile: req.PidFile, ConsoleSocket: req.ConsoleSocket,
+		Capture:           crunCapture(declared),
+		ManageCgroupsMode: req.ManageCgroupsMode, LSMProfile: req.LSMProfile, LSMMountContext: req.LSMMountContext,
+	}.Args()
 
 	env := append(os.Environ(), op.check.Env()...)
 	var criuConf []string
 	if tcpClose {
-		criuConf = append(criuConf, forkopts.CRIUTCPClose)
+		criuConf = append(criuConf, crun.CRIUTCPClose)
 	}
 	if op.memory == forkopts.MemoryLazy || op.memory == forkopts.MemoryCow {
 		// (A twin plan's siblings are lazy ones.)
@@ -446,7 +443,7 @@ func (op *materializeOp) crunRestore(ctx context.Context, images, work string) e
 			return err
 		}
 		defer client.Close()
-		criuConf = append(criuConf, forkopts.CRIULazyPages)
+		criuConf = append(criuConf, crun.CRIULazyPages)
 	}
 	if op.memory == forkopts.MemoryCow {
 		// At pre-resume, while CRIU holds the tasks stopped, the hook has
@@ -455,12 +452,12 @@ func (op *materializeOp) crunRestore(ctx context.Context, images, work string) e
 		if err != nil {
 			return err
 		}
-		criuConf = append(criuConf, forkopts.CRIUActionScript+" "+script)
+		criuConf = append(criuConf, crun.CRIUActionScript+" "+script)
 		env = append(env, hookEnv)
 		op.shareStats = stats
 	}
 	if len(criuConf) > 0 {
-		conf, err := forkopts.CRIUConfig(op.siblingDir, criuConf...)
+		conf, err := crun.CRIUConfig(op.siblingDir, criuConf...)
 		if err != nil {
 			return err
 		}
@@ -491,6 +488,11 @@ func (op *materializeOp) crunRestore(ctx context.Context, images, work string) e
 	kept := e.keepLog(logPath, "restore", req.ID)
 	cerr := &criuhooks.Error{Op: "restore", Err: fmt.Errorf("crun restore: %s", msg), Reasons: reasons, LogPath: kept}
 	return fmt.Errorf("restoring sibling %s: %w", req.ID, cerr)
+}
+
+// crunCapture is what a restore declares, as crun's flags.
+func crunCapture(d forkopts.Dumped) crun.Capture {
+	return crun.Capture{TCPEstablished: d.TCPEstablished, FileLocks: d.FileLocks, ExtUnixSk: d.ExtUnixSk, ShellJob: d.ShellJob}
 }
 
 // runWatched runs a crun command that makes the sibling, with the caller's

@@ -126,7 +126,7 @@ func (s *Service) routeBranches(w http.ResponseWriter, r *http.Request) bool {
 		}
 		opts, err := podmanflags.BranchStartFromQuery(r.URL.Query())
 		if err == nil {
-			err = opts.Validate()
+			err = hostagent.Validate(opts)
 		}
 		if err != nil {
 			writeError(w, http.StatusBadRequest, err)

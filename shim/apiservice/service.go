@@ -109,7 +109,7 @@ func (s *Service) serveFork(w http.ResponseWriter, r *http.Request, source strin
 	}
 	opts, err := podmanflags.FromQuery(r.URL.Query())
 	if err == nil {
-		err = opts.Validate()
+		err = hostagent.Validate(opts)
 	}
 	if err != nil {
 		writeError(w, http.StatusBadRequest, err)

@@ -10,6 +10,10 @@ import (
 	"github.com/tclone/tclone/shim/podmanfork"
 )
 
+// Validate checks every option as a fork here would before doing anything:
+// the client's checks, and the ports to publish.
+func Validate(o podmanfork.Options) error { return normalize(&o) }
+
 // normalize checks every option and fills defaults, as the client's
 // Normalize, and reads the ports to publish with Podman's own parser. It
 // runs before anything is asked of Podman, so a bad option never leaves

@@ -1,7 +1,14 @@
 package podmanfork
 
 import (
+	"context"
+	"errors"
+	"strings"
 	"testing"
+	"time"
+
+	"github.com/tclone/tclone/runtime/forkopts"
+	"github.com/tclone/tclone/shim/forkflags"
 )
 
 func TestParseReady(t *testing.T) {
@@ -47,5 +54,29 @@ func TestParseVolumeModes(t *testing.T) {
 		if _, err := ParseVolumeModes(bad); err == nil {
 			t.Errorf("%q accepted", bad)
 		}
+	}
+}
+
+// A branch's start refuses an option of the capture before it asks the
+// service anything: the branch was captured when it was created.
+func TestStartBranchRefusesCaptureOptions(t *testing.T) {
+	for flag, o := range map[string]Options{
+		"files-only":      {Fork: forkopts.Fork{FilesOnly: true}},
+		"file-locks":      {Fork: forkopts.Fork{Capture: forkopts.Capture{FileLocks: true}}},
+		"capture-timeout": {Fork: forkopts.Fork{CaptureTimeout: time.Second}},
+		"volume-mode":     {VolumeModes: VolumeModes{Default: VolumeShare}},
+	} {
+		_, err := StartBranch(context.Background(), "b", o)
+		if !errors.Is(err, ErrInvalidOption) || !strings.Contains(err.Error(), "--"+flag+" says how the source is captured") {
+			t.Errorf("%s: %v", flag, err)
+		}
+	}
+}
+
+// The fork endpoint is not sent the plan's life, which is the service's.
+func TestForkQueryLeavesThePlansLife(t *testing.T) {
+	q := forkflags.Query(Options{Count: 2, Fork: forkopts.Fork{Uses: 3, TTL: time.Minute}}, ForkQuery)
+	if q.Has("uses") || q.Has("ttl") || q.Get("count") != "2" {
+		t.Errorf("query %v", q)
 	}
 }

@@ -35,10 +35,20 @@ const (
 // the plan's life (Uses, TTL), which is the service's to decide.
 var ForkQuery = forkflags.Not(forkflags.InGroups(forkflags.GroupPlan))
 
+// CaptureOnly keeps the fields of Options that say how the source is
+// captured: a branch decides them when it is created, so its start refuses
+// them.
+var CaptureOnly = forkflags.InGroups(forkflags.GroupCapture, forkflags.GroupFiles, forkflags.GroupTimeout, GroupVolumes)
+
 // StartQuery keeps the fields of Options a branch's start takes: a fork's,
 // less those of the capture, which the branch already is.
-var StartQuery = forkflags.Not(forkflags.InGroups(forkflags.GroupPlan, forkflags.GroupCapture,
-	forkflags.GroupFiles, forkflags.GroupTimeout, GroupVolumes))
+var StartQuery = forkflags.Not(forkflags.Or(forkflags.InGroups(forkflags.GroupPlan), CaptureOnly))
+
+// CaptureOptionError refuses a capture option (flag) given to a branch's
+// start.
+func CaptureOptionError(flag string) error {
+	return fmt.Errorf("--%s says how the source is captured, which the branch already is: give it to podman container branch create", flag)
+}
 
 // GroupVolumes is the group of the volume modes, which a branch's start
 // takes from the branch.
@@ -126,6 +136,11 @@ func CreateBranch(ctx context.Context, source, name string, opts BranchOptions) 
 func StartBranch(ctx context.Context, ref string, opts Options) (*Stats, error) {
 	if err := opts.Validate(); err != nil {
 		return nil, ofKind(ErrInvalidOption, err)
+	}
+	for _, f := range forkflags.Fields(opts) {
+		if CaptureOnly(f) && forkflags.Query(opts, forkflags.Named(f.Name)).Has(f.Name) {
+			return nil, ofKind(ErrInvalidOption, CaptureOptionError(f.Name))
+		}
 	}
 	var stats Stats
 	if err := call(ctx, http.MethodPost, BranchVerbEndpoint, forkflags.Query(opts, StartQuery), nil, &stats, ref, "start"); err != nil {

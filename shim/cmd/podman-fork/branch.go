@@ -325,7 +325,7 @@ func branchStart(c *cli.Context) error {
 	}
 	// --print-stats reports when each container's memory was complete.
 	opts.WaitMemory = opts.WaitMemory || c.Bool("print-stats")
-	if err := opts.Validate(); err != nil {
+	if err := hostagent.Validate(opts); err != nil {
 		return err
 	}
 	ctx, stop, err := connectTo(c.Context, target{url: c.String("url")}, false)

@@ -88,7 +88,7 @@ func run(c *cli.Context) error {
 	}
 	// Every flag is checked before a service is started or anything
 	// else happens.
-	if err := opts.Validate(); err != nil {
+	if err := hostagent.Validate(opts); err != nil {
 		return err
 	}
 	target, err := destination(c.String("url"), c.String("connection"), c.String("ssh-identity"))

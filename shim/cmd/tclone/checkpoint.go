@@ -71,8 +71,14 @@ var checkpointCommand = &cli.Command{
 // crunCheckpointArgs renders an ordinary checkpoint's flags for crun.
 func crunCheckpointArgs(c *cli.Context, capture forkopts.Capture) []string {
 	a := passThrough(c, "image-path", "work-path", "leave-running")
-	a = append(a, capture.CrunArgs()...)
+	a = append(a, crunCapture(capture).Args()...)
 	return append(a, passThrough(c, "network-lock", "parent-path", "pre-dump", "manage-cgroups-mode")...)
+}
+
+// crunCapture is the capture options as crun's own: a close policy has no
+// crun flag (see crun.CRIUConfig).
+func crunCapture(c forkopts.Capture) crun.Capture {
+	return crun.Capture{TCPEstablished: c.TCP == forkopts.TCPKeep, FileLocks: c.FileLocks, ExtUnixSk: c.ExtUnixSk, ShellJob: c.ShellJob}
 }
 
 // passThrough renders the named flags of the command as given, in crun's

@@ -7,6 +7,7 @@ import (
 	"github.com/sirupsen/logrus"
 	"github.com/urfave/cli/v2"
 
+	"github.com/tclone/tclone/runtime/crun"
 	"github.com/tclone/tclone/runtime/fork"
 	"github.com/tclone/tclone/runtime/forkopts"
 	"github.com/tclone/tclone/shim/forkflags"
@@ -80,7 +81,7 @@ var restoreCommand = &cli.Command{
 // crunRestoreArgs renders an ordinary restore's flags for crun.
 func crunRestoreArgs(c *cli.Context, capture forkopts.Capture) []string {
 	a := passThrough(c, "bundle", "image-path", "work-path", "detach", "pid-file", "console-socket")
-	a = append(a, capture.CrunArgs()...)
+	a = append(a, crunCapture(capture).Args()...)
 	return append(a, passThrough(c, "manage-cgroups-mode", "network-lock", "lsm-profile", "lsm-mount-context")...)
 }
 
@@ -111,7 +112,7 @@ func tcpCloseEnv(capture forkopts.Capture) (env []string, cleanup func(), err er
 	if err != nil {
 		return nil, nil, err
 	}
-	conf, err := forkopts.CRIUConfig(dir, forkopts.CRIUTCPClose)
+	conf, err := crun.CRIUConfig(dir, crun.CRIUTCPClose)
 	if err != nil {
 		os.RemoveAll(dir)
 		return nil, nil, err

@@ -54,23 +54,18 @@ func BranchCreateFromQuery(q url.Values) (name string, opts podmanfork.BranchOpt
 	return name, opts, err
 }
 
-// captureOnly keeps the fields of a fork that say how the source is
-// captured: a branch decides them when it is created, so its start refuses
-// them.
-var captureOnly = forkflags.Not(podmanfork.StartQuery)
-
 // PodmanBranchStart is the flags of `podman container branch start`: a
 // fork's. Those of the capture are hidden, and refused by
 // RefuseCaptureFlags with a word on why.
 func PodmanBranchStart() []cli.Flag {
-	return forkflags.Hide(PodmanFork(), podmanfork.Options{}, captureOnly)
+	return forkflags.Hide(PodmanFork(), podmanfork.Options{}, podmanfork.CaptureOnly)
 }
 
 // RefuseCaptureFlags fails when a flag of the capture was given to a
 // branch start.
 func RefuseCaptureFlags(c *cli.Context) error {
-	if given := forkflags.Given(c, podmanfork.Options{}, captureOnly); len(given) > 0 {
-		return fmt.Errorf("--%s says how the source is captured, which the branch already is: give it to podman container branch create", given[0])
+	if given := forkflags.Given(c, podmanfork.Options{}, podmanfork.CaptureOnly); len(given) > 0 {
+		return podmanfork.CaptureOptionError(given[0])
 	}
 	return nil
 }
