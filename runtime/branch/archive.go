@@ -550,7 +550,11 @@ func (im *importer) untrusted(key signing.PublicKey, why string) error {
 	}
 	how := "export it again with a tclone that signs"
 	if key != nil {
-		how = fmt.Sprintf("trust its key if you trust the host that exported it: --trust '%s' (that host prints it with `podman container branch key`), or a file holding it in %s", key, signing.TrustDir())
+		dir := "the trusted-keys directory"
+		if im.opts.Trust != nil && im.opts.Trust.Dir != "" {
+			dir = im.opts.Trust.Dir
+		}
+		how = fmt.Sprintf("trust its key if you trust the host that exported it: --trust '%s' (that host prints it with `podman container branch key`), or a file holding it in %s", key, dir)
 	}
 	return fmt.Errorf("%w: %s: %s (trusted here: %s); %s, or import it with --insecure-unsigned, which lets the archive's CRIU images and files run as root in the containers started from it",
 		ErrUntrusted, im.src, why, trusted, how)

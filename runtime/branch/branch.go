@@ -167,17 +167,8 @@ var (
 // Store is the branch store in Dir.
 type Store struct{ Dir string }
 
-// DefaultDir is where branches are kept unless TCLONE_BRANCH_DIR says
-// otherwise. It must be on a disk: branches outlive a reboot.
-const DefaultDir = "/var/lib/tclone/branches"
-
-// DefaultStore is the store in TCLONE_BRANCH_DIR, else DefaultDir.
-func DefaultStore() Store {
-	if d := os.Getenv("TCLONE_BRANCH_DIR"); d != "" {
-		return Store{Dir: d}
-	}
-	return Store{Dir: DefaultDir}
-}
+// StoreOf is the branch store of a host's layout (plan.Layout.Branches).
+func StoreOf(l plan.Layout) Store { return Store{Dir: l.Branches} }
 
 func (s Store) chunks() chunkStore          { return chunkStore{dir: filepath.Join(s.Dir, "chunks")} }
 func (s Store) committedDir() string        { return filepath.Join(s.Dir, "branches") }

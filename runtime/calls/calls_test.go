@@ -73,7 +73,7 @@ func newFixture(t *testing.T) *fixture {
 	root := t.TempDir()
 	store := plan.Store{Layout: plan.LayoutUnder(root)}
 	return &fixture{
-		store: store, dir: DirOf(store), tmp: TempDir(store),
+		store: store, dir: DirOf(store), tmp: store.TempDir(),
 		pm: &fakePodman{ctrs: map[string]map[string]string{}},
 	}
 }

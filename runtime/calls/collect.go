@@ -66,10 +66,10 @@ type Collector struct {
 // first a Podman service such a client started for itself. It is what
 // `tclone gc` runs.
 //
-// It calls /usr/bin/podman, so it must never run inside a runtime verb that
+// It calls Podman's CLI (the layout's Podman), so it must never run inside a runtime verb that
 // Podman itself called (Podman may hold locks the command needs).
 func Collect(ctx context.Context, store plan.Store) (*Report, error) {
-	return Collector{Dir: DirOf(store), Store: store, Podman: PodmanCLI{},
+	return Collector{Dir: DirOf(store), Store: store, Podman: PodmanCLI{Path: store.Podman},
 		CRI: func(endpoint string) Podman { return CrictlCLI{Endpoint: endpoint} }}.Collect(ctx)
 }
 
@@ -80,7 +80,7 @@ func (c Collector) Collect(ctx context.Context) (*Report, error) {
 	rep := &Report{}
 	root := c.TempDir
 	if root == "" {
-		root = TempDir(c.Store)
+		root = c.Store.TempDir()
 	}
 	errTemp := collectTempDirs(root, time.Now(), rep)
 	c.Dir.removeDeadTemps()
@@ -175,7 +175,7 @@ func (c Collector) removeOwnFiles(rec Record, u *Undone) error {
 	}
 	root := c.TempDir
 	if root == "" {
-		root = TempDir(c.Store)
+		root = c.Store.TempDir()
 	}
 	for _, dir := range rec.TempDirs {
 		if isTempDir(root, dir) && ownDir(dir) {
@@ -212,22 +212,21 @@ func callContainers(rec Record, labelled map[string]string) []string {
 // PodmanCLI is Podman through its own command line, for callers without a
 // connection to a service.
 type PodmanCLI struct {
-	// Path of podman; empty means /usr/bin/podman (not the tclone wrapper
-	// in /usr/local/bin).
+	// Path of podman itself, not the tclone wrapper in /usr/local/bin
+	// (plan.Layout.Podman).
 	Path string
 }
 
 func (p PodmanCLI) run(ctx context.Context, args ...string) ([]byte, error) {
-	path := p.Path
-	if path == "" {
-		path = "/usr/bin/podman"
+	if p.Path == "" {
+		return nil, errors.New("no path to Podman's CLI was given")
 	}
-	cmd := exec.CommandContext(ctx, path, args...)
+	cmd := exec.CommandContext(ctx, p.Path, args...)
 	cmd.Env = append(os.Environ(), "PODMAN_IGNORE_CGROUPSV1_WARNING=1")
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {
-		return nil, fmt.Errorf("%s %s: %w: %s", path, strings.Join(args, " "), err, strings.TrimSpace(stderr.String()))
+		return nil, fmt.Errorf("%s %s: %w: %s", p.Path, strings.Join(args, " "), err, strings.TrimSpace(stderr.String()))
 	}
 	return stdout.Bytes(), nil
 }

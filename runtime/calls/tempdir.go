@@ -36,11 +36,10 @@ type DirOwner struct {
 	Service *journal.Owner `json:"service,omitempty"`
 }
 
-// TempDir is where the fork clients of store's host make their temporary
-// directories: <Root>/tmp, root's and 0700. Nothing anyone else can write
-// is ever looked at by a collector, which may remove what it finds there
-// and signal the services it names.
-func TempDir(store plan.Store) string { return filepath.Join(store.Root, "tmp") }
+// The fork clients of a host make their temporary directories in its
+// layout's TempDir, root's and 0700. Nothing anyone else can write is ever
+// looked at by a collector, which may remove what it finds there and
+// signal the services it names.
 
 // ensureTempDir makes TempDir, or checks that it is a directory (not a
 // symlink) of this user's that no one else can enter.
@@ -78,11 +77,11 @@ func ownedBySelf(fd int) error {
 }
 
 // MkdirTemp makes a temporary directory named prefix<pid>-* (prefix one of
-// TempPrefixes) in TempDir(store), owned by the calling process. The PID
+// TempPrefixes) in store.TempDir(), owned by the calling process. The PID
 // in the name lets a collector remove at once a directory whose maker was
 // killed before it could write the owner file.
 func MkdirTemp(store plan.Store, prefix string) (string, error) {
-	root := TempDir(store)
+	root := store.TempDir()
 	if err := ensureTempDir(root); err != nil {
 		return "", err
 	}

@@ -349,7 +349,7 @@ func (op *captureOp) newPlan(snap *rootfs.Snapshot, timings plan.Timings) *plan.
 		ExpiresAt: time.Now().Add(req.Fork.TTL).UTC(),
 		Source: plan.Source{
 			ID: src.id, Bundle: src.state.Bundle, Rootfs: src.status.Rootfs, Pid: src.state.Pid,
-			CgroupPath: src.status.CgroupPath, Hostname: src.spec.Hostname,
+			CgroupPath: src.status.CgroupPath, Hostname: src.spec.Hostname, CrunRoot: op.e.Crun.Global.Root,
 		},
 		Rootfs:   snap,
 		Volumes:  op.volumes,

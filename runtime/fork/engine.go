@@ -39,11 +39,11 @@ type Engine struct {
 	CriuTimeout time.Duration
 }
 
-// NewEngine returns an engine on tclone's default store.
-func NewEngine(rt *crun.Runtime) *Engine {
+// NewEngine returns an engine on the store of layout.
+func NewEngine(rt *crun.Runtime, layout plan.Layout) *Engine {
 	return &Engine{
 		Crun:        rt,
-		Store:       plan.DefaultStore(),
+		Store:       plan.Store{Layout: layout},
 		CriuTimeout: DefaultCriuTimeout,
 	}
 }

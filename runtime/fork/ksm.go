@@ -2,6 +2,7 @@ package fork
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -16,6 +17,7 @@ import (
 	"github.com/tclone/tclone/runtime/internal/fds"
 	"github.com/tclone/tclone/runtime/internal/flock"
 	"github.com/tclone/tclone/runtime/ksm"
+	"github.com/tclone/tclone/runtime/plan"
 )
 
 // KSMSettleCommand is the hidden argv[1] under which the tclone binary waits
@@ -26,7 +28,7 @@ const KSMSettleCommand = "__tclone-ksm-settle"
 // sibling counts as young while crun knows it and for the window after its
 // fork.
 func (e *Engine) ksmTuner(window time.Duration) ksm.Tuner {
-	return ksm.Tuner{Dir: filepath.Join(e.Store.Root, "ksm"), Window: window, Alive: func(id string) bool {
+	return ksm.Tuner{Dir: ksmDir(e.Store.Layout), Window: window, Alive: func(id string) bool {
 		_, err := e.Crun.State(context.Background(), id)
 		return err == nil
 	}}
@@ -60,10 +62,13 @@ func (e *Engine) settleKSM() error {
 const settleLook = 5 * time.Second
 
 type ksmSettleConfig struct {
-	Dir      string        `json:"dir"`
+	Layout   plan.Layout   `json:"layout"`
 	CrunRoot string        `json:"crun_root"`
 	Window   time.Duration `json:"window"`
 }
+
+// ksmDir holds the settle process's lock and the young merging forks.
+func ksmDir(l plan.Layout) string { return filepath.Join(l.Root, "ksm") }
 
 // spawnKSMSettle starts a settle process unless one runs: detached from the
 // caller's session, stdio and cgroup, like the lazy-pages daemon.
@@ -72,8 +77,11 @@ func (e *Engine) spawnKSMSettle(window time.Duration) error {
 	if err != nil {
 		return err
 	}
-	cfg := fmt.Sprintf(`{"dir":%q,"crun_root":%q,"window":%d}`, filepath.Join(e.Store.Root, "ksm"), e.Crun.Global.Root, window)
-	cmd := exec.Command(self, KSMSettleCommand, cfg)
+	cfg, err := json.Marshal(ksmSettleConfig{Layout: e.Store.Layout, CrunRoot: e.Crun.Global.Root, Window: window})
+	if err != nil {
+		return err
+	}
+	cmd := exec.Command(self, KSMSettleCommand, string(cfg))
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("starting the ksmd settle process: %w", err)
@@ -91,7 +99,7 @@ func RunKSMSettleIfAsked() {
 	if !fds.HelperArgs(KSMSettleCommand, &cfg, 0) {
 		return
 	}
-	unlock, ok, err := flock.TryLock(filepath.Join(cfg.Dir, "settle.lock"))
+	unlock, ok, err := flock.TryLock(filepath.Join(ksmDir(cfg.Layout), "settle.lock"))
 	if err != nil || !ok {
 		os.Exit(0) // another one settles
 	}
@@ -99,8 +107,7 @@ func RunKSMSettleIfAsked() {
 	if err != nil {
 		os.Exit(1)
 	}
-	tuner := NewEngine(rt).ksmTuner(cfg.Window)
-	tuner.Dir = cfg.Dir
+	tuner := NewEngine(rt, cfg.Layout).ksmTuner(cfg.Window)
 	for {
 		next, err := tuner.Settle(time.Now())
 		if err != nil {

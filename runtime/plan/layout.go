@@ -1,6 +1,9 @@
 package plan
 
-import "path/filepath"
+import (
+	"os"
+	"path/filepath"
+)
 
 // Layout names every host path where tclone keeps state. The default is
 // DefaultLayout; a test lays one out under a scratch directory
@@ -15,8 +18,16 @@ import "path/filepath"
 //	<Root>/calls/             fork client calls in progress (calls)
 //	<Root>/lazy/              lazy-pages daemons' sockets and locks (lazy)
 //	<Root>/criu-check.json    the last successful CRIU check (criucheck)
+//	<Root>/tmp/               fork clients' temporary directories (calls)
+//	<Root>/tclone.sock        tclone's API service (tclone-service)
 //	<SnapshotRoot>/<id>/      root filesystem captures
 //	<LogDir>/                 CRIU logs of failed operations
+//	<Branches>/               branches (runtime/branch)
+//	<Keys>/                   the host's signing key (runtime/branch/signing)
+//	<TrustedKeys>/            the keys the host's imports trust
+//	<Podman>                  Podman's CLI, where no Podman service answers
+//
+// Each binary's main builds one (HostLayout) and passes it down.
 type Layout struct {
 	// Root holds tclone's live state. It is tmpfs, or its plans directory
 	// is made one (Store.EnsureTmpfs): page images never touch a disk,
@@ -28,11 +39,42 @@ type Layout struct {
 	// LogDir keeps the CRIU logs of failed operations, whose work
 	// directories are removed with everything else the failure left.
 	LogDir string `json:"log_dir"`
+	// Branches holds the branch store: on a disk, since branches outlive
+	// a reboot.
+	Branches string `json:"branches,omitempty"`
+	// Keys holds the host's signing key, root's only; TrustedKeys the
+	// public keys an import trusts beside it.
+	Keys        string `json:"keys,omitempty"`
+	TrustedKeys string `json:"trusted_keys,omitempty"`
+	// Podman is Podman's own CLI (not tclone's wrapper of it).
+	Podman string `json:"podman,omitempty"`
 }
 
 // DefaultLayout is where tclone keeps its state on a host.
 func DefaultLayout() Layout {
-	return Layout{Root: "/run/tclone", SnapshotRoot: "/var/lib/tclone/snapshots", LogDir: "/var/log/tclone"}
+	return Layout{Root: "/run/tclone", SnapshotRoot: "/var/lib/tclone/snapshots", LogDir: "/var/log/tclone",
+		Branches: "/var/lib/tclone/branches", Keys: "/var/lib/tclone/signing", TrustedKeys: "/etc/tclone/trusted-keys",
+		Podman: "/usr/bin/podman"}
+}
+
+// Environment variables that move a part of the host's layout, for tests
+// and for hosts that keep branches or keys elsewhere.
+const (
+	EnvBranches    = "TCLONE_BRANCH_DIR"
+	EnvKeys        = "TCLONE_SIGNING_DIR"
+	EnvTrustedKeys = "TCLONE_TRUSTED_KEYS_DIR"
+)
+
+// HostLayout is DefaultLayout, with the parts the environment moves moved.
+// A binary's main calls it once.
+func HostLayout() Layout {
+	l := DefaultLayout()
+	for env, field := range map[string]*string{EnvBranches: &l.Branches, EnvKeys: &l.Keys, EnvTrustedKeys: &l.TrustedKeys} {
+		if d := os.Getenv(env); d != "" {
+			*field = d
+		}
+	}
+	return l
 }
 
 // LayoutUnder lays tclone's state out under dir, which must exist.
@@ -41,8 +83,19 @@ func LayoutUnder(dir string) Layout {
 		Root:         filepath.Join(dir, "run"),
 		SnapshotRoot: filepath.Join(dir, "snapshots"),
 		LogDir:       filepath.Join(dir, "log"),
+		Branches:     filepath.Join(dir, "branches"),
+		Keys:         filepath.Join(dir, "signing"),
+		TrustedKeys:  filepath.Join(dir, "trusted-keys"),
+		Podman:       DefaultLayout().Podman,
 	}
 }
+
+// TempDir is where the fork clients of the host make their temporary
+// directories: root's and 0700 (see package runtime/calls).
+func (l Layout) TempDir() string { return filepath.Join(l.Root, "tmp") }
+
+// ServiceSocket is where tclone's API service listens by default.
+func (l Layout) ServiceSocket() string { return filepath.Join(l.Root, "tclone.sock") }
 
 // PlansDir is the tmpfs directory that holds every plan.
 func (l Layout) PlansDir() string { return filepath.Join(l.Root, "plans") }

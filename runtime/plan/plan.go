@@ -130,6 +130,10 @@ type Source struct {
 	// NetNSInode identifies the source's network namespace: only a sibling
 	// in that very namespace may keep the source's TCP connections.
 	NetNSInode uint64 `json:"netns_inode,omitempty"`
+	// CrunRoot is the state root crun ran the source under (its caller's
+	// --root; "" is crun's default), where the siblings its caller makes
+	// are found too.
+	CrunRoot string `json:"crun_root,omitempty"`
 }
 
 // Tree summarises the captured process tree.

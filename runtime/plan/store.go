@@ -23,9 +23,6 @@ import (
 // their intents, uses and locks.
 type Store struct{ Layout }
 
-// DefaultStore is the store tclone uses unless told otherwise.
-func DefaultStore() Store { return Store{Layout: DefaultLayout()} }
-
 // Dir is the directory of plan id.
 func (s Store) Dir(id string) string { return filepath.Join(s.PlansDir(), id) }
 

@@ -10,7 +10,6 @@ import (
 
 	"github.com/sirupsen/logrus"
 
-	"github.com/tclone/tclone/runtime/branch"
 	"github.com/tclone/tclone/shim/forkflags/podmanflags"
 	"github.com/tclone/tclone/shim/hostagent"
 	"github.com/tclone/tclone/shim/podmanfork"
@@ -51,7 +50,7 @@ func (s *Service) routeBranches(w http.ResponseWriter, r *http.Request) bool {
 			if err != nil {
 				return nil, err
 			}
-			return hostagent.CreateBranch(conn, m[1], name, opts, nil)
+			return s.agent.CreateBranch(conn, m[1], name, opts, nil)
 		})
 		return true
 	}
@@ -61,7 +60,7 @@ func (s *Service) routeBranches(w http.ResponseWriter, r *http.Request) bool {
 	}
 	w.Header().Set(podmanfork.ServiceHeader, s.version)
 	ref, verb := m[1], m[2]
-	store := branch.DefaultStore()
+	store := s.agent.Branches()
 	switch {
 	case ref == "" && verb == "":
 		if allow(w, r, http.MethodGet) {
@@ -88,7 +87,7 @@ func (s *Service) routeBranches(w http.ResponseWriter, r *http.Request) bool {
 			if err != nil {
 				return nil, err
 			}
-			return hostagent.ImportBranchFrom(conn, r.Body, "the request's body", opts)
+			return s.agent.ImportBranchFrom(conn, r.Body, "the request's body", opts)
 		})
 	case verb == "export":
 		if !allow(w, r, http.MethodGet) {
@@ -103,7 +102,7 @@ func (s *Service) routeBranches(w http.ResponseWriter, r *http.Request) bool {
 		w.Header().Set("Content-Disposition", fmt.Sprintf("attachment; filename=%q", b.Name+".tar.zst"))
 		// A failure midway cuts the archive short, which an import
 		// refuses.
-		if _, err := hostagent.ExportBranch(b.ID, w); err != nil {
+		if _, err := s.agent.ExportBranch(b.ID, w); err != nil {
 			logrus.Warnf("exporting branch %s to %s: %v", b.Name, clientOf(r), err)
 		}
 	case verb == "json":
@@ -137,7 +136,7 @@ func (s *Service) routeBranches(w http.ResponseWriter, r *http.Request) bool {
 			if err != nil {
 				return nil, err
 			}
-			return hostagent.StartBranch(conn, ref, opts)
+			return s.agent.StartBranch(conn, ref, opts)
 		})
 	default: // a branch itself
 		if allow(w, r, http.MethodDelete) {

@@ -10,13 +10,14 @@ import (
 	"testing"
 
 	"github.com/tclone/tclone/runtime/branch"
+	"github.com/tclone/tclone/runtime/plan"
+	"github.com/tclone/tclone/shim/hostagent"
 )
 
 // Branches may be called prune or import: those endpoints are POSTs
 // without a verb, and a branch itself is deleted with DELETE.
 func TestBranchNamedLikeAnEndpoint(t *testing.T) {
 	dir := t.TempDir()
-	t.Setenv("TCLONE_BRANCH_DIR", dir)
 	store := branch.Store{Dir: dir}
 	for _, name := range []string{"prune", "import"} {
 		w, err := store.Begin(name, branch.Source{Name: "ws"})
@@ -32,7 +33,9 @@ func TestBranchNamedLikeAnEndpoint(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	s := New(filepath.Join(t.TempDir(), "no-podman.sock"), "test-version")
+	layout := plan.LayoutUnder(t.TempDir())
+	layout.Branches = dir
+	s := New(hostagent.New(layout), filepath.Join(t.TempDir(), "no-podman.sock"), "test-version")
 	do := func(method, path string) (int, string) {
 		rec := httptest.NewRecorder()
 		s.ServeHTTP(rec, httptest.NewRequest(method, "http://d/v5.4.2/libpod/branches"+path, nil))

@@ -34,6 +34,7 @@ import (
 
 // Service serves the API. Its zero value is not usable: see New.
 type Service struct {
+	agent   *hostagent.Agent
 	podman  string // Podman's socket
 	version string
 	proxy   *httputil.ReverseProxy
@@ -51,9 +52,10 @@ type Service struct {
 }
 
 // New serves the API of the Podman service listening on the unix socket
-// podmanSocket; version is what ServiceHeader says.
-func New(podmanSocket, version string) *Service {
-	s := &Service{podman: podmanSocket, version: version}
+// podmanSocket, with agent doing the host's work; version is what
+// ServiceHeader says.
+func New(agent *hostagent.Agent, podmanSocket, version string) *Service {
+	s := &Service{agent: agent, podman: podmanSocket, version: version}
 	s.forkCtx, s.stopForks = context.WithCancelCause(context.Background())
 	s.fork = s.forkHere
 	dial := func(ctx context.Context, _, _ string) (net.Conn, error) {
@@ -142,7 +144,7 @@ func (s *Service) forkHere(ctx context.Context, source string, opts podmanfork.O
 	if err != nil {
 		return nil, err
 	}
-	return hostagent.ForkHere(conn, source, opts)
+	return s.agent.ForkHere(conn, source, opts)
 }
 
 // connect returns ctx with a connection to Podman's service.

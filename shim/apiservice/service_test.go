@@ -18,6 +18,8 @@ import (
 	"github.com/containers/podman/v5/pkg/bindings"
 	"github.com/containers/podman/v5/pkg/errorhandling"
 
+	"github.com/tclone/tclone/runtime/plan"
+	"github.com/tclone/tclone/shim/hostagent"
 	"github.com/tclone/tclone/shim/podmanfork"
 )
 
@@ -74,7 +76,7 @@ func stack(t *testing.T, podmanUp bool) (*Service, string) {
 	if podmanUp {
 		fakePodman(t, podman)
 	}
-	s := New(podman, "test-version")
+	s := New(hostagent.New(plan.LayoutUnder(t.TempDir())), podman, "test-version")
 	socket := filepath.Join(dir, "tclone.sock")
 	serveOn(t, socket, s)
 	return s, socket

@@ -49,7 +49,7 @@ type branchEngine struct {
 // while the branch is written. An error from it (its caller is gone) ends
 // the creation, which is rolled back. A failure after it returned leaves
 // the branch listed as failed, with why.
-func CreateBranch(ctx context.Context, source, name string, opts podmanfork.BranchOptions, runnable func(*branch.Branch) error) (*podmanfork.BranchStats, error) {
+func (a *Agent) CreateBranch(ctx context.Context, source, name string, opts podmanfork.BranchOptions, runnable func(*branch.Branch) error) (*podmanfork.BranchStats, error) {
 	start := time.Now()
 	if err := branch.CheckName(name); err != nil {
 		return nil, podmanfork.WithKind(podmanfork.ErrInvalidOption, err)
@@ -65,12 +65,12 @@ func CreateBranch(ctx context.Context, source, name string, opts podmanfork.Bran
 	if err := normalize(&fo); err != nil {
 		return nil, podmanfork.WithKind(podmanfork.ErrInvalidOption, err)
 	}
-	store := plan.DefaultStore()
+	store := a.plans()
 	src, uses, err := prepareSource(ctx, store, source, &fo)
 	if err != nil {
 		return nil, err
 	}
-	bstore := branch.DefaultStore()
+	bstore := a.Branches()
 	w, err := bstore.Begin(name, branch.Source{ID: src.ID, Name: src.Name, Image: src.ImageName, ImageID: src.Image})
 	if errors.Is(err, branch.ErrNameTaken) {
 		return nil, podmanfork.WithKind(podmanfork.ErrConflict, err)
@@ -180,7 +180,7 @@ func (f *forker) writeBranch(ctx context.Context, w *branch.Writer, opts podmanf
 // StartBranch starts opts.Count siblings from the branch ref (a name or
 // ID), with the same options and all-or-nothing rule as a fork. The
 // branch's source need not exist any more; its image must.
-func StartBranch(ctx context.Context, ref string, opts podmanfork.Options) (*podmanfork.Stats, error) {
+func (a *Agent) StartBranch(ctx context.Context, ref string, opts podmanfork.Options) (*podmanfork.Stats, error) {
 	start := time.Now()
 	if err := normalize(&opts); err != nil {
 		return nil, podmanfork.WithKind(podmanfork.ErrInvalidOption, err)
@@ -188,7 +188,7 @@ func StartBranch(ctx context.Context, ref string, opts podmanfork.Options) (*pod
 	if opts.Memory == forkopts.MemoryCow {
 		return nil, podmanfork.WithKind(podmanfork.ErrInvalidOption, fmt.Errorf("--memory cow: branch %s holds its memory as page images, which its containers get copies of; start it with --memory lazy or copy", ref))
 	}
-	store := branch.DefaultStore()
+	store := a.Branches()
 	r, err := store.Open(ref)
 	if errors.Is(err, branch.ErrNotFound) {
 		// One being written is waited for.
@@ -217,7 +217,7 @@ func StartBranch(ctx context.Context, ref string, opts podmanfork.Options) (*pod
 			return nil, err
 		}
 	}
-	plans := plan.DefaultStore()
+	plans := a.plans()
 	collectDeadCalls(ctx, plans)
 	limits, err := checkIdentity(opts.Identity, eng.Source)
 	if err != nil {
@@ -245,23 +245,23 @@ func StartBranch(ctx context.Context, ref string, opts podmanfork.Options) (*pod
 // ImportBranch imports a branch exported by ExportBranch (podman container
 // branch export). The archive must be signed by a trusted key (or
 // opts.InsecureUnsigned), and the branch's image must be on this host.
-func ImportBranch(ctx context.Context, file string, opts podmanfork.ImportOptions) (*branch.Branch, error) {
+func (a *Agent) ImportBranch(ctx context.Context, file string, opts podmanfork.ImportOptions) (*branch.Branch, error) {
 	f, err := os.Open(file)
 	if err != nil {
 		return nil, podmanfork.WithKind(podmanfork.ErrInvalidOption, err)
 	}
 	defer f.Close()
-	return ImportBranchFrom(ctx, f, file, opts)
+	return a.ImportBranchFrom(ctx, f, file, opts)
 }
 
 // ImportBranchFrom is ImportBranch of the archive read from in, which what
 // names in errors.
-func ImportBranchFrom(ctx context.Context, in io.Reader, what string, opts podmanfork.ImportOptions) (*branch.Branch, error) {
-	bopts, err := importOptions(ctx, opts)
+func (a *Agent) ImportBranchFrom(ctx context.Context, in io.Reader, what string, opts podmanfork.ImportOptions) (*branch.Branch, error) {
+	bopts, err := a.importOptions(ctx, opts)
 	if err != nil {
 		return nil, err
 	}
-	b, err := branch.DefaultStore().ImportFrom(in, what, bopts)
+	b, err := a.Branches().ImportFrom(in, what, bopts)
 	if err != nil {
 		return nil, importError(err)
 	}
@@ -270,13 +270,13 @@ func ImportBranchFrom(ctx context.Context, in io.Reader, what string, opts podma
 
 // importOptions are the branch store's options of an import: the trust,
 // and a branch's image and tree rules checked before anything is written.
-func importOptions(ctx context.Context, opts podmanfork.ImportOptions) (branch.ImportOptions, error) {
+func (a *Agent) importOptions(ctx context.Context, opts podmanfork.ImportOptions) (branch.ImportOptions, error) {
 	if opts.Name != "" {
 		if err := branch.CheckName(opts.Name); err != nil {
 			return branch.ImportOptions{}, podmanfork.WithKind(podmanfork.ErrInvalidOption, err)
 		}
 	}
-	trust, err := signing.HostTrust(signing.KeyDir(), signing.TrustDir())
+	trust, err := signing.HostTrust(a.Layout.Keys, a.Layout.TrustedKeys)
 	if err != nil {
 		return branch.ImportOptions{}, err
 	}
@@ -309,21 +309,21 @@ func importError(err error) error {
 
 // ExportBranch writes branch ref to w, signed with this host's key (made
 // on first use).
-func ExportBranch(ref string, w io.Writer) (*branch.Branch, error) {
-	key, err := signing.HostKey(signing.KeyDir())
+func (a *Agent) ExportBranch(ref string, w io.Writer) (*branch.Branch, error) {
+	key, err := signing.HostKey(a.Layout.Keys)
 	if err != nil {
 		return nil, err
 	}
-	return branch.DefaultStore().ExportTo(ref, w, key)
+	return a.Branches().ExportTo(ref, w, key)
 }
 
 // ExportBranchFile is ExportBranch to a file, written atomically.
-func ExportBranchFile(ref, dest string) (*branch.Branch, error) {
-	key, err := signing.HostKey(signing.KeyDir())
+func (a *Agent) ExportBranchFile(ref, dest string) (*branch.Branch, error) {
+	key, err := signing.HostKey(a.Layout.Keys)
 	if err != nil {
 		return nil, err
 	}
-	return branch.DefaultStore().Export(ref, dest, key)
+	return a.Branches().Export(ref, dest, key)
 }
 
 // requireImage fails, naming it, when the branch's image is not on this
@@ -396,6 +396,11 @@ func (f *forker) planFromBranch(ctx context.Context, r *branch.Reader) (*plan.Pl
 	// call's own.
 	p := f.branch.Plan
 	p.Volumes = slices.Clone(p.Volumes)
+	if f.branch.Imported != nil {
+		// Another host's crun root; this host's crun keeps its default.
+		p.Source.CrunRoot = ""
+	}
+	f.crunRoot = p.Source.CrunRoot
 	now := time.Now().UTC()
 	p.ID, p.CreatedAt, p.ExpiresAt = id, now, now.Add(f.opts.TTL)
 	// The source's host paths and process mean nothing to a start.

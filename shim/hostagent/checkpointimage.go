@@ -111,12 +111,12 @@ type ImageExport struct {
 // (with the image's RestoreFlags), or import it as a branch with
 // ImportBranchImage. Only the branch's own files go into it: the image its
 // root filesystem sits on is named, not included.
-func ExportBranchImage(ctx context.Context, ref, image string) (*ImageExport, error) {
+func (a *Agent) ExportBranchImage(ctx context.Context, ref, image string) (*ImageExport, error) {
 	start := time.Now()
 	if image == "" {
 		return nil, podmanfork.WithKind(podmanfork.ErrInvalidOption, errors.New("--image needs an image name, for example localhost:5000/workspace:b1"))
 	}
-	r, err := branch.DefaultStore().Open(ref)
+	r, err := a.Branches().Open(ref)
 	if errors.Is(err, branch.ErrNotFound) {
 		return nil, podmanfork.WithKind(podmanfork.ErrNoSuchSource, err)
 	}
@@ -133,7 +133,7 @@ func ExportBranchImage(ctx context.Context, ref, image string) (*ImageExport, er
 	case b.Plan.Rootfs != nil && b.Plan.Rootfs.Kind != rootfs.KindOverlay:
 		return nil, podmanfork.WithKind(podmanfork.ErrInvalidOption, fmt.Errorf("branch %s captured a %s root filesystem: a checkpoint image carries changes over an image (an overlay root, as Podman's containers have)", b.Name, b.Plan.Rootfs.Kind))
 	}
-	tmp, err := calls.MkdirTemp(plan.DefaultStore(), "tclone-fork-")
+	tmp, err := calls.MkdirTemp(a.plans(), "tclone-fork-")
 	if err != nil {
 		return nil, err
 	}
@@ -143,7 +143,7 @@ func ExportBranchImage(ctx context.Context, ref, image string) (*ImageExport, er
 		return nil, err
 	}
 	x := &ImageExport{Image: image, Branch: b.Name}
-	cfg, err := writeCheckpointLayer(ctx, r, layer, x)
+	cfg, err := a.writeCheckpointLayer(ctx, r, layer, x)
 	if err != nil {
 		return nil, fmt.Errorf("branch %s: %w", b.Name, err)
 	}
@@ -180,7 +180,7 @@ func ExportBranchImage(ctx context.Context, ref, image string) (*ImageExport, er
 
 // writeCheckpointLayer fills dir with the checkpoint image's files and
 // returns the source's configuration it copied.
-func writeCheckpointLayer(ctx context.Context, r *branch.Reader, dir string, x *ImageExport) (*podmanConfig, error) {
+func (a *Agent) writeCheckpointLayer(ctx context.Context, r *branch.Reader, dir string, x *ImageExport) (*podmanConfig, error) {
 	b := r.Branch()
 	planDir := filepath.Join(filepath.Dir(dir), "plan")
 	if err := os.Mkdir(planDir, 0o700); err != nil {
@@ -220,11 +220,11 @@ func writeCheckpointLayer(ctx context.Context, r *branch.Reader, dir string, x *
 	if connections > 0 {
 		x.Notes = append(x.Notes, fmt.Sprintf("the branch holds %d established TCP connections, dumped to be restored closed (CRIU's tcp-close): podman container restore cannot ask for that and fails; import the image as a branch instead", connections))
 	}
-	key, err := signing.HostKey(signing.KeyDir())
+	key, err := signing.HostKey(a.Layout.Keys)
 	if err != nil {
 		return nil, err
 	}
-	if _, err := branch.DefaultStore().ExportUnpacked(b.ID, filepath.Join(dir, imageBranchDir), key); err != nil {
+	if _, err := a.Branches().ExportUnpacked(b.ID, filepath.Join(dir, imageBranchDir), key); err != nil {
 		return nil, err
 	}
 	cfg, err := copyConfiguration(r.Path(branch.ArchiveFile), dir)
@@ -456,8 +456,8 @@ func dirBytes(dir string) (int64, error) {
 // ExportBranchImage on some host, as a branch, with the checks and the
 // trust an archive's import has (ImportBranch): its signature must be by a
 // key this host trusts. The image is pulled when this host lacks it.
-func ImportBranchImage(ctx context.Context, image string, opts podmanfork.ImportOptions) (*branch.Branch, error) {
-	bopts, err := importOptions(ctx, opts)
+func (a *Agent) ImportBranchImage(ctx context.Context, image string, opts podmanfork.ImportOptions) (*branch.Branch, error) {
+	bopts, err := a.importOptions(ctx, opts)
 	if err != nil {
 		return nil, err
 	}
@@ -468,7 +468,7 @@ func ImportBranchImage(ctx context.Context, image string, opts podmanfork.Import
 			return nil, podmanfork.WithKind(podmanfork.ErrNoSuchSource, fmt.Errorf("image %s is not on this host, and pulling it failed (pull it yourself, with the options its registry needs): %w", image, err))
 		}
 	}
-	tmp, err := calls.MkdirTemp(plan.DefaultStore(), "tclone-fork-")
+	tmp, err := calls.MkdirTemp(a.plans(), "tclone-fork-")
 	if err != nil {
 		return nil, err
 	}
@@ -481,7 +481,7 @@ func ImportBranchImage(ctx context.Context, image string, opts podmanfork.Import
 	if _, err := os.Stat(filepath.Join(meta, "branch.json")); err != nil {
 		return nil, podmanfork.WithKind(podmanfork.ErrInvalidOption, fmt.Errorf("image %s is no checkpoint image written by podman container branch export --image (it has no %s): if it is a checkpoint image of Podman's, restore it with podman container restore", image, imageBranchDir))
 	}
-	b, err := branch.DefaultStore().ImportUnpacked(meta, func(rel string) string { return imagePlanFile(layer, rel) }, "image "+image, bopts)
+	b, err := a.Branches().ImportUnpacked(meta, func(rel string) string { return imagePlanFile(layer, rel) }, "image "+image, bopts)
 	if err != nil {
 		return nil, importError(err)
 	}

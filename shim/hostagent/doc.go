@@ -10,3 +10,21 @@
 // plan store while it runs (see package runtime/calls), and if its process
 // dies, the next fork or `tclone gc` rolls back what it made.
 package hostagent
+
+import (
+	"github.com/tclone/tclone/runtime/branch"
+	"github.com/tclone/tclone/runtime/plan"
+)
+
+// Agent does the host work on the host whose layout it has.
+type Agent struct {
+	Layout plan.Layout
+}
+
+// New is an agent on layout (plan.HostLayout, built by the caller's main).
+func New(layout plan.Layout) *Agent { return &Agent{Layout: layout} }
+
+func (a *Agent) plans() plan.Store { return plan.Store{Layout: a.Layout} }
+
+// Branches is the host's branch store.
+func (a *Agent) Branches() branch.Store { return branch.StoreOf(a.Layout) }

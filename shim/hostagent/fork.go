@@ -32,12 +32,12 @@ import (
 // The call is recorded in the host's plan store while it runs (see package
 // runtime/calls): if this process dies, the next fork or `tclone gc` rolls
 // back what it made. Calls of clients that died are rolled back first.
-func ForkHere(ctx context.Context, source string, opts podmanfork.Options) (*podmanfork.Stats, error) {
+func (a *Agent) ForkHere(ctx context.Context, source string, opts podmanfork.Options) (*podmanfork.Stats, error) {
 	start := time.Now()
 	if err := normalize(&opts); err != nil {
 		return nil, podmanfork.WithKind(podmanfork.ErrInvalidOption, err)
 	}
-	store := plan.DefaultStore()
+	store := a.plans()
 	src, uses, err := prepareSource(ctx, store, source, &opts)
 	if err != nil {
 		return nil, err
@@ -110,6 +110,9 @@ type forker struct {
 	srcID          sourceIdentity
 	identityLimits map[string]string
 	crun           *crun.Runtime
+	// crunRoot is where crun keeps the siblings' state: where it kept
+	// the source's.
+	crunRoot string
 	// volumes is what every sibling gets of the source's mounts.
 	volumes []podmanfork.VolumeUse
 
@@ -337,6 +340,7 @@ func (f *forker) checkpoint(ctx context.Context, archive string) (*plan.Plan, er
 	if err != nil {
 		return nil, fmt.Errorf("capturing %s: %w", f.src.Name, err)
 	}
+	f.crunRoot = p.Source.CrunRoot
 	return p, nil
 }
 

@@ -287,8 +287,8 @@ func TestExplainRestoreError(t *testing.T) {
 // A branch keeps page images: a start that asks for copy-on-write memory
 // is refused before the branch is even looked for, saying what to ask.
 func TestStartBranchRefusesCow(t *testing.T) {
-	t.Setenv("TCLONE_BRANCH_DIR", t.TempDir())
-	_, err := StartBranch(context.Background(), "no-such-branch", podmanfork.Options{Fork: forkopts.Fork{Memory: forkopts.MemoryCow}})
+	a := New(plan.LayoutUnder(t.TempDir()))
+	_, err := a.StartBranch(context.Background(), "no-such-branch", podmanfork.Options{Fork: forkopts.Fork{Memory: forkopts.MemoryCow}})
 	if !errors.Is(err, podmanfork.ErrInvalidOption) || !strings.Contains(err.Error(), "--memory lazy or copy") {
 		t.Fatalf("StartBranch --memory cow: %v", err)
 	}

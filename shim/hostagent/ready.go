@@ -62,10 +62,11 @@ func podmanState(data *define.InspectContainerData) string {
 }
 
 // crunState is crun's own view of the sibling: tclone runs containers as
-// crun containers, so crun's state is the runtime's.
+// crun containers, so crun's state is the runtime's, under the root crun
+// ran the source under (the plan records it).
 func (f *forker) crunState(ctx context.Context, id string) (string, error) {
 	if f.crun == nil {
-		rt, err := crun.Find(crun.Global{})
+		rt, err := crun.Find(crun.Global{Root: f.crunRoot})
 		if err != nil {
 			return "", err
 		}

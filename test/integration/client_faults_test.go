@@ -252,7 +252,7 @@ func requireNoLiveCalls(t *testing.T) {
 func clientDirs(pid int) map[string]calls.DirOwner {
 	out := map[string]calls.DirOwner{}
 	for _, prefix := range calls.TempPrefixes {
-		dirs, _ := filepath.Glob(filepath.Join(calls.TempDir(hostStore), prefix+"*"))
+		dirs, _ := filepath.Glob(filepath.Join(hostStore.TempDir(), prefix+"*"))
 		for _, d := range dirs {
 			data, err := os.ReadFile(filepath.Join(d, calls.OwnerFile))
 			if err != nil {

@@ -14,7 +14,7 @@ import (
 
 // hostStore is the state of the tclone under test: the installed one, at
 // its default layout.
-var hostStore = plan.DefaultStore()
+var hostStore = plan.Store{Layout: plan.DefaultLayout()}
 
 // leftovers lists what tclone keeps on the host for forks in flight (plans,
 // siblings' scratch, journal entries, snapshots); after a finished or

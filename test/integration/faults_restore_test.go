@@ -401,7 +401,7 @@ func gcReport(t *testing.T) gcResult {
 // directory and the plans held for it.
 func clientFiles(t *testing.T, pid int) (dirs, plans []string) {
 	t.Helper()
-	matches, _ := filepath.Glob(filepath.Join(calls.TempDir(hostStore), "tclone-fork-*"))
+	matches, _ := filepath.Glob(filepath.Join(hostStore.TempDir(), "tclone-fork-*"))
 	for _, d := range matches {
 		data, _ := os.ReadFile(filepath.Join(d, calls.OwnerFile))
 		var o calls.DirOwner
@@ -548,7 +548,7 @@ func ownedDir(t *testing.T, live bool) string {
 	}
 	// The collector looks only in the store's temp root, and only at a
 	// directory whose name carries the prefix and a maker's PID.
-	root := calls.TempDir(hostStore)
+	root := hostStore.TempDir()
 	if err := os.MkdirAll(root, 0o700); err != nil {
 		t.Fatal(err)
 	}

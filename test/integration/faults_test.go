@@ -243,8 +243,8 @@ func counterAdvances(t *testing.T, src string) error {
 func forkLeftovers() []string {
 	found := leftovers()
 	for _, pattern := range []string{
-		filepath.Join(calls.TempDir(hostStore), "podman-fork-*"),
-		filepath.Join(calls.TempDir(hostStore), "tclone-fork-*"),
+		filepath.Join(hostStore.TempDir(), "podman-fork-*"),
+		filepath.Join(hostStore.TempDir(), "tclone-fork-*"),
 		// Fork intents, their results and cancellations.
 		filepath.Join(hostStore.IntentsDir(), "*"),
 		// What a killed Podman service was packing or unpacking.

@@ -15,6 +15,7 @@ import (
 
 	"github.com/containers/podman/v5/pkg/bindings"
 
+	"github.com/tclone/tclone/runtime/plan"
 	"github.com/tclone/tclone/shim/hostagent"
 	"github.com/tclone/tclone/shim/podmanfork"
 )
@@ -417,7 +418,7 @@ func TestHostAgentOverPodmansService(t *testing.T) {
 	if !errors.Is(err, podmanfork.ErrNotTcloneService) || !strings.Contains(err.Error(), "tclone service") {
 		t.Fatalf("the light client over Podman's own service: %v, want ErrNotTcloneService naming tclone's service", err)
 	}
-	st, err := hostagent.ForkHere(ctx, src, podmanfork.Options{Count: 2, Ready: podmanfork.Ready{Kind: podmanfork.ReadyExec}})
+	st, err := hostagent.New(plan.DefaultLayout()).ForkHere(ctx, src, podmanfork.Options{Count: 2, Ready: podmanfork.Ready{Kind: podmanfork.ReadyExec}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -433,7 +434,7 @@ func TestHostAgentOverPodmansService(t *testing.T) {
 		}
 	}
 	// All or nothing through the package too: the second hook fails.
-	_, err = hostagent.ForkHere(ctx, src, podmanfork.Options{Count: 2, Names: []string{src + "-g1", src + "-g2"},
+	_, err = hostagent.New(plan.DefaultLayout()).ForkHere(ctx, src, podmanfork.Options{Count: 2, Names: []string{src + "-g1", src + "-g2"},
 		Hooks: []string{`[ "$(hostname)" != "` + src + `-g2" ]`}})
 	if err == nil {
 		t.Fatal("failing hook did not fail the fork")

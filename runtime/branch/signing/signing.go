@@ -1,14 +1,13 @@
 // Package signing signs exported branches and says whom an import trusts.
 //
 // Each host has one ed25519 key, made on its first export and kept
-// root-only (DefaultKeyDir, TCLONE_SIGNING_DIR): the private key in
+// root-only (plan.Layout.Keys): the private key in
 // host.key (0600), its public half in host.pub, in a directory of mode
 // 0700. A public key is written as one line, "tclone-ed25519 BASE64", which
 // is what `podman container branch key` prints and what --trust takes.
 //
 // An import trusts the host's own key, the keys given with --trust, and the
-// keys in the trusted-keys directory (DefaultTrustDir,
-// TCLONE_TRUSTED_KEYS_DIR): one *.pub file a key. That directory and its
+// keys in the trusted-keys directory (plan.Layout.TrustedKeys): one *.pub file a key. That directory and its
 // files must belong to root and be writable by no one else, or none of them
 // is trusted (as sshd treats an authorized_keys file others can write).
 package signing
@@ -33,29 +32,6 @@ import (
 
 // KeyPrefix begins every public key as tclone writes it.
 const KeyPrefix = "tclone-ed25519 "
-
-// Where a host keeps its key and the keys it trusts, unless the
-// environment says otherwise (tests).
-const (
-	DefaultKeyDir   = "/var/lib/tclone/signing"
-	DefaultTrustDir = "/etc/tclone/trusted-keys"
-)
-
-// KeyDir is TCLONE_SIGNING_DIR, else DefaultKeyDir.
-func KeyDir() string {
-	if d := os.Getenv("TCLONE_SIGNING_DIR"); d != "" {
-		return d
-	}
-	return DefaultKeyDir
-}
-
-// TrustDir is TCLONE_TRUSTED_KEYS_DIR, else DefaultTrustDir.
-func TrustDir() string {
-	if d := os.Getenv("TCLONE_TRUSTED_KEYS_DIR"); d != "" {
-		return d
-	}
-	return DefaultTrustDir
-}
 
 // PublicKey is an ed25519 public key.
 type PublicKey ed25519.PublicKey
@@ -205,6 +181,8 @@ type Trust struct {
 	keys map[string]PublicKey // by String()
 	// Sources says where the keys came from, for an error that lists them.
 	Sources []string
+	// Dir is the trusted-keys directory read, if any.
+	Dir string
 }
 
 // Add trusts k, which came from where.
@@ -238,6 +216,7 @@ func HostTrust(keyDir, dir string) (*Trust, error) {
 	if err := t.addDir(dir); err != nil {
 		return nil, err
 	}
+	t.Dir = dir
 	return t, nil
 }
 

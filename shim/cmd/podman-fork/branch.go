@@ -15,6 +15,7 @@ import (
 	"github.com/tclone/tclone/runtime/branch"
 	"github.com/tclone/tclone/runtime/branch/signing"
 	"github.com/tclone/tclone/runtime/buildinfo"
+	"github.com/tclone/tclone/runtime/plan"
 	"github.com/tclone/tclone/shim/forkflags/podmanflags"
 	"github.com/tclone/tclone/shim/hostagent"
 	"github.com/tclone/tclone/shim/podmanfork"
@@ -24,16 +25,17 @@ import (
 // by: the podman wrapper runs it through a link of that name.
 const BranchCommand = "podman-branch"
 
-func newBranchApp() *cli.App {
+func newBranchApp(layout plan.Layout) *cli.App {
 	debug := &cli.BoolFlag{Name: "debug", Usage: "debug output"}
 	return &cli.App{
-		Name:  "podman container branch",
-		Usage: "keep named captures of running containers on disk, and start containers from them",
+		Metadata: map[string]any{layoutKey: layout},
+		Name:     "podman container branch",
+		Usage:    "keep named captures of running containers on disk, and start containers from them",
 		Description: `A branch is a container's whole state at one instant (process tree,
 memory, files, volumes), written to disk after the container runs on.
 Containers started from it begin from that instant, any number of times,
 also after the container is gone or the host rebooted. The container must
-run with --runtime tclone. Branches are kept in ` + branch.DefaultDir + `
+run with --runtime tclone. Branches are kept in ` + plan.DefaultLayout().Branches + `
 (TCLONE_BRANCH_DIR); their memory is stored once for all of them.`,
 		Version: buildinfo.Version,
 		// Branches live on the Podman host, so the command runs there; it
@@ -161,7 +163,7 @@ pullable by its name.`,
 				Usage:        "read a branch from a file or a checkpoint image (--image) written by export; its image must be on this host",
 				ArgsUsage:    "FILE | --image IMAGE",
 				Description: `The archive must be signed by a key this host trusts: its own, one given
-with --trust, or one in ` + signing.DefaultTrustDir + ` (a file KEY.pub a key, root's,
+with --trust, or one in ` + plan.DefaultLayout().TrustedKeys + ` (a file KEY.pub a key, root's,
 writable by root only). An export is signed by its host's key; that host
 prints it with podman container branch key.`,
 				Flags: []cli.Flag{
@@ -235,13 +237,13 @@ func branchCreate(c *cli.Context) error {
 	if notify.f != nil {
 		runnable = notify.runnable
 	}
-	ctx, stop, err := connectTo(c.Context, target{url: c.String("url")}, false)
+	ctx, stop, err := connectTo(c.Context, layoutOf(c), target{url: c.String("url")}, false)
 	if err != nil {
 		notify.failed(err)
 		return err
 	}
 	defer stop()
-	st, err := hostagent.CreateBranch(ctx, c.Args().Get(0), c.Args().Get(1), opts, runnable)
+	st, err := agentOf(c).CreateBranch(ctx, c.Args().Get(0), c.Args().Get(1), opts, runnable)
 	if err != nil {
 		notify.failed(err)
 		return err
@@ -262,7 +264,7 @@ func branchList(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	infos, err := branch.DefaultStore().ListOf(c.Args().First())
+	infos, err := agentOf(c).Branches().ListOf(c.Args().First())
 	if err != nil {
 		return err
 	}
@@ -298,7 +300,7 @@ func branchInspect(c *cli.Context) error {
 	if c.NArg() == 0 {
 		return fmt.Errorf("podman container branch inspect takes one or more branch names or IDs; see --help")
 	}
-	store := branch.DefaultStore()
+	store := agentOf(c).Branches()
 	var out []*branch.Branch
 	for _, ref := range c.Args().Slice() {
 		b, err := store.Get(ref)
@@ -328,12 +330,12 @@ func branchStart(c *cli.Context) error {
 	if err := hostagent.Validate(opts); err != nil {
 		return err
 	}
-	ctx, stop, err := connectTo(c.Context, target{url: c.String("url")}, false)
+	ctx, stop, err := connectTo(c.Context, layoutOf(c), target{url: c.String("url")}, false)
 	if err != nil {
 		return err
 	}
 	defer stop()
-	stats, err := hostagent.StartBranch(ctx, c.Args().First(), opts)
+	stats, err := agentOf(c).StartBranch(ctx, c.Args().First(), opts)
 	if err != nil {
 		return err
 	}
@@ -345,7 +347,7 @@ func branchRemove(c *cli.Context) error {
 	if c.NArg() == 0 {
 		return fmt.Errorf("podman container branch rm takes one or more branch names or IDs; see --help")
 	}
-	rep, err := branch.DefaultStore().Remove(c.Args().Slice()...)
+	rep, err := agentOf(c).Branches().Remove(c.Args().Slice()...)
 	for _, name := range rep.Branches {
 		fmt.Println(name)
 	}
@@ -368,7 +370,7 @@ func branchPrune(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	store := branch.DefaultStore()
+	store := agentOf(c).Branches()
 	plan, err := store.Prune(rule, time.Now(), yes)
 	if err != nil {
 		return err
@@ -407,7 +409,7 @@ func branchDiff(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	d, err := branch.DefaultStore().Compare(c.Args().Get(0), c.Args().Get(1))
+	d, err := agentOf(c).Branches().Compare(c.Args().Get(0), c.Args().Get(1))
 	if err != nil {
 		return err
 	}
@@ -444,7 +446,7 @@ func branchExport(c *cli.Context) error {
 	if c.NArg() != 2 {
 		return fmt.Errorf("podman container branch export takes a branch NAME and a FILE; see --help")
 	}
-	_, err := hostagent.ExportBranchFile(c.Args().Get(0), c.Args().Get(1))
+	_, err := agentOf(c).ExportBranchFile(c.Args().Get(0), c.Args().Get(1))
 	return err
 }
 
@@ -456,12 +458,12 @@ func branchExportImage(c *cli.Context) error {
 	if format != "" && format != "json" {
 		return fmt.Errorf("--format %q: the one format is json", format)
 	}
-	ctx, stop, err := connectTo(c.Context, target{url: c.String("url")}, false)
+	ctx, stop, err := connectTo(c.Context, layoutOf(c), target{url: c.String("url")}, false)
 	if err != nil {
 		return err
 	}
 	defer stop()
-	x, err := hostagent.ExportBranchImage(ctx, c.Args().First(), c.String("image"))
+	x, err := agentOf(c).ExportBranchImage(ctx, c.Args().First(), c.String("image"))
 	if err != nil {
 		return err
 	}
@@ -481,7 +483,7 @@ func branchKey(c *cli.Context) error {
 	if c.NArg() != 0 {
 		return fmt.Errorf("podman container branch key takes no arguments; see --help")
 	}
-	key, err := signing.HostKey(signing.KeyDir())
+	key, err := signing.HostKey(layoutOf(c).Keys)
 	if err != nil {
 		return err
 	}
@@ -502,16 +504,16 @@ func branchImport(c *cli.Context) error {
 		}
 		opts.Trust = append(opts.Trust, k)
 	}
-	ctx, stop, err := connectTo(c.Context, target{url: c.String("url")}, false)
+	ctx, stop, err := connectTo(c.Context, layoutOf(c), target{url: c.String("url")}, false)
 	if err != nil {
 		return err
 	}
 	defer stop()
 	var b *branch.Branch
 	if c.IsSet("image") {
-		b, err = hostagent.ImportBranchImage(ctx, c.String("image"), opts)
+		b, err = agentOf(c).ImportBranchImage(ctx, c.String("image"), opts)
 	} else {
-		b, err = hostagent.ImportBranch(ctx, c.Args().First(), opts)
+		b, err = agentOf(c).ImportBranch(ctx, c.Args().First(), opts)
 	}
 	if err != nil {
 		return err

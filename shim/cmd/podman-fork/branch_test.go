@@ -13,6 +13,7 @@ import (
 	"testing"
 
 	"github.com/tclone/tclone/runtime/branch"
+	"github.com/tclone/tclone/runtime/plan"
 )
 
 // The test binary stands in for the branch writer that `branch create
@@ -25,10 +26,10 @@ func TestMain(m *testing.M) {
 		case "echo": // runnable, with its arguments as the branch's ID
 			fmt.Fprintf(notify, "runnable %s\n", strings.Join(os.Args[1:], " "))
 		case "real": // the real writer, failing to reach Podman
-			connectTo = func(context.Context, target, bool) (context.Context, func(), error) {
+			connectTo = func(context.Context, plan.Layout, target, bool) (context.Context, func(), error) {
 				return nil, nil, errors.New("no Podman\nin this test")
 			}
-			newBranchApp().Run(os.Args)
+			newBranchApp(plan.HostLayout()).Run(os.Args)
 		case "exit":
 			os.Exit(3)
 		case "block": // until killed
@@ -69,9 +70,13 @@ func runBranch(t *testing.T, ctx context.Context, args ...string) error {
 	t.Helper()
 	t.Setenv("TCLONE_BRANCH_DIR", t.TempDir())
 	t.Setenv("TCLONE_SIGNING_DIR", t.TempDir())
-	connectTo = func(context.Context, target, bool) (context.Context, func(), error) { return nil, nil, errReached }
+	connectTo = func(context.Context, plan.Layout, target, bool) (context.Context, func(), error) {
+		return nil, nil, errReached
+	}
 	t.Cleanup(func() { connectTo = connect })
-	app := newBranchApp()
+	// The layout the environment above moves, as a writer started in
+	// the background (TestMain) reads it.
+	app := newBranchApp(plan.HostLayout())
 	app.Writer, app.ErrWriter = io.Discard, io.Discard
 	return app.RunContext(ctx, append([]string{BranchCommand}, args...))
 }

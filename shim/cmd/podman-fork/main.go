@@ -18,6 +18,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/tclone/tclone/runtime/buildinfo"
+	"github.com/tclone/tclone/runtime/plan"
 	"github.com/tclone/tclone/shim/forkflags/podmanflags"
 	"github.com/tclone/tclone/shim/hostagent"
 	"github.com/tclone/tclone/shim/podmanfork"
@@ -27,9 +28,10 @@ func main() {
 	// ^C or a TERM cancels the fork: it rolls back whatever it made, and
 	// a Podman service started for it is stopped, before the command exits.
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
-	app := newApp()
+	layout := plan.HostLayout()
+	app := newApp(layout)
 	if filepath.Base(os.Args[0]) == BranchCommand {
-		app = newBranchApp()
+		app = newBranchApp(layout)
 	}
 	err := app.RunContext(ctx, os.Args)
 	stop()
@@ -39,8 +41,19 @@ func main() {
 	}
 }
 
-func newApp() *cli.App {
+// layoutKey keys the host's layout in the app's Metadata: built once in
+// main, every command reads it there (layoutOf).
+const layoutKey = "layout"
+
+// layoutOf is the host's layout the app was made with.
+func layoutOf(c *cli.Context) plan.Layout { return c.App.Metadata[layoutKey].(plan.Layout) }
+
+// agentOf is the host agent on that layout.
+func agentOf(c *cli.Context) *hostagent.Agent { return hostagent.New(layoutOf(c)) }
+
+func newApp(layout plan.Layout) *cli.App {
 	return &cli.App{
+		Metadata:  map[string]any{layoutKey: layout},
 		Name:      "podman container fork",
 		Usage:     "fork a running container into new sibling containers",
 		UsageText: "podman container fork [options] SOURCE",
@@ -95,12 +108,12 @@ func run(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	ctx, stop, err := connectTo(c.Context, target, c.Bool("private-service"))
+	ctx, stop, err := connectTo(c.Context, layoutOf(c), target, c.Bool("private-service"))
 	if err != nil {
 		return err
 	}
 	defer stop()
-	stats, err := fork(ctx, c.Args().First(), opts)
+	stats, err := fork(ctx, agentOf(c), c.Args().First(), opts)
 	if err != nil {
 		return err
 	}
@@ -110,7 +123,7 @@ func run(c *cli.Context) error {
 // fork asks tclone's API service to fork, when the connection is to it;
 // with Podman's own service, the fork runs here, through the host agent,
 // which needs root on the Podman host.
-func fork(ctx context.Context, source string, opts podmanfork.Options) (*podmanfork.Stats, error) {
+func fork(ctx context.Context, agent *hostagent.Agent, source string, opts podmanfork.Options) (*podmanfork.Stats, error) {
 	remote, err := podmanfork.IsTcloneService(ctx)
 	if err != nil {
 		return nil, err
@@ -118,7 +131,7 @@ func fork(ctx context.Context, source string, opts podmanfork.Options) (*podmanf
 	if remote {
 		return podmanfork.ForkWithStats(ctx, source, opts)
 	}
-	return hostagent.ForkHere(ctx, source, opts)
+	return agent.ForkHere(ctx, source, opts)
 }
 
 // report prints what a call made in one write: the call is over, and a

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"github.com/tclone/tclone/runtime/plan"
+
 	"context"
 	"errors"
 	"io"
@@ -12,7 +14,9 @@ var errReached = errors.New("reached Podman")
 
 // Every bad flag is refused before a connection to Podman is made.
 func TestRefusedBeforePodman(t *testing.T) {
-	connectTo = func(context.Context, target, bool) (context.Context, func(), error) { return nil, nil, errReached }
+	connectTo = func(context.Context, plan.Layout, target, bool) (context.Context, func(), error) {
+		return nil, nil, errReached
+	}
 	defer func() { connectTo = connect }()
 	for _, c := range []struct {
 		args []string
@@ -42,7 +46,7 @@ func TestRefusedBeforePodman(t *testing.T) {
 		{[]string{"src2"}, "exactly one SOURCE"},
 		{[]string{""}, "exactly one SOURCE"},
 	} {
-		app := newApp()
+		app := newApp(plan.LayoutUnder(t.TempDir()))
 		app.Writer, app.ErrWriter = io.Discard, io.Discard
 		err := app.Run(append(append([]string{"podman-fork"}, c.args...), "src"))
 		if c.args[0] == "" {
@@ -52,7 +56,7 @@ func TestRefusedBeforePodman(t *testing.T) {
 			t.Errorf("%v: %v, want an error saying %q", c.args, err, c.want)
 		}
 	}
-	app := newApp()
+	app := newApp(plan.LayoutUnder(t.TempDir()))
 	if err := app.Run([]string{"podman-fork", "--count", "3", "--name", "ok", "-p", "80", "src"}); !errors.Is(err, errReached) {
 		t.Errorf("good flags did not reach Podman: %v", err)
 	}

@@ -7,13 +7,14 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/tclone/tclone/runtime/plan"
 	"github.com/tclone/tclone/shim/podmanfork"
 )
 
 // withForkFlags runs action under `podman container fork`'s flags.
 func withForkFlags(t *testing.T, action cli.ActionFunc, args ...string) {
 	t.Helper()
-	app := newApp()
+	app := newApp(plan.LayoutUnder(t.TempDir()))
 	app.Writer, app.ErrWriter = io.Discard, io.Discard
 	app.Action = action
 	if err := app.Run(append([]string{"podman-fork"}, args...)); err != nil {

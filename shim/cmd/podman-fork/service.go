@@ -58,7 +58,7 @@ func destination(url, connection, identity string) (target, error) {
 // answers it starts a private one for the duration of the command, so
 // `podman container fork` works like any podman command without a running
 // service. private asks for the private service whatever runs.
-func connect(ctx context.Context, t target, private bool) (context.Context, func(), error) {
+func connect(ctx context.Context, layout plan.Layout, t target, private bool) (context.Context, func(), error) {
 	if t.url != "" {
 		conn, err := bindings.NewConnectionWithIdentity(ctx, t.url, t.identity, false)
 		if err != nil && strings.HasPrefix(t.url, "ssh://") && strings.Contains(err.Error(), "open failed") {
@@ -76,7 +76,7 @@ func connect(ctx context.Context, t target, private bool) (context.Context, func
 			return conn, func() {}, nil
 		}
 	}
-	return privateService(ctx)
+	return privateService(ctx, layout)
 }
 
 func answers(socket string) bool {
@@ -88,14 +88,14 @@ func answers(socket string) bool {
 	return true
 }
 
-func privateService(ctx context.Context) (context.Context, func(), error) {
-	podman, err := realPodman()
+func privateService(ctx context.Context, layout plan.Layout) (context.Context, func(), error) {
+	podman, err := realPodman(layout)
 	if err != nil {
 		return nil, nil, err
 	}
 	// The directory names its owner, so that if this process is killed a
 	// later fork or tclone gc can tell it was left behind.
-	dir, err := calls.MkdirTemp(plan.DefaultStore(), "podman-fork-")
+	dir, err := calls.MkdirTemp(plan.Store{Layout: layout}, "podman-fork-")
 	if err != nil {
 		return nil, nil, err
 	}
@@ -205,9 +205,9 @@ func (s *service) stop() {
 
 // realPodman finds the podman binary itself, not the tclone wrapper that
 // forwards `podman container fork` here.
-func realPodman() (string, error) {
-	if st, err := os.Stat("/usr/bin/podman"); err == nil && !st.IsDir() {
-		return "/usr/bin/podman", nil
+func realPodman(layout plan.Layout) (string, error) {
+	if st, err := os.Stat(layout.Podman); err == nil && !st.IsDir() {
+		return layout.Podman, nil
 	}
-	return "", fmt.Errorf("podman not found at /usr/bin/podman; install Podman 5 (hack/setup-host.sh does)")
+	return "", fmt.Errorf("podman not found at %s; install Podman 5 (hack/setup-host.sh does)", layout.Podman)
 }

@@ -9,11 +9,13 @@ import (
 	"os"
 
 	"github.com/sirupsen/logrus"
+
+	"github.com/tclone/tclone/runtime/plan"
 )
 
 func main() {
 	logrus.SetOutput(os.Stderr)
-	if err := newApp().Run(os.Args); err != nil {
+	if err := newApp(plan.HostLayout()).Run(os.Args); err != nil {
 		logrus.Error(err.Error())
 		os.Exit(1)
 	}

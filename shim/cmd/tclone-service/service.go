@@ -21,15 +21,16 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/tclone/tclone/runtime/buildinfo"
+	"github.com/tclone/tclone/runtime/plan"
 	"github.com/tclone/tclone/shim/apiservice"
+	"github.com/tclone/tclone/shim/hostagent"
 )
 
-// DefaultServiceURL is where `tclone service` listens by default.
-const DefaultServiceURL = "unix:///run/tclone/tclone.sock"
-
-// newApp is `tclone service`, which tclone's verb of that name runs.
-func newApp() *cli.App {
+// newApp is `tclone service`, which tclone's verb of that name runs, on
+// the host's layout.
+func newApp(layout plan.Layout) *cli.App {
 	return &cli.App{
+		Metadata:  map[string]any{layoutKey: layout},
 		Name:      "tclone service",
 		Usage:     "serve Podman's API with the fork and branch endpoints added, for REST clients local or remote",
 		Version:   buildinfo.Version,
@@ -62,7 +63,7 @@ ssh://USER@HOST/run/tclone/tclone.sock for a user allowed on the socket
 (--group). On TERM it takes no new fork and lets the forks under way finish
 (or, past --shutdown-grace, cancels them: they roll back), then exits.`,
 		Flags: []cli.Flag{
-			&cli.StringFlag{Name: "url", Value: DefaultServiceURL, Usage: "where to listen: unix:///PATH or tcp://HOST:PORT (tcp has no authentication: bind it to loopback)"},
+			&cli.StringFlag{Name: "url", Value: "unix://" + layout.ServiceSocket(), Usage: "where to listen: unix:///PATH or tcp://HOST:PORT (tcp has no authentication: bind it to loopback)"},
 			&cli.StringFlag{Name: "podman-url", Value: "unix:///run/podman/podman.sock", Usage: "Podman's API service (a unix socket); it must restore with tclone"},
 			&cli.StringFlag{Name: "group", Usage: "group allowed on the unix socket besides root (mode 0660)"},
 			&cli.DurationFlag{Name: "shutdown-grace", Value: 2 * time.Minute, Usage: "on TERM, how long forks under way may take before they are cancelled and rolled back"},
@@ -94,7 +95,7 @@ func runService(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	svc := apiservice.New(podman, buildinfo.Version)
+	svc := apiservice.New(hostagent.New(layoutOf(c)), podman, buildinfo.Version)
 	srv := &http.Server{Handler: svc, ReadHeaderTimeout: 30 * time.Second}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
@@ -242,3 +243,10 @@ func unixPath(raw string) (string, error) {
 	}
 	return path, nil
 }
+
+// layoutKey keys the host's layout in the app's Metadata: built once in
+// main, read there (layoutOf).
+const layoutKey = "layout"
+
+// layoutOf is the host's layout the app was made with.
+func layoutOf(c *cli.Context) plan.Layout { return c.App.Metadata[layoutKey].(plan.Layout) }

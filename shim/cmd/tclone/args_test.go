@@ -10,6 +10,7 @@ import (
 
 	"github.com/tclone/tclone/runtime/crun"
 	"github.com/tclone/tclone/runtime/forkopts"
+	"github.com/tclone/tclone/runtime/plan"
 	"github.com/tclone/tclone/shim/forkflags"
 )
 
@@ -131,7 +132,7 @@ func TestDelegatedVerbsSkipFlagParsing(t *testing.T) {
 }
 
 func TestGlobalFlagsReachCrun(t *testing.T) {
-	app := newApp()
+	app := newApp(plan.LayoutUnder(t.TempDir()))
 	var g crun.Global
 	app.Before = nil
 	app.Commands = []*cli.Command{{Name: "state", Action: func(c *cli.Context) error { g = globalOptions(c); return nil }}}

@@ -9,7 +9,6 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/tclone/tclone/runtime/crun"
-	"github.com/tclone/tclone/runtime/fork"
 	"github.com/tclone/tclone/runtime/forkopts"
 	"github.com/tclone/tclone/shim/forkflags"
 )
@@ -32,7 +31,7 @@ var checkpointCommand = &cli.Command{
 		if err != nil {
 			return err
 		}
-		eng := fork.NewEngine(rt)
+		eng := engineOf(c, rt)
 		if !c.Bool("pre-dump") {
 			// Podman's stop of the call (SIGTERM) or a ^C stops CRIU at
 			// once: the source runs on and the capture is undone. A fork

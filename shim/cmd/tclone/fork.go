@@ -55,7 +55,7 @@ With --plan-only, only the capture is made; its directory is printed and
 		if !c.Bool("plan-only") && len(forkflags.Given(c, opts, forkflags.InGroups(forkflags.GroupPlan))) > 0 {
 			return fmt.Errorf("--uses and --ttl apply to --plan-only: a plain fork's plan serves its one sibling")
 		}
-		eng := fork.NewEngine(rt)
+		eng := engineOf(c, rt)
 		if c.Bool("plan-only") {
 			if c.NArg() != 1 {
 				return fmt.Errorf("fork --plan-only takes exactly one argument, SOURCE")

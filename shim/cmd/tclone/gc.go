@@ -38,7 +38,7 @@ crash to clean up at once. Prints what it removed as JSON.`,
 		if err != nil {
 			return err
 		}
-		engine := fork.NewEngine(rt)
+		engine := engineOf(c, rt)
 		r, err := engine.Recover(c.Context)
 		if r == nil {
 			return err
@@ -49,7 +49,7 @@ crash to clean up at once. Prints what it removed as JSON.`,
 		if calls != nil && len(calls.Kept) > 0 {
 			logrus.Warnf("kept %d fork calls of Kubernetes forks for a later gc: their CRI runtime is not reachable (%s)", len(calls.Kept), strings.Join(calls.Kept, "; "))
 		}
-		branches, berr := branch.DefaultStore().Collect()
+		branches, berr := branch.StoreOf(layoutOf(c)).Collect()
 		if perr := printJSON(gcReport{Recovered: r, Calls: calls, Branches: &branches}); perr != nil {
 			return perr
 		}

@@ -66,7 +66,7 @@ func kubeFork(c *cli.Context) error {
 	res, err := kubefork.Fork(ctx, target, kubefork.Options{
 		Namespace: c.String("namespace"), Count: c.Int("count"), Name: c.String("name"), Fork: f,
 		ReadyTimeout: c.Duration("ready-timeout"), Crictl: c.String("crictl"), Endpoint: c.String("runtime-endpoint"),
-		Store: plan.DefaultStore(),
+		Store: plan.Store{Layout: layoutOf(c)},
 	})
 	if err != nil {
 		return err

@@ -14,6 +14,7 @@ import (
 	"github.com/tclone/tclone/runtime/crun"
 	"github.com/tclone/tclone/runtime/fork"
 	"github.com/tclone/tclone/runtime/lazy"
+	"github.com/tclone/tclone/runtime/plan"
 )
 
 const usage = `an OCI runtime that forks running containers
@@ -32,13 +33,24 @@ func main() {
 	fork.RunKSMSettleIfAsked()
 	lazy.RunDaemonIfAsked()
 	lazy.RunShareHookIfAsked()
-	if err := newApp().Run(os.Args); err != nil {
+	if err := newApp(plan.HostLayout()).Run(os.Args); err != nil {
 		fatal(err)
 	}
 }
 
-func newApp() *cli.App {
+// layoutKey keys the host's layout in the app's Metadata: built once in
+// main, every command reads it there (layoutOf).
+const layoutKey = "layout"
+
+// layoutOf is the host's layout the app was made with.
+func layoutOf(c *cli.Context) plan.Layout { return c.App.Metadata[layoutKey].(plan.Layout) }
+
+// engineOf is the fork engine of this call: its crun, the host's layout.
+func engineOf(c *cli.Context, rt *crun.Runtime) *fork.Engine { return fork.NewEngine(rt, layoutOf(c)) }
+
+func newApp(layout plan.Layout) *cli.App {
 	app := &cli.App{
+		Metadata:               map[string]any{layoutKey: layout},
 		Name:                   "tclone",
 		Usage:                  usage,
 		Version:                buildinfo.Version,

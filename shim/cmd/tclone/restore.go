@@ -45,7 +45,7 @@ var restoreCommand = &cli.Command{
 		if err != nil {
 			return err
 		}
-		eng := fork.NewEngine(rt)
+		eng := engineOf(c, rt)
 		planDir, err := eng.PlanDirFor(c.String("image-path"))
 		if err != nil {
 			return err
