@@ -191,6 +191,17 @@ func usageError(_ *cli.Context, err error, _ bool) error {
 	return fmt.Errorf("%w; see --help", err)
 }
 
+// begin starts a branch command that prints in --format: debug output as
+// asked, its arguments counted (ok says whether their number is right;
+// takes says what the command takes), and --format read.
+func begin(c *cli.Context, ok func(n int) bool, takes string) (format string, err error) {
+	setDebug(c)
+	if !ok(c.NArg()) {
+		return "", fmt.Errorf("podman container branch %s takes %s; see --help", c.Command.Name, takes)
+	}
+	return readFormat(c)
+}
+
 func setDebug(c *cli.Context) {
 	if c.Bool("debug") {
 		logrus.SetLevel(logrus.DebugLevel)
@@ -256,11 +267,7 @@ func branchCreate(c *cli.Context) error {
 }
 
 func branchList(c *cli.Context) error {
-	setDebug(c)
-	if c.NArg() > 1 {
-		return fmt.Errorf("podman container branch ls takes at most one SOURCE; see --help")
-	}
-	format, err := readFormat(c)
+	format, err := begin(c, func(n int) bool { return n <= 1 }, "at most one SOURCE")
 	if err != nil {
 		return err
 	}
@@ -314,11 +321,7 @@ func branchInspect(c *cli.Context) error {
 }
 
 func branchStart(c *cli.Context) error {
-	setDebug(c)
-	if c.NArg() != 1 {
-		return fmt.Errorf("podman container branch start takes exactly one branch NAME; see --help")
-	}
-	if _, err := readFormat(c); err != nil {
+	if _, err := begin(c, func(n int) bool { return n == 1 }, "exactly one branch NAME"); err != nil {
 		return err
 	}
 	opts, err := podmanflags.ReadBranchStart(c)
@@ -358,11 +361,7 @@ func branchRemove(c *cli.Context) error {
 }
 
 func branchPrune(c *cli.Context) error {
-	setDebug(c)
-	if c.NArg() != 0 {
-		return fmt.Errorf("podman container branch prune takes no arguments (select with --source and --name-prefix); see --help")
-	}
-	format, err := readFormat(c)
+	format, err := begin(c, func(n int) bool { return n == 0 }, "no arguments (select with --source and --name-prefix)")
 	if err != nil {
 		return err
 	}
@@ -401,11 +400,7 @@ func branchPrune(c *cli.Context) error {
 }
 
 func branchDiff(c *cli.Context) error {
-	setDebug(c)
-	if c.NArg() != 2 {
-		return fmt.Errorf("podman container branch diff takes two branches, A and B; see --help")
-	}
-	format, err := readFormat(c)
+	format, err := begin(c, func(n int) bool { return n == 2 }, "two branches, A and B")
 	if err != nil {
 		return err
 	}
