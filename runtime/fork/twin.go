@@ -20,9 +20,9 @@ import (
 	"github.com/tclone/tclone/runtime/cgroups"
 	"github.com/tclone/tclone/runtime/criucheck"
 	"github.com/tclone/tclone/runtime/forkopts"
-	"github.com/tclone/tclone/runtime/internal/procfs"
 	"github.com/tclone/tclone/runtime/lazy"
 	"github.com/tclone/tclone/runtime/plan"
+	"github.com/tclone/tclone/runtime/procfs"
 )
 
 // A twin capture (forkopts.MemoryTwin): copy-on-write memory without the

@@ -20,9 +20,9 @@ import (
 	"github.com/tclone/tclone/runtime/cgroups"
 	"github.com/tclone/tclone/runtime/crun"
 	"github.com/tclone/tclone/runtime/internal/fds"
-	"github.com/tclone/tclone/runtime/internal/procfs"
 	"github.com/tclone/tclone/runtime/journal"
 	"github.com/tclone/tclone/runtime/plan"
+	"github.com/tclone/tclone/runtime/procfs"
 )
 
 // RestoreWatchCommand is the hidden argv[1] under which the tclone binary

@@ -15,7 +15,7 @@ import (
 	"github.com/tclone/tclone/runtime/cgroups"
 	"github.com/tclone/tclone/runtime/internal/atomicfile"
 	"github.com/tclone/tclone/runtime/internal/inject"
-	"github.com/tclone/tclone/runtime/internal/procfs"
+	"github.com/tclone/tclone/runtime/procfs"
 )
 
 // A twin plan's daemon holds the twins (criuhooks.Twin) of the source's
