@@ -2,9 +2,7 @@ package main
 
 import (
 	"errors"
-	"os"
 	"slices"
-	"strings"
 
 	"github.com/urfave/cli/v2"
 
@@ -53,10 +51,6 @@ var checkpointCommand = &cli.Command{
 		if err != nil {
 			return err
 		}
-		for _, kv := range check.Env() {
-			k, v, _ := strings.Cut(kv, "=")
-			os.Setenv(k, v)
-		}
 		capture, err := forkflags.ReadCapture(c)
 		if err != nil {
 			return err
@@ -64,7 +58,8 @@ var checkpointCommand = &cli.Command{
 		if err := eng.WaitTwinsGone(c.Context, id); err != nil {
 			return err
 		}
-		return rt.Exec("checkpoint", append(crunCheckpointArgs(c, capture), id))
+		// crun's CRIU inherits the environment CRIU needs here.
+		return rt.Exec("checkpoint", append(crunCheckpointArgs(c, capture), id), check.Env())
 	},
 }
 
