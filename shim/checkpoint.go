@@ -7,7 +7,6 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/tclone/tclone/runtime/crun"
-	"github.com/tclone/tclone/runtime/fork"
 	"github.com/tclone/tclone/runtime/forkopts"
 	"github.com/tclone/tclone/shim/forkflags"
 )
@@ -26,11 +25,10 @@ var checkpointCommand = &cli.Command{
 		&cli.StringFlag{Name: "manage-cgroups-mode", Usage: "cgroups mode: soft, ignore, full or strict"},
 	}, forkflags.CrunCapture(), runcCheckpointFlags),
 	Action: func(c *cli.Context) error {
-		id, rt, err := checkpointVerb(c, "CONTAINER")
+		id, eng, err := checkpointVerb(c, "CONTAINER")
 		if err != nil {
 			return err
 		}
-		eng := fork.NewEngine(rt)
 		if !c.Bool("pre-dump") {
 			// Podman's stop of the call (SIGTERM) or a ^C stops CRIU at
 			// once: the source runs on and the capture is undone. A fork
@@ -59,7 +57,7 @@ var checkpointCommand = &cli.Command{
 			return err
 		}
 		// crun's CRIU inherits the environment CRIU needs here.
-		return rt.Exec("checkpoint", append(crunCheckpointArgs(c, capture), id), check.Env())
+		return eng.Crun.Exec("checkpoint", append(crunCheckpointArgs(c, capture), id), check.Env())
 	},
 }
 
