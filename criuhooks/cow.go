@@ -14,6 +14,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/tclone/tclone/kernel/cherrypick"
+	"github.com/tclone/tclone/runtime/procfs"
 )
 
 // A copy-on-write capture: CRIU dumps everything but the memory it could
@@ -90,9 +91,9 @@ type Task struct {
 // each with the pid CRIU's images give it: its pid in the root's PID
 // namespace. The tree must not change meanwhile (it is frozen).
 func TreeTasks(root int) ([]Task, error) {
-	rootNS, err := nsPids(root)
+	rootNS, err := procfs.NSpid(root)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("process %d of the dumped tree: %w", root, err)
 	}
 	level := len(rootNS) - 1
 	var tasks []Task
@@ -105,9 +106,9 @@ func TreeTasks(root int) ([]Task, error) {
 			continue
 		}
 		seen[pid] = true
-		ns, err := nsPids(pid)
+		ns, err := procfs.NSpid(pid)
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("process %d of the dumped tree: %w", pid, err)
 		}
 		if len(ns) <= level {
 			return nil, fmt.Errorf("process %d of the tree of %d is outside its PID namespace", pid, root)
@@ -122,47 +123,16 @@ func TreeTasks(root int) ([]Task, error) {
 	return tasks, nil
 }
 
-// nsPids is NSpid of /proc/PID/status: the pid in each PID namespace from
-// the outermost in.
-func nsPids(pid int) ([]int, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return nil, fmt.Errorf("process %d of the dumped tree: %w", pid, err)
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if rest, ok := strings.CutPrefix(line, "NSpid:"); ok {
-			var out []int
-			for _, f := range strings.Fields(rest) {
-				n, err := strconv.Atoi(f)
-				if err != nil {
-					return nil, fmt.Errorf("process %d: NSpid %q", pid, rest)
-				}
-				out = append(out, n)
-			}
-			if len(out) > 0 {
-				return out, nil
-			}
-		}
-	}
-	return nil, fmt.Errorf("process %d: no NSpid in its status", pid)
-}
-
 // childrenOf lists the children of every thread of pid.
 func childrenOf(pid int) ([]int, error) {
-	threads, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	threads, err := procfs.Threads(pid)
 	if err != nil {
 		return nil, fmt.Errorf("process %d of the dumped tree: %w", pid, err)
 	}
 	var kids []int
-	for _, t := range threads {
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/children", pid, t.Name()))
-		if err != nil {
-			continue // the thread exited
-		}
-		for _, f := range strings.Fields(string(b)) {
-			if n, err := strconv.Atoi(f); err == nil {
-				kids = append(kids, n)
-			}
+	for _, tid := range threads {
+		if k, err := procfs.TaskChildren(pid, tid); err == nil { // else the thread exited
+			kids = append(kids, k...)
 		}
 	}
 	return kids, nil

@@ -1,22 +1,27 @@
-// Package criuhooks drives CRIU through go-criu's swrk RPC and implements the
-// notification callbacks tclone needs at CRIU's phase boundaries. It holds no
-// global state: each call gets its options and its hooks.
+// Package criuhooks drives CRIU through its swrk RPC (go-criu's messages)
+// and implements the notification callbacks tclone needs at CRIU's phase
+// boundaries. It holds no global state: each call gets its options, its
+// environment and its hooks.
 package criuhooks
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
-	"path/filepath"
-	"strconv"
+	"os/exec"
 	"strings"
-	"syscall"
 	"time"
 
 	criu "github.com/checkpoint-restore/go-criu/v7"
 	"github.com/checkpoint-restore/go-criu/v7/rpc"
+	"golang.org/x/sys/unix"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/tclone/tclone/runtime/procfs"
 )
 
 // Error is a failed CRIU operation, with the lines of CRIU's log that say why.
@@ -75,25 +80,24 @@ type Request struct {
 
 // Dump runs a CRIU dump with the given hooks.
 func Dump(ctx context.Context, req Request, hooks criu.Notify) error {
-	return run(ctx, "dump", req, func(c *criu.Criu) error { return c.Dump(req.Opts, namedHooks{hooks}) })
+	return run(ctx, "dump", req, &rpc.CriuReq{Type: rpc.CriuReqType_DUMP.Enum(), Opts: req.Opts}, namedHooks{hooks})
 }
 
-func run(ctx context.Context, op string, req Request, call func(*criu.Criu) error) error {
-	c := criu.MakeCriu()
-	if req.CriuPath != "" {
-		c.SetCriuPath(req.CriuPath)
-	}
-	restoreEnv := setEnv(req.Env)
-	defer restoreEnv()
-
+func run(ctx context.Context, op string, req Request, call *rpc.CriuReq, hooks criu.Notify) error {
 	if req.Timeout > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, req.Timeout)
 		defer cancel()
 	}
-	before := childPids()
+	s, err := startSwrk(criuPath(req), req.Env, nil)
+	if err != nil {
+		return &Error{Op: op, Err: err, Reasons: LogErrors(req.LogPath), LogPath: req.LogPath}
+	}
 	done := make(chan error, 1)
-	go func() { done <- call(c) }()
+	go func() {
+		_, err := s.call(call, hooks)
+		done <- s.finish(err)
+	}()
 
 	select {
 	case err := <-done:
@@ -105,7 +109,7 @@ func run(ctx context.Context, op string, req Request, call func(*criu.Criu) erro
 		if req.OnTimeout != nil {
 			req.OnTimeout()
 		}
-		killNewChildren(before, filepath.Base(criuPath(req)))
+		s.cmd.Process.Kill()
 		err := <-done
 		cause := ctx.Err()
 		if errors.Is(cause, context.DeadlineExceeded) {
@@ -128,73 +132,186 @@ func criuPath(req Request) string {
 	return "criu"
 }
 
-// setEnv applies env for the criu child go-criu is about to start (it
-// inherits ours) and returns a function that undoes it.
-func setEnv(env []string) func() {
-	var undo []func()
-	for _, kv := range env {
-		k, v, _ := strings.Cut(kv, "=")
-		old, had := os.LookupEnv(k)
-		os.Setenv(k, v)
-		undo = append(undo, func() {
-			if had {
-				os.Setenv(k, old)
-			} else {
-				os.Unsetenv(k)
-			}
-		})
+// Version asks the criu at path for its version, with env added to its
+// environment.
+func Version(ctx context.Context, path string, env []string) (*rpc.CriuVersion, error) {
+	resp, err := ask(ctx, path, env, &rpc.CriuReq{Type: rpc.CriuReqType_VERSION.Enum()})
+	if err == nil && resp.GetVersion() == nil {
+		err = errors.New("criu's answer to a version request holds no version")
 	}
-	return func() {
-		for _, u := range undo {
-			u()
+	return resp.GetVersion(), err
+}
+
+// Features asks the criu at path which of the features set in want this
+// CRIU can use on this kernel, with env added to its environment. Those
+// asked about are set in the answer, true or false. (go-criu v7's
+// FeatureCheck returns the features asked about, not CRIU's answer.)
+func Features(ctx context.Context, path string, env []string, want *rpc.CriuFeatures) (*rpc.CriuFeatures, error) {
+	resp, err := ask(ctx, path, env, &rpc.CriuReq{Type: rpc.CriuReqType_FEATURE_CHECK.Enum(), Features: want})
+	if err == nil && resp.GetFeatures() == nil {
+		err = errors.New("criu's answer to a feature check holds no features")
+	}
+	return resp.GetFeatures(), err
+}
+
+// ask makes one request of a criu swrk of its own, which ctx's end kills.
+// The error of a failed request ends with what criu wrote to its standard
+// error (a missing library, say).
+func ask(ctx context.Context, path string, env []string, req *rpc.CriuReq) (*rpc.CriuResp, error) {
+	var stderr bytes.Buffer
+	s, err := startSwrk(path, env, &stderr)
+	if err != nil {
+		return nil, err
+	}
+	stop := context.AfterFunc(ctx, func() { s.cmd.Process.Kill() })
+	resp, err := s.call(req, nil)
+	stop()
+	if err = s.finish(err); err != nil {
+		if ctx.Err() != nil {
+			err = fmt.Errorf("%w (%v)", ctx.Err(), err)
 		}
+		if out := strings.TrimSpace(stderr.String()); out != "" {
+			err = fmt.Errorf("%w: %s", err, out)
+		}
+		return nil, err
+	}
+	return resp, nil
+}
+
+// swrk is a criu process serving CRIU's RPC on a socket of its own
+// (`criu swrk FD`): tclone's way to run CRIU, one call per process.
+// tclone starts it itself rather than through go-criu's Criu, which
+// starts criu with tclone's own environment only: so each call gives criu
+// an environment of its own, and a call that runs out of time kills the
+// very process it started.
+type swrk struct {
+	cmd *exec.Cmd
+	sk  *os.File
+}
+
+// startSwrk starts criu swrk, with env added to (or replacing variables
+// of) tclone's environment, and its standard error to stderr (nil: none).
+func startSwrk(path string, env []string, stderr io.Writer) (*swrk, error) {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("a socket for criu: %w", err)
+	}
+	sk, peer := os.NewFile(uintptr(fds[0]), "criu-swrk"), os.NewFile(uintptr(fds[1]), "criu-swrk-peer")
+	defer peer.Close()
+	// criu serves the socket it gets as descriptor 3, the first of
+	// ExtraFiles.
+	cmd := exec.Command(path, "swrk", "3")
+	cmd.ExtraFiles = []*os.File{peer}
+	cmd.Env = append(os.Environ(), env...)
+	cmd.Stderr = stderr
+	if err := cmd.Start(); err != nil {
+		sk.Close()
+		return nil, err
+	}
+	return &swrk{cmd: cmd, sk: sk}, nil
+}
+
+// call sends req, answers the notifications CRIU sends meanwhile with
+// hooks (nil: a notification is an error), and returns CRIU's answer. An
+// answer of another type than req's, or one that says the request failed,
+// is an error; so is a hook's error, which is CRIU's as well: the hook is
+// not answered, and CRIU stops once finish closes the socket.
+func (s *swrk) call(req *rpc.CriuReq, hooks criu.Notify) (*rpc.CriuResp, error) {
+	if hooks != nil {
+		req.Opts.NotifyScripts = proto.Bool(true)
+	}
+	// CRIU's answers are a few hundred bytes; a datagram larger than the
+	// buffer would be cut, and fail to decode.
+	buf := make([]byte, 64<<10)
+	typ := req.GetType()
+	for {
+		msg, err := proto.Marshal(req)
+		if err != nil {
+			return nil, err
+		}
+		if _, err := s.sk.Write(msg); err != nil {
+			return nil, fmt.Errorf("sending criu a %s request: %w", typ, err)
+		}
+		n, err := s.sk.Read(buf)
+		if err != nil {
+			return nil, fmt.Errorf("reading criu's answer to a %s request: %w", typ, err)
+		}
+		resp := &rpc.CriuResp{}
+		if err := proto.Unmarshal(buf[:n], resp); err != nil {
+			return nil, fmt.Errorf("decoding criu's answer to a %s request: %w", typ, err)
+		}
+		if !resp.GetSuccess() {
+			return resp, fmt.Errorf("criu's %s failed: %q (errno %d)", typ, resp.GetCrErrmsg(), resp.GetCrErrno())
+		}
+		if resp.GetType() != rpc.CriuReqType_NOTIFY {
+			if resp.GetType() != typ {
+				return resp, fmt.Errorf("criu answered a %s request with a %s answer", typ, resp.GetType())
+			}
+			return resp, nil
+		}
+		if hooks == nil {
+			return resp, fmt.Errorf("criu sent a %s notification during a %s request", resp.GetNotify().GetScript(), typ)
+		}
+		if err := notify(hooks, resp.GetNotify()); err != nil {
+			return resp, err
+		}
+		req = &rpc.CriuReq{Type: rpc.CriuReqType_NOTIFY.Enum(), NotifySuccess: proto.Bool(true)}
 	}
 }
 
-// childPids lists this process's direct children.
-func childPids() map[int]bool {
-	pids := map[int]bool{}
-	tasks, _ := os.ReadDir("/proc/self/task")
-	for _, t := range tasks {
-		data, err := os.ReadFile(filepath.Join("/proc/self/task", t.Name(), "children"))
-		if err != nil {
-			continue
-		}
-		for _, f := range strings.Fields(string(data)) {
-			if pid, err := strconv.Atoi(f); err == nil {
-				pids[pid] = true
-			}
-		}
+// notify runs the hook CRIU's notification n names; one tclone has no hook
+// for succeeds.
+func notify(hooks criu.Notify, n *rpc.CriuNotify) error {
+	switch n.GetScript() {
+	case "pre-dump":
+		return hooks.PreDump()
+	case "post-dump":
+		return hooks.PostDump()
+	case "pre-restore":
+		return hooks.PreRestore()
+	case "post-restore":
+		return hooks.PostRestore(n.GetPid())
+	case "network-lock":
+		return hooks.NetworkLock()
+	case "network-unlock":
+		return hooks.NetworkUnlock()
+	case "setup-namespaces":
+		return hooks.SetupNamespaces(n.GetPid())
+	case "post-setup-namespaces":
+		return hooks.PostSetupNamespaces()
+	case "post-resume":
+		return hooks.PostResume()
 	}
-	return pids
+	return nil
+}
+
+// finish closes tclone's end of the socket, which ends criu's service,
+// and waits for criu to exit. It returns err, the call's error, with how
+// criu ended if that went wrong too.
+func (s *swrk) finish(err error) error {
+	s.sk.Close()
+	werr := s.cmd.Wait()
+	if werr != nil {
+		werr = fmt.Errorf("criu swrk: %w", werr)
+	}
+	switch {
+	case err == nil:
+		return werr
+	case werr == nil:
+		return err
+	}
+	return fmt.Errorf("%w (%v)", err, werr)
 }
 
 // criuChild finds the criu process serving the current call: the child of
 // this process running criu. tclone runs one CRIU call at a time.
 func criuChild() (int, error) {
-	for pid := range childPids() {
-		data, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
-		if err == nil && strings.TrimSpace(string(data)) == "criu" {
+	for _, pid := range procfs.Children(os.Getpid()) {
+		if st, err := procfs.ReadStat(pid); err == nil && st.Comm == "criu" {
 			return pid, nil
 		}
 	}
 	return 0, errors.New("cannot find the criu process of this call")
-}
-
-// killNewChildren kills the criu process go-criu started for this call. go-criu
-// does not expose it, so it is found as the child that appeared since the call
-// began and runs the criu binary.
-func killNewChildren(before map[int]bool, comm string) {
-	for pid := range childPids() {
-		if before[pid] {
-			continue
-		}
-		data, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
-		if err != nil || strings.TrimSpace(string(data)) != comm {
-			continue
-		}
-		syscall.Kill(pid, syscall.SIGKILL)
-	}
 }
 
 // LogErrors returns the "Error" lines of a CRIU log, the last few of them,

@@ -3,12 +3,16 @@ package criuhooks
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/checkpoint-restore/go-criu/v7/rpc"
+	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -39,5 +43,116 @@ func TestTimeoutKillsCriuAndCallsOnTimeout(t *testing.T) {
 	}
 	if pid, err := criuChild(); err == nil {
 		t.Fatalf("criu process %d still running", pid)
+	}
+}
+
+// The criu process gets Request.Env in its environment, over tclone's
+// variables of the same name, and tclone's own environment stays as it was.
+func TestEnvIsTheCallsOnly(t *testing.T) {
+	dir := t.TempDir()
+	fake, seen := filepath.Join(dir, "criu"), filepath.Join(dir, "env")
+	os.WriteFile(fake, []byte("#!/bin/sh\nenv >"+seen+"\n"), 0o755)
+	t.Setenv("CRIU_FAULT", "1")
+	err := Dump(context.Background(), Request{
+		CriuPath: fake,
+		Env:      []string{"CRIU_FAULT=130", "TCLONE_TEST_ENV=x"},
+		Opts:     &rpc.CriuOpts{ImagesDirFd: proto.Int32(-1), ImagesDir: proto.String(dir)},
+	}, nil)
+	if err == nil {
+		t.Fatal("a criu that exits without answering succeeded")
+	}
+	env, rerr := os.ReadFile(seen)
+	if rerr != nil {
+		t.Fatal(rerr)
+	}
+	var got []string
+	for _, kv := range strings.Split(string(env), "\n") {
+		if strings.HasPrefix(kv, "CRIU_FAULT=") || strings.HasPrefix(kv, "TCLONE_TEST_ENV=") {
+			got = append(got, kv)
+		}
+	}
+	slices.Sort(got)
+	if !slices.Equal(got, []string{"CRIU_FAULT=130", "TCLONE_TEST_ENV=x"}) {
+		t.Errorf("criu's environment has %q", got)
+	}
+	if v := os.Getenv("CRIU_FAULT"); v != "1" {
+		t.Errorf("tclone's CRIU_FAULT is %q after the call", v)
+	}
+	if v, ok := os.LookupEnv("TCLONE_TEST_ENV"); ok {
+		t.Errorf("tclone's environment has TCLONE_TEST_ENV=%s after the call", v)
+	}
+}
+
+// A call answers CRIU's notifications through its hooks until CRIU's
+// answer; a hook's error ends it, unanswered.
+func TestCallRunsHooks(t *testing.T) {
+	for _, failing := range []bool{false, true} {
+		fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sk, peer := os.NewFile(uintptr(fds[0]), "sk"), os.NewFile(uintptr(fds[1]), "peer")
+		// peer plays CRIU: a dump that notifies pre-dump and post-dump.
+		served := make(chan []string, 1)
+		go func() {
+			defer peer.Close()
+			var got []string
+			buf := make([]byte, 4096)
+			send := func(resp *rpc.CriuResp) bool {
+				b, _ := proto.Marshal(resp)
+				if _, err := peer.Write(b); err != nil {
+					return false
+				}
+				n, err := peer.Read(buf)
+				if err != nil || n == 0 {
+					return false
+				}
+				req := &rpc.CriuReq{}
+				if proto.Unmarshal(buf[:n], req) != nil {
+					return false
+				}
+				got = append(got, req.GetType().String())
+				return true
+			}
+			n, _ := peer.Read(buf)
+			req := &rpc.CriuReq{}
+			proto.Unmarshal(buf[:n], req)
+			got = append(got, req.GetType().String(), fmt.Sprint(req.GetOpts().GetNotifyScripts()))
+			for _, script := range []string{"pre-dump", "post-dump"} {
+				if !send(&rpc.CriuResp{Type: rpc.CriuReqType_NOTIFY.Enum(), Success: proto.Bool(true), Notify: &rpc.CriuNotify{Script: proto.String(script)}}) {
+					served <- append(got, "closed")
+					return
+				}
+			}
+			b, _ := proto.Marshal(&rpc.CriuResp{Type: rpc.CriuReqType_DUMP.Enum(), Success: proto.Bool(true)})
+			peer.Write(b)
+			served <- got
+		}()
+		hooks := &CaptureHooks{}
+		var ran []string
+		hooks.OnPostDump = func() error {
+			ran = append(ran, "post-dump")
+			if failing {
+				return errors.New("boom")
+			}
+			return nil
+		}
+		s := &swrk{sk: sk}
+		_, err = s.call(&rpc.CriuReq{Type: rpc.CriuReqType_DUMP.Enum(), Opts: &rpc.CriuOpts{ImagesDirFd: proto.Int32(-1)}}, namedHooks{hooks})
+		sk.Close()
+		got := <-served
+		want := []string{"DUMP", "true", "NOTIFY", "NOTIFY"}
+		if failing {
+			want = []string{"DUMP", "true", "NOTIFY", "closed"}
+			var herr *HookError
+			if !errors.As(err, &herr) || herr.Hook != "post-dump" {
+				t.Errorf("a failing hook: error %v", err)
+			}
+		} else if err != nil {
+			t.Errorf("call: %v", err)
+		}
+		if !slices.Equal(got, want) || !slices.Equal(ran, []string{"post-dump"}) || hooks.PostDumpAt.IsZero() {
+			t.Errorf("failing=%v: CRIU got %q, want %q; hooks ran %q", failing, got, want, ran)
+		}
 	}
 }

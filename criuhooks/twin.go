@@ -15,6 +15,8 @@ import (
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/mm"
 	"github.com/checkpoint-restore/go-criu/v7/rpc"
 	"golang.org/x/sys/unix"
+
+	"github.com/tclone/tclone/runtime/procfs"
 )
 
 // A twin capture (forkopts.MemoryTwin) needs no kernel module. CRIU makes a
@@ -375,13 +377,8 @@ func openTwinMem(t *Twin) (*os.File, error) {
 
 // zombie says whether pid has exited (or is gone).
 func zombie(pid int) bool {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return true
-	}
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	return i < 0 || i+2 >= len(s) || s[i+2] == 'Z' || s[i+2] == 'X'
+	st, err := procfs.ReadStat(pid)
+	return err != nil || st.Exited()
 }
 
 // madvise flags CRIU records in a VMA's madv (1 << MADV_x).

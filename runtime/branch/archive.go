@@ -18,6 +18,7 @@ import (
 	"github.com/klauspost/compress/zstd"
 
 	"github.com/tclone/tclone/runtime/branch/signing"
+	"github.com/tclone/tclone/runtime/internal/copyfile"
 )
 
 // An exported branch is one tar stream compressed with zstd:
@@ -721,7 +722,7 @@ func (w *Writer) readFile(in io.Reader, base string, size int64) error {
 	if size > maxArchiveFileBytes {
 		return invalid("file %s has %d bytes (at most %d)", base, size, maxArchiveFileBytes)
 	}
-	return writeNewFile(filepath.Join(w.dir, base), in)
+	return copyfile.From(in, filepath.Join(w.dir, base), newFile)
 }
 
 type hashingReader struct {

@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -104,6 +103,10 @@ func boundedDecoder() *zstd.Decoder {
 
 // oNoFollow refuses to open a symlink: a branch's own files never are.
 const oNoFollow = unix.O_NOFOLLOW
+
+// newFile opens a file of the branch to write it (copyfile): one that must
+// not exist yet.
+const newFile = os.O_EXCL | oNoFollow
 
 // put stores data unless a chunk with its hash is there already. It
 // returns the bytes it added to the disk (0 for a chunk shared with
@@ -321,27 +324,4 @@ func parallel(n int, fn func(i int) error) error {
 	}
 	wg.Wait()
 	return first
-}
-
-// copyFile copies a small file (the checkpoint archive) into a branch.
-func copyFile(src, dst string) error {
-	in, err := os.Open(src)
-	if err != nil {
-		return err
-	}
-	defer in.Close()
-	return writeNewFile(dst, in)
-}
-
-// writeNewFile writes r into a file of the branch that must not exist yet.
-func writeNewFile(dst string, r io.Reader) error {
-	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL|oNoFollow, 0o600)
-	if err != nil {
-		return err
-	}
-	_, err = io.Copy(out, r)
-	if cerr := out.Close(); err == nil {
-		err = cerr
-	}
-	return err
 }

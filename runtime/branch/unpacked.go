@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 
 	"github.com/tclone/tclone/runtime/branch/signing"
+	"github.com/tclone/tclone/runtime/internal/copyfile"
 )
 
 // An unpacked export is an exported branch laid out as files in a
@@ -57,7 +58,7 @@ func (s Store) ExportUnpacked(ref, dir string, key *signing.Key) (*Branch, error
 		if err := os.MkdirAll(filepath.Dir(dst), 0o700); err != nil {
 			return nil, err
 		}
-		if err := copyFile(e.path, dst); err != nil {
+		if err := copyfile.Copy(e.path, dst, newFile); err != nil {
 			return nil, err
 		}
 	}

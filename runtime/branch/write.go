@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/tclone/tclone/runtime/internal/atomicfile"
+	"github.com/tclone/tclone/runtime/internal/copyfile"
 	"github.com/tclone/tclone/runtime/rootfs"
 )
 
@@ -147,7 +148,7 @@ func (w *Writer) AddTree(ctx context.Context, src, rel string, move bool) error 
 
 // AddFile copies file src into the branch as rel.
 func (w *Writer) AddFile(src, rel string) error {
-	if err := copyFile(src, filepath.Join(w.dir, rel)); err != nil {
+	if err := copyfile.Copy(src, filepath.Join(w.dir, rel), newFile); err != nil {
 		return fmt.Errorf("keeping %s in branch %s: %w", src, w.b.Name, err)
 	}
 	return nil

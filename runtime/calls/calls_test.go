@@ -14,9 +14,9 @@ import (
 	"time"
 
 	"github.com/tclone/tclone/runtime/internal/atomicfile"
-	"github.com/tclone/tclone/runtime/internal/procfs"
 	"github.com/tclone/tclone/runtime/journal"
 	"github.com/tclone/tclone/runtime/plan"
+	"github.com/tclone/tclone/runtime/procfs"
 )
 
 // fakePodman holds containers as ID -> labels.

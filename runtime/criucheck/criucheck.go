@@ -15,11 +15,14 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/checkpoint-restore/go-criu/v7/rpc"
 	"github.com/sirupsen/logrus"
 	"golang.org/x/sys/unix"
+	"google.golang.org/protobuf/proto"
 
+	"github.com/tclone/tclone/criuhooks"
 	"github.com/tclone/tclone/runtime/internal/atomicfile"
-	"github.com/tclone/tclone/runtime/internal/procfs"
+	"github.com/tclone/tclone/runtime/procfs"
 )
 
 // EnvBinary overrides which criu binary tclone uses.
@@ -115,21 +118,10 @@ func Find() (string, error) {
 	return "", &Error{What: "criu not found", Fix: fixInstall}
 }
 
-var versionRE = regexp.MustCompile(`(?m)^Version:\s*(\d+)\.(\d+)(?:\.(\d+))?`)
-
-// ParseVersion reads `criu --version` output.
-func ParseVersion(out string) (Version, error) {
-	m := versionRE.FindStringSubmatch(out)
-	if m == nil {
-		return 0, fmt.Errorf("unrecognised `criu --version` output %q", strings.TrimSpace(out))
-	}
-	major, _ := strconv.Atoi(m[1])
-	minor, _ := strconv.Atoi(m[2])
-	sub := 0
-	if m[3] != "" {
-		sub, _ = strconv.Atoi(m[3])
-	}
-	return Version(major*10000 + minor*100 + sub), nil
+// versionOf reads CRIU's answer to a version request. A build from git
+// (one with a GitID) counts as the release it names.
+func versionOf(v *rpc.CriuVersion) Version {
+	return Version(v.GetMajorNumber()*10000 + v.GetMinorNumber()*100 + v.GetSublevel())
 }
 
 var kernelRE = regexp.MustCompile(`^(\d+)\.(\d+)`)
@@ -242,17 +234,14 @@ func check(ctx context.Context, path, release string) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	out, err := exec.CommandContext(ctx, path, "--version").CombinedOutput()
+	ver, err := criuhooks.Version(ctx, path, nil)
 	if err != nil {
 		return nil, &Error{
-			What: fmt.Sprintf("%s --version failed: %v: %s", path, err, strings.TrimSpace(string(out))),
+			What: fmt.Sprintf("asking %s for its version failed: %v", path, err),
 			Fix:  "repair the criu installation (a missing shared library usually means `ldconfig` or a reinstall); " + fixInstall,
 		}
 	}
-	v, err := ParseVersion(string(out))
-	if err != nil {
-		return nil, &Error{What: err.Error(), Fix: fixInstall}
-	}
+	v := versionOf(ver)
 	req := Required(kernel)
 	if v < req.Min {
 		return nil, &Error{
@@ -261,6 +250,10 @@ func check(ctx context.Context, path, release string) (*Result, error) {
 		}
 	}
 	res := &Result{Path: path, Version: v, Kernel: release}
+	// The kernel check stays a command: go-criu has no call for CRIU's
+	// check request, and over RPC CRIU answers with the first error of a
+	// failed check only, where the command prints each one (lastErrors
+	// keeps the last few).
 	cmd := exec.CommandContext(ctx, path, "check")
 	cmd.Env = append(os.Environ(), res.Env()...)
 	var combined bytes.Buffer
@@ -276,13 +269,15 @@ func check(ctx context.Context, path, release string) (*Result, error) {
 }
 
 // checkLazyPages asks CRIU whether lazy restores work here: they need
-// userfaultfd with the fork, remap and unmap events ("uffd-noncoop").
+// userfaultfd with the fork, remap and unmap events. CRIU's lazy-pages
+// feature is what `criu check --feature uffd-noncoop` checks.
 func checkLazyPages(ctx context.Context, path string, env []string) (bool, string) {
-	cmd := exec.CommandContext(ctx, path, "check", "--feature", "uffd-noncoop")
-	cmd.Env = append(os.Environ(), env...)
-	out, err := cmd.CombinedOutput()
+	got, err := criuhooks.Features(ctx, path, env, &rpc.CriuFeatures{LazyPages: proto.Bool(true)})
 	if err != nil {
-		return false, fmt.Sprintf("`criu check --feature uffd-noncoop`: %s", lastErrors(string(out)))
+		return false, fmt.Sprintf("CRIU's lazy-pages feature check (uffd-noncoop) failed: %v", err)
+	}
+	if !got.GetLazyPages() {
+		return false, "CRIU's lazy-pages feature check (uffd-noncoop) says this kernel lacks userfaultfd or its non-cooperative events"
 	}
 	return true, ""
 }

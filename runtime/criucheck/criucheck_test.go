@@ -3,28 +3,98 @@ package criucheck
 import (
 	"bytes"
 	"context"
+	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 
+	"github.com/checkpoint-restore/go-criu/v7/rpc"
 	"golang.org/x/sys/unix"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/tclone/tclone/criuhooks"
 )
 
-func TestParseVersion(t *testing.T) {
-	for in, want := range map[string]Version{
-		"Version: 4.2.1\n":                        40201,
-		"Version: 4.1\nGitID: v4.1-3-gabc\n":      40100,
-		"Version: 3.17.1\n":                       31701,
-		"criu: warning\nVersion: 4.2\nGitID: x\n": 40200,
+func TestVersionOf(t *testing.T) {
+	for _, c := range []struct {
+		v    *rpc.CriuVersion
+		want Version
+	}{
+		{&rpc.CriuVersion{MajorNumber: proto.Int32(4), MinorNumber: proto.Int32(2), Sublevel: proto.Int32(1)}, 40201},
+		// A build from git counts as the release it names.
+		{&rpc.CriuVersion{MajorNumber: proto.Int32(4), MinorNumber: proto.Int32(1), Gitid: proto.String("v4.1-3-gabc")}, 40100},
+		{&rpc.CriuVersion{MajorNumber: proto.Int32(3), MinorNumber: proto.Int32(17), Sublevel: proto.Int32(1)}, 31701},
+		{&rpc.CriuVersion{MajorNumber: proto.Int32(4), MinorNumber: proto.Int32(2), Gitid: proto.String("x")}, 40200},
 	} {
-		got, err := ParseVersion(in)
-		if err != nil || got != want {
-			t.Errorf("ParseVersion(%q) = %v, %v; want %v", in, got, err, want)
+		if got := versionOf(c.v); got != c.want {
+			t.Errorf("versionOf(%v) = %v, want %v", c.v, got, c.want)
 		}
 	}
-	if _, err := ParseVersion("criu: command not found"); err == nil {
-		t.Error("garbage parsed as a version")
+}
+
+// A criu that cannot run is refused saying why, in its own words, and how
+// to repair it.
+func TestCheckRefusesBrokenCriu(t *testing.T) {
+	fake := filepath.Join(t.TempDir(), "criu")
+	os.WriteFile(fake, []byte("#!/bin/sh\necho 'criu: error while loading shared libraries: libnet.so.1: cannot open shared object file' >&2\nexit 127\n"), 0o755)
+	_, err := check(context.Background(), fake, "6.18.0")
+	var cerr *Error
+	if !errors.As(err, &cerr) {
+		t.Fatalf("error %v, want a criucheck.Error", err)
+	}
+	if !strings.Contains(cerr.What, "libnet.so.1") || !strings.Contains(cerr.What, fake) || !strings.Contains(cerr.Fix, "ldconfig") {
+		t.Fatalf("error %q does not say what failed and how to repair it", err)
+	}
+}
+
+// hostCriu is this host's criu, for a test that needs root for what.
+func hostCriu(t *testing.T, what string) string {
+	if os.Geteuid() != 0 {
+		t.Fatalf("needs root (%s); run the unit tests as root, as make test does", what)
+	}
+	criu, err := Find()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return criu
+}
+
+// The version and the lazy-pages support CRIU gives over RPC are what its
+// commands say: `criu --version` and `criu check --feature uffd-noncoop`.
+func TestRPCMatchesCommands(t *testing.T) {
+	criu := hostCriu(t, "CRIU")
+	ctx := context.Background()
+	out, err := exec.Command(criu, "--version").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`(?m)^Version:\s*(\d+)\.(\d+)(?:\.(\d+))?`).FindStringSubmatch(string(out))
+	if m == nil {
+		t.Fatalf("criu --version: %q", out)
+	}
+	var want Version
+	for i, scale := range []Version{10000, 100, 1} {
+		n, _ := strconv.Atoi(m[i+1])
+		want += Version(n) * scale
+	}
+	v, err := criuhooks.Version(ctx, criu, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := versionOf(v); got != want {
+		t.Errorf("RPC version %v, criu --version %v", got, want)
+	}
+
+	env := (&Result{Version: want}).Env()
+	cmd := exec.Command(criu, "check", "--feature", "uffd-noncoop")
+	cmd.Env = append(os.Environ(), env...)
+	wantLazy := cmd.Run() == nil
+	if lazy, why := checkLazyPages(ctx, criu, env); lazy != wantLazy || (why == "") != lazy {
+		t.Errorf("lazy pages %v (%q); criu check --feature uffd-noncoop says %v", lazy, why, wantLazy)
 	}
 }
 
@@ -74,13 +144,7 @@ func TestLastErrors(t *testing.T) {
 // namespace of its own and mounts the cache it wrote; a fresh check makes
 // it again, and never stacks a second mount.
 func TestKeepKerndat(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Fatal("needs root (mounts, CRIU); run the unit tests as root, as make test does")
-	}
-	criu, err := Find()
-	if err != nil {
-		t.Fatal(err)
-	}
+	criu := hostCriu(t, "mounts, CRIU")
 	dir := t.TempDir()
 	target := filepath.Join(dir, "criu.kdat")
 	t.Cleanup(func() {

@@ -103,10 +103,15 @@ func (r *Runtime) argv(verb string, args []string) []string {
 
 // Exec replaces the current process with crun. Stdio, every inherited file
 // descriptor, the process ID and therefore signals and the exit status pass
-// through untouched: to conmon, tclone simply is crun.
-func (r *Runtime) Exec(verb string, args []string) error {
+// through untouched: to conmon, tclone simply is crun. crun's environment
+// is tclone's with env added, a variable of env replacing tclone's of the
+// same name.
+func (r *Runtime) Exec(verb string, args, env []string) error {
 	argv := r.argv(verb, args)
-	err := syscall.Exec(r.Path, argv, os.Environ())
+	// exec.Cmd's environment is the one to hand execve: it keeps the last
+	// of the variables with the same name.
+	environ := (&exec.Cmd{Env: append(os.Environ(), env...)}).Environ()
+	err := syscall.Exec(r.Path, argv, environ)
 	return fmt.Errorf("exec %s: %w", r.Path, err)
 }
 

@@ -23,7 +23,7 @@ const execCommand = "crun-test-exec"
 func TestMain(m *testing.M) {
 	if len(os.Args) == 3 && os.Args[1] == execCommand {
 		r := &Runtime{Path: os.Args[2], Global: Global{Root: "/r", Debug: true}}
-		fmt.Println(r.Exec("kill", []string{"id", "TERM"}))
+		fmt.Println(r.Exec("kill", []string{"id", "TERM"}, []string{"BAZ=qux", "OVER=new"}))
 		os.Exit(99)
 	}
 	os.Exit(m.Run())
@@ -149,11 +149,12 @@ func TestVersion(t *testing.T) {
 	}
 }
 
-// Exec becomes crun: same process, the caller's environment and
+// Exec becomes crun: same process, the caller's environment with Exec's
+// added (replacing the caller's variable of the same name), its
 // descriptors, and crun's exit status.
 func TestExec(t *testing.T) {
 	script := filepath.Join(t.TempDir(), "crun")
-	if err := os.WriteFile(script, []byte("#!/bin/sh\necho \"$$ $0 $* $FOO\"\necho three >&3\nexit 7\n"), 0o755); err != nil {
+	if err := os.WriteFile(script, []byte("#!/bin/sh\necho \"$$ $0 $* $FOO $BAZ $OVER $(env | grep -c ^OVER=)\"\necho three >&3\nexit 7\n"), 0o755); err != nil {
 		t.Fatal(err)
 	}
 	r, w, err := os.Pipe()
@@ -162,7 +163,7 @@ func TestExec(t *testing.T) {
 	}
 	defer r.Close()
 	cmd := exec.Command(os.Args[0], execCommand, script)
-	cmd.Env = append(os.Environ(), "FOO=bar")
+	cmd.Env = append(os.Environ(), "FOO=bar", "OVER=old")
 	cmd.ExtraFiles = []*os.File{w}
 	out, err := cmd.Output()
 	w.Close()
@@ -170,7 +171,7 @@ func TestExec(t *testing.T) {
 	if !errors.As(err, &ee) || ee.ExitCode() != 7 {
 		t.Fatalf("%v (output %q), want crun's exit status 7", err, out)
 	}
-	want := strconv.Itoa(cmd.Process.Pid) + " " + script + " --debug --root=/r kill id TERM bar\n"
+	want := strconv.Itoa(cmd.Process.Pid) + " " + script + " --debug --root=/r kill id TERM bar qux new 1\n"
 	if string(out) != want {
 		t.Errorf("crun printed %q, want %q", out, want)
 	}
@@ -181,7 +182,7 @@ func TestExec(t *testing.T) {
 
 func TestExecFailure(t *testing.T) {
 	missing := filepath.Join(t.TempDir(), "crun")
-	err := (&Runtime{Path: missing}).Exec("kill", nil)
+	err := (&Runtime{Path: missing}).Exec("kill", nil, nil)
 	if !errors.Is(err, os.ErrNotExist) || !strings.HasPrefix(err.Error(), "exec "+missing+": ") {
 		t.Errorf("Exec of a missing crun: %v", err)
 	}

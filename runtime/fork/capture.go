@@ -17,10 +17,10 @@ import (
 	"github.com/tclone/tclone/runtime/cgroups"
 	"github.com/tclone/tclone/runtime/criucheck"
 	"github.com/tclone/tclone/runtime/forkopts"
-	"github.com/tclone/tclone/runtime/internal/procfs"
 	"github.com/tclone/tclone/runtime/internal/ptracehold"
 	"github.com/tclone/tclone/runtime/journal"
 	"github.com/tclone/tclone/runtime/plan"
+	"github.com/tclone/tclone/runtime/procfs"
 	"github.com/tclone/tclone/runtime/rootfs"
 )
 

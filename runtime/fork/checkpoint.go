@@ -4,13 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/tclone/tclone/runtime/internal/copyfile"
 	"github.com/tclone/tclone/runtime/plan"
 )
 
@@ -81,34 +81,17 @@ func writeCheckpointDir(c *Captured, imagePath, workPath string) error {
 		if err := os.WriteFile(inventory, nil, 0o600); err != nil {
 			return fmt.Errorf("writing inventory.img into the checkpoint directory: %w", err)
 		}
-	} else if err := copyFile(filepath.Join(plan.ImagesDir(c.Dir), "inventory.img"), inventory); err != nil {
+	} else if err := copyfile.Copy(filepath.Join(plan.ImagesDir(c.Dir), "inventory.img"), inventory, os.O_TRUNC); err != nil {
 		return fmt.Errorf("writing inventory.img into the checkpoint directory: %w", err)
 	}
 	// Podman reads CRIU's dump statistics from the work directory for
 	// --print-stats, where CRIU itself would have left them.
 	if workPath != "" && !c.Plan.FilesOnly {
-		if err := copyFile(filepath.Join(plan.WorkDir(c.Dir), "stats-dump"), filepath.Join(workPath, "stats-dump")); err != nil {
+		if err := copyfile.Copy(filepath.Join(plan.WorkDir(c.Dir), "stats-dump"), filepath.Join(workPath, "stats-dump"), os.O_TRUNC); err != nil {
 			return fmt.Errorf("writing stats-dump into the work directory: %w", err)
 		}
 	}
 	return plan.WriteReference(imagePath, plan.Reference{PlanID: c.Plan.ID, PlanDir: c.Dir, SourceID: c.Plan.Source.ID})
-}
-
-func copyFile(src, dst string) error {
-	in, err := os.Open(src)
-	if err != nil {
-		return err
-	}
-	defer in.Close()
-	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
-	if err != nil {
-		return err
-	}
-	if _, err := io.Copy(out, in); err != nil {
-		out.Close()
-		return err
-	}
-	return out.Close()
 }
 
 var (

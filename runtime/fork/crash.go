@@ -1,13 +1,12 @@
 package fork
 
 import (
-	"bufio"
 	"fmt"
 	"os"
-	"strconv"
-	"strings"
 	"syscall"
 	"time"
+
+	"github.com/tclone/tclone/runtime/procfs"
 )
 
 // EnvCrashAt names a crash point at which tclone kills itself with SIGKILL.
@@ -86,17 +85,9 @@ func crashWhenSeized(pid, criuPid int) {
 // TracerOf returns the PID of the process tracing pid (0: none); the tests
 // use it to see when CRIU holds a tree.
 func TracerOf(pid int) int {
-	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
+	st, err := procfs.ReadStatus(pid)
 	if err != nil {
 		return 0
 	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), "TracerPid:"); ok {
-			n, _ := strconv.Atoi(strings.TrimSpace(v))
-			return n
-		}
-	}
-	return 0
+	return st.TracerPid
 }

@@ -4,6 +4,8 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/tclone/tclone/runtime/procfs"
 )
 
 func TestProcessIDsForeignToRoot(t *testing.T) {
@@ -20,20 +22,20 @@ func TestProcessIDsForeignToRoot(t *testing.T) {
 		{"0\t0\t100\t0", "0\t0\t0\t0", true},   // a saved one
 		{"0\t0\t0\t0", "0\t5\t0\t5", true},     // a group
 	} {
-		p := parseProcessIDs(status(c.uid, c.gid))
-		if p.name != "postgres" || p.foreignTo(0, 0) != c.foreign {
-			t.Errorf("uid %q gid %q: %+v foreign=%v, want %v", c.uid, c.gid, p, p.foreignTo(0, 0), c.foreign)
+		p, err := procfs.ParseStatus(status(c.uid, c.gid))
+		if err != nil || p.Name != "postgres" || foreignTo(p, 0, 0) != c.foreign {
+			t.Errorf("uid %q gid %q: %+v (%v) foreign=%v, want %v", c.uid, c.gid, p, err, foreignTo(p, 0, 0), c.foreign)
 		}
 	}
 }
 
 func TestHasCapability(t *testing.T) {
 	// This host's root: everything but CAP_SYS_RESOURCE (24).
-	s := "CapPrm:\t000001ffffffffff\nCapEff:\t000001fffeffffff\n"
-	if hasCapability(s, unix.CAP_SYS_RESOURCE) || !hasCapability(s, unix.CAP_SYS_ADMIN) {
-		t.Errorf("CapEff misread")
+	s, err := procfs.ParseStatus("CapPrm:\t000001ffffffffff\nCapEff:\t000001fffeffffff\n")
+	if err != nil || hasCapability(s, unix.CAP_SYS_RESOURCE) || !hasCapability(s, unix.CAP_SYS_ADMIN) {
+		t.Errorf("CapEff misread: %+v, %v", s, err)
 	}
-	if hasCapability("Name:\tx\n", unix.CAP_SYS_ADMIN) {
+	if s, _ := procfs.ParseStatus("Name:\tx\n"); hasCapability(s, unix.CAP_SYS_ADMIN) {
 		t.Errorf("no CapEff line read as a capability")
 	}
 }

@@ -13,7 +13,7 @@ import (
 
 	"github.com/tclone/tclone/runtime/cgroups"
 	"github.com/tclone/tclone/runtime/forkopts"
-	"github.com/tclone/tclone/runtime/internal/procfs"
+	"github.com/tclone/tclone/runtime/procfs"
 )
 
 // External keys crun gives namespaces joined by path. Images dumped by tclone

@@ -12,6 +12,7 @@ import (
 
 	"github.com/tclone/tclone/runtime/criucheck"
 	"github.com/tclone/tclone/runtime/crun"
+	"github.com/tclone/tclone/runtime/internal/copyfile"
 	"github.com/tclone/tclone/runtime/journal"
 	"github.com/tclone/tclone/runtime/lazy"
 	"github.com/tclone/tclone/runtime/plan"
@@ -90,7 +91,7 @@ func (e *Engine) keepLog(path, op, id string) string {
 		return ""
 	}
 	dst := filepath.Join(e.Store.LogDir, fmt.Sprintf("%s-%s-%s.log", op, id, logTime()))
-	if err := copyFile(path, dst); err != nil {
+	if err := copyfile.Copy(path, dst, os.O_TRUNC); err != nil {
 		return ""
 	}
 	return dst

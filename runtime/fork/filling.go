@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/tclone/tclone/criuhooks/lazypages"
-	"github.com/tclone/tclone/runtime/internal/procfs"
+	"github.com/tclone/tclone/runtime/procfs"
 )
 
 // waitMemoryComplete waits until no task of the source is still receiving

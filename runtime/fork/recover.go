@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -17,6 +16,7 @@ import (
 	"github.com/tclone/tclone/runtime/journal"
 	"github.com/tclone/tclone/runtime/lazy"
 	"github.com/tclone/tclone/runtime/plan"
+	"github.com/tclone/tclone/runtime/procfs"
 	"github.com/tclone/tclone/runtime/rootfs"
 )
 
@@ -280,12 +280,8 @@ func (e *Engine) removeSibling(ctx context.Context, crunRoot, id string) error {
 func (e *Engine) killOrphanCRIUs() int {
 	plans := e.Store.PlansDir() + "/"
 	n := 0
-	procs, _ := os.ReadDir("/proc")
-	for _, p := range procs {
-		pid, err := strconv.Atoi(p.Name())
-		if err != nil {
-			continue
-		}
+	pids, _ := procfs.Pids()
+	for _, pid := range pids {
 		cwd, err := os.Readlink(fmt.Sprintf("/proc/%d/cwd", pid))
 		if err != nil || !strings.HasPrefix(cwd, plans) {
 			continue
@@ -297,7 +293,7 @@ func (e *Engine) killOrphanCRIUs() int {
 		if _, err := os.Stat(e.Store.Dir(id)); !errors.Is(err, os.ErrNotExist) {
 			continue
 		}
-		if comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid)); strings.TrimSpace(string(comm)) != "criu" {
+		if st, err := procfs.ReadStat(pid); err != nil || st.Comm != "criu" {
 			continue
 		}
 		if syscall.Kill(pid, syscall.SIGKILL) == nil {

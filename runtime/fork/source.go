@@ -12,7 +12,7 @@ import (
 
 	"github.com/tclone/tclone/runtime/cgroups"
 	"github.com/tclone/tclone/runtime/crun"
-	"github.com/tclone/tclone/runtime/internal/procfs"
+	"github.com/tclone/tclone/runtime/procfs"
 )
 
 // source is a container that is about to be captured.

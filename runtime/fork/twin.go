@@ -8,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
-	"strconv"
 	"strings"
 	"time"
 
@@ -20,9 +19,9 @@ import (
 	"github.com/tclone/tclone/runtime/cgroups"
 	"github.com/tclone/tclone/runtime/criucheck"
 	"github.com/tclone/tclone/runtime/forkopts"
-	"github.com/tclone/tclone/runtime/internal/procfs"
 	"github.com/tclone/tclone/runtime/lazy"
 	"github.com/tclone/tclone/runtime/plan"
+	"github.com/tclone/tclone/runtime/procfs"
 )
 
 // A twin capture (forkopts.MemoryTwin): copy-on-write memory without the
@@ -150,20 +149,11 @@ func twinFits(src *source) (bool, string) {
 // rssAnon is a process's resident private anonymous memory (RssAnon), in
 // bytes.
 func rssAnon(pid int) uint64 {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	st, err := procfs.ReadStatus(pid)
 	if err != nil {
 		return 0
 	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if rest, ok := strings.CutPrefix(line, "RssAnon:"); ok {
-			f := strings.Fields(rest)
-			if len(f) > 0 {
-				kib, _ := strconv.ParseUint(f[0], 10, 64)
-				return kib << 10
-			}
-		}
-	}
-	return 0
+	return st.RssAnon
 }
 
 // twinCapture is a twin capture's memory in the making.

@@ -20,9 +20,9 @@ import (
 	"github.com/tclone/tclone/runtime/cgroups"
 	"github.com/tclone/tclone/runtime/crun"
 	"github.com/tclone/tclone/runtime/internal/fds"
-	"github.com/tclone/tclone/runtime/internal/procfs"
 	"github.com/tclone/tclone/runtime/journal"
 	"github.com/tclone/tclone/runtime/plan"
+	"github.com/tclone/tclone/runtime/procfs"
 )
 
 // RestoreWatchCommand is the hidden argv[1] under which the tclone binary
@@ -245,12 +245,8 @@ func killTree(o journal.Owner) {
 // descendants lists the processes below pid, from /proc.
 func descendants(root int) []int {
 	children := map[int][]int{}
-	dirs, _ := os.ReadDir("/proc")
-	for _, d := range dirs {
-		pid, err := strconv.Atoi(d.Name())
-		if err != nil {
-			continue
-		}
+	pids, _ := procfs.Pids()
+	for _, pid := range pids {
 		if st, err := procfs.ReadStat(pid); err == nil {
 			children[st.PPid] = append(children[st.PPid], pid)
 		}

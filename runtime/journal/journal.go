@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"github.com/tclone/tclone/runtime/internal/atomicfile"
-	"github.com/tclone/tclone/runtime/internal/procfs"
+	"github.com/tclone/tclone/runtime/procfs"
 )
 
 // Kind of operation.

@@ -28,7 +28,7 @@ import (
 
 	"github.com/tclone/tclone/runtime/internal/atomicfile"
 	"github.com/tclone/tclone/runtime/internal/flock"
-	"github.com/tclone/tclone/runtime/internal/procfs"
+	"github.com/tclone/tclone/runtime/procfs"
 )
 
 // Linux's prctl options for merging a whole process.

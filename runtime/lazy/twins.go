@@ -15,7 +15,7 @@ import (
 	"github.com/tclone/tclone/runtime/cgroups"
 	"github.com/tclone/tclone/runtime/internal/atomicfile"
 	"github.com/tclone/tclone/runtime/internal/inject"
-	"github.com/tclone/tclone/runtime/internal/procfs"
+	"github.com/tclone/tclone/runtime/procfs"
 )
 
 // A twin plan's daemon holds the twins (criuhooks.Twin) of the source's
@@ -243,11 +243,8 @@ func ReapTwinZombies(procsDir string) (int, error) {
 	var errs []error
 	for _, parent := range procs {
 		for _, child := range procfs.Children(parent) {
-			if !isTwinZombie(child) {
-				continue
-			}
 			st, err := procfs.ReadStat(child)
-			if err != nil {
+			if err != nil || !isTwin(st) || !st.Exited() {
 				continue
 			}
 			if err := reapRetrying(parent, child, st.StartTime); err != nil {
@@ -272,7 +269,7 @@ func LiveTwins(procsDir string) ([]int, error) {
 	var out []int
 	for _, parent := range procs {
 		for _, child := range procfs.Children(parent) {
-			if state, ok := twinState(child); ok && state != "Z" && state != "X" {
+			if st, err := procfs.ReadStat(child); err == nil && isTwin(st) && !st.Exited() {
 				out = append(out, child)
 			}
 		}
@@ -280,33 +277,5 @@ func LiveTwins(procsDir string) ([]int, error) {
 	return out, nil
 }
 
-// isTwinZombie: an exited twin.
-func isTwinZombie(pid int) bool {
-	state, ok := twinState(pid)
-	return ok && (state == "Z" || state == "X")
-}
-
-// twinState is the state of pid if it is a twin: named TwinName, with exit
-// signal 0 (field 38 of /proc/PID/stat).
-func twinState(pid int) (string, bool) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return "", false
-	}
-	return parseTwinStat(string(b))
-}
-
-// parseTwinStat reads a /proc/PID/stat line: the process's state, if it is
-// a twin.
-func parseTwinStat(s string) (string, bool) {
-	open, end := strings.IndexByte(s, '('), strings.LastIndexByte(s, ')')
-	if open < 0 || end < open || s[open+1:end] != TwinName {
-		return "", false
-	}
-	fields := strings.Fields(s[end+1:])
-	// fields[0] is the state (field 3); exit_signal is field 38.
-	if len(fields) <= 35 || fields[35] != "0" {
-		return "", false
-	}
-	return fields[0], true
-}
+// isTwin tells a twin by its stat: named TwinName, with exit signal 0.
+func isTwin(st procfs.Stat) bool { return st.Comm == TwinName && st.ExitSignal == 0 }

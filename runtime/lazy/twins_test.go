@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+
+	"github.com/tclone/tclone/runtime/procfs"
 )
 
 // statLine is a /proc/PID/stat line of comm in state, with exit signal sig.
@@ -20,22 +22,23 @@ func statLine(comm, state string, sig int) string {
 // Only a process named as the plugin names twins, whose exit signal is 0,
 // is a twin: a process the source named so itself, with an ordinary exit
 // signal, is not reaped as one.
-func TestParseTwinStat(t *testing.T) {
+func TestIsTwin(t *testing.T) {
 	for _, c := range []struct {
-		line  string
-		state string
-		ok    bool
+		line string
+		twin bool
 	}{
-		{statLine(TwinName, "S", 0), "S", true},
-		{statLine(TwinName, "Z", 0), "Z", true},
-		{statLine(TwinName, "Z", 17), "", false},
-		{statLine("sleep", "Z", 0), "", false},
-		{statLine("x) ("+TwinName, "Z", 0), "", false},
-		{"123 (" + TwinName + ") S 1 2", "", false},
+		{statLine(TwinName, "S", 0), true},
+		{statLine(TwinName, "Z", 0), true},
+		{statLine(TwinName, "Z", 17), false},
+		{statLine("sleep", "Z", 0), false},
+		{statLine("x) ("+TwinName, "Z", 0), false},
 	} {
-		state, ok := parseTwinStat(c.line)
-		if state != c.state || ok != c.ok {
-			t.Errorf("parseTwinStat(%q) = %q, %v; want %q, %v", c.line, state, ok, c.state, c.ok)
+		st, err := procfs.ParseStat(c.line)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := isTwin(st); got != c.twin {
+			t.Errorf("isTwin(%q) = %v, want %v", c.line, got, c.twin)
 		}
 	}
 }

@@ -12,8 +12,8 @@ import (
 
 	"github.com/tclone/tclone/runtime/forkopts"
 	"github.com/tclone/tclone/runtime/internal/atomicfile"
-	"github.com/tclone/tclone/runtime/internal/procfs"
 	"github.com/tclone/tclone/runtime/journal"
+	"github.com/tclone/tclone/runtime/procfs"
 )
 
 // Intent asks that the next checkpoint of a container be a fork capture.

@@ -16,7 +16,6 @@
 package inject
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"os"
@@ -28,7 +27,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/tclone/tclone/runtime/internal/procfs"
+	"github.com/tclone/tclone/runtime/procfs"
 )
 
 // Errors a caller may want to tell apart.
@@ -83,11 +82,11 @@ func Reap(parent, child int, started uint64) error {
 // pidIn is the pid of child as process parent sees it: child's NSpid at
 // the depth of parent's PID namespace.
 func pidIn(child, parent int) (int, error) {
-	cns, err := nsPids(child)
+	cns, err := procfs.NSpid(child)
 	if err != nil {
 		return 0, err
 	}
-	pns, err := nsPids(parent)
+	pns, err := procfs.NSpid(parent)
 	if err != nil {
 		return 0, err
 	}
@@ -95,31 +94,6 @@ func pidIn(child, parent int) (int, error) {
 		return 0, fmt.Errorf("process %d is outside the PID namespace of %d", child, parent)
 	}
 	return cns[len(pns)-1], nil
-}
-
-func nsPids(pid int) ([]int, error) {
-	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		rest, ok := strings.CutPrefix(sc.Text(), "NSpid:")
-		if !ok {
-			continue
-		}
-		var out []int
-		for _, s := range strings.Fields(rest) {
-			n, err := strconv.Atoi(s)
-			if err != nil {
-				return nil, fmt.Errorf("process %d: NSpid %q", pid, rest)
-			}
-			out = append(out, n)
-		}
-		return out, nil
-	}
-	return nil, fmt.Errorf("process %d: no NSpid in its status", pid)
 }
 
 // Call runs system call nr with args in a thread of process pid and
@@ -182,11 +156,10 @@ func call(pid int, nr uint64, args [6]uint64) (int64, error) {
 // another where the leader has exited) and waits for its stop.
 func seizeThread(pid int) (int, error) {
 	tids := []int{pid}
-	if entries, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid)); err == nil {
-		for _, e := range entries {
-			if t, err := strconv.Atoi(e.Name()); err == nil && t != pid {
-				tids = append(tids, t)
-			}
+	others, _ := procfs.Threads(pid)
+	for _, t := range others {
+		if t != pid {
+			tids = append(tids, t)
 		}
 	}
 	if st, err := procfs.ReadStat(pid); err == nil && (st.State == 'T' || st.State == 't') {

@@ -15,7 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/tclone/tclone/runtime/internal/procfs"
+	"github.com/tclone/tclone/runtime/procfs"
 	"github.com/tclone/tclone/test/testenv"
 )
 

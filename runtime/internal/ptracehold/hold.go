@@ -12,17 +12,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"runtime"
-	"strconv"
-	"strings"
 	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
 
-	"github.com/tclone/tclone/runtime/internal/procfs"
+	"github.com/tclone/tclone/runtime/procfs"
 )
 
 // Hold is a set of stopped tasks. Release lets them go; so does the death
@@ -101,7 +97,8 @@ func seizeAll(procs func() ([]int, error)) ([]int, error) {
 		}
 		added := 0
 		for _, pid := range pids {
-			for _, tid := range threads(pid) {
+			tids, _ := procfs.Threads(pid) // none once pid is gone
+			for _, tid := range tids {
 				if seen[tid] {
 					continue
 				}
@@ -120,20 +117,6 @@ func seizeAll(procs func() ([]int, error)) ([]int, error) {
 			return seized, nil
 		}
 	}
-}
-
-func threads(pid int) []int {
-	entries, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
-	if err != nil {
-		return nil
-	}
-	var tids []int
-	for _, e := range entries {
-		if tid, err := strconv.Atoi(e.Name()); err == nil {
-			tids = append(tids, tid)
-		}
-	}
-	return tids
 }
 
 // seize seizes and interrupts one thread. A thread that is gone, or dead
@@ -163,33 +146,20 @@ func seize(tid int) (bool, error) {
 // tgidOf is the process a thread belongs to (the thread itself if that
 // cannot be read).
 func tgidOf(tid int) int {
-	data, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(tid), "status"))
-	if err != nil {
+	st, err := procfs.ReadStatus(tid)
+	if err != nil || st.Tgid == 0 {
 		return tid
 	}
-	for _, line := range strings.Split(string(data), "\n") {
-		if v, ok := strings.CutPrefix(line, "Tgid:"); ok {
-			if n, err := strconv.Atoi(strings.TrimSpace(v)); err == nil {
-				return n
-			}
-		}
-	}
-	return tid
+	return st.Tgid
 }
 
 // tracerOf is the TracerPid of /proc/TID/status, 0 when none.
 func tracerOf(tid int) int {
-	data, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(tid), "status"))
+	st, err := procfs.ReadStatus(tid)
 	if err != nil {
 		return 0
 	}
-	for _, line := range strings.Split(string(data), "\n") {
-		if v, ok := strings.CutPrefix(line, "TracerPid:"); ok {
-			n, _ := strconv.Atoi(strings.TrimSpace(v))
-			return n
-		}
-	}
-	return 0
+	return st.TracerPid
 }
 
 // waitStopped waits until every seized thread is stopped, remembering the

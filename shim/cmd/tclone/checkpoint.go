@@ -2,9 +2,7 @@ package main
 
 import (
 	"errors"
-	"os"
 	"slices"
-	"strings"
 
 	"github.com/urfave/cli/v2"
 
@@ -27,11 +25,10 @@ var checkpointCommand = &cli.Command{
 		&cli.StringFlag{Name: "manage-cgroups-mode", Usage: "cgroups mode: soft, ignore, full or strict"},
 	}, forkflags.CrunCapture(), runcCheckpointFlags),
 	Action: func(c *cli.Context) error {
-		id, rt, err := checkpointVerb(c, "CONTAINER")
+		id, eng, err := checkpointVerb(c, "CONTAINER")
 		if err != nil {
 			return err
 		}
-		eng := engineOf(c, rt)
 		if !c.Bool("pre-dump") {
 			// Podman's stop of the call (SIGTERM) or a ^C stops CRIU at
 			// once: the source runs on and the capture is undone. A fork
@@ -52,10 +49,6 @@ var checkpointCommand = &cli.Command{
 		if err != nil {
 			return err
 		}
-		for _, kv := range check.Env() {
-			k, v, _ := strings.Cut(kv, "=")
-			os.Setenv(k, v)
-		}
 		capture, err := forkflags.ReadCapture(c)
 		if err != nil {
 			return err
@@ -63,7 +56,8 @@ var checkpointCommand = &cli.Command{
 		if err := eng.WaitTwinsGone(c.Context, id); err != nil {
 			return err
 		}
-		return rt.Exec("checkpoint", append(crunCheckpointArgs(c, capture), id))
+		// crun's CRIU inherits the environment CRIU needs here.
+		return eng.Crun.Exec("checkpoint", append(crunCheckpointArgs(c, capture), id), check.Env())
 	},
 }
 

@@ -56,7 +56,7 @@ func delegatedCommands() []*cli.Command {
 				// exec: the caller's stdio, inherited descriptors
 				// (--preserve-fds, console sockets), PID, signals and exit
 				// status are crun's own from here on.
-				return rt.Exec(verb, c.Args().Slice())
+				return rt.Exec(verb, c.Args().Slice(), nil)
 			},
 		})
 	}

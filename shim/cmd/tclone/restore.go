@@ -37,7 +37,7 @@ var restoreCommand = &cli.Command{
 	ArgsUsage: "NEW-ID",
 	Flags:     restoreFlags,
 	Action: func(c *cli.Context) error {
-		id, rt, err := checkpointVerb(c, "NEW-ID")
+		id, eng, err := checkpointVerb(c, "NEW-ID")
 		if err != nil {
 			return err
 		}
@@ -45,7 +45,6 @@ var restoreCommand = &cli.Command{
 		if err != nil {
 			return err
 		}
-		eng := engineOf(c, rt)
 		planDir, err := eng.PlanDirFor(c.String("image-path"))
 		if err != nil {
 			return err
@@ -74,7 +73,7 @@ var restoreCommand = &cli.Command{
 			return err
 		}
 		defer cleanup()
-		return rt.RestoreCheckpoint(c.Context, id, c.String("bundle"), crunRestoreArgs(c, capture), append(check.Env(), env...))
+		return eng.Crun.RestoreCheckpoint(c.Context, id, c.String("bundle"), crunRestoreArgs(c, capture), append(check.Env(), env...))
 	},
 }
 

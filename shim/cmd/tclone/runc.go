@@ -5,7 +5,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
-	"github.com/tclone/tclone/runtime/crun"
+	"github.com/tclone/tclone/runtime/fork"
 )
 
 // runc's flag dialect: containerd's runc v2 shim (io.containerd.runc.v2,
@@ -55,8 +55,9 @@ func refuseRunc(c *cli.Context) error {
 }
 
 // checkpointVerb is what checkpoint and restore check first: their one
-// argument, runc's flags tclone cannot honour, and crun.
-func checkpointVerb(c *cli.Context, arg string) (string, *crun.Runtime, error) {
+// argument, runc's flags tclone cannot honour, and crun. It returns the
+// argument and the engine that runs the verb on that crun.
+func checkpointVerb(c *cli.Context, arg string) (string, *fork.Engine, error) {
 	id, err := oneArg(c, arg)
 	if err != nil {
 		return "", nil, err
@@ -65,5 +66,8 @@ func checkpointVerb(c *cli.Context, arg string) (string, *crun.Runtime, error) {
 		return "", nil, err
 	}
 	rt, err := findCrun(c)
-	return id, rt, err
+	if err != nil {
+		return "", nil, err
+	}
+	return id, engineOf(c, rt), nil
 }
