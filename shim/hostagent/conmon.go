@@ -1,13 +1,12 @@
 package hostagent
 
 import (
-	"bytes"
-	"os"
 	"path/filepath"
-	"strconv"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/tclone/tclone/runtime/procfs"
 )
 
 // reapExecConmon ends the conmon processes of a removed exec session.
@@ -44,13 +43,12 @@ func reapExecConmon(session string) {
 // their parents.
 func execConmonPids(session string) map[int]int {
 	out := map[int]int{}
-	entries, err := os.ReadDir("/proc")
+	pids, err := procfs.Pids()
 	if err != nil {
 		return out
 	}
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil || !isExecConmon(pid, session) {
+	for _, pid := range pids {
+		if !isExecConmon(pid, session) {
 			continue
 		}
 		if ppid, ok := liveParent(pid); ok {
@@ -61,38 +59,25 @@ func execConmonPids(session string) map[int]int {
 }
 
 func isExecConmon(pid int, session string) bool {
-	data, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "cmdline"))
-	if err != nil {
-		return false
-	}
-	args := bytes.Split(data, []byte{0})
-	if len(args) == 0 || filepath.Base(string(args[0])) != "conmon" {
+	args, err := procfs.Cmdline(pid)
+	if err != nil || len(args) == 0 || filepath.Base(args[0]) != "conmon" {
 		return false
 	}
 	var ours, exec bool
 	for i, a := range args {
-		ours = ours || (string(a) == "-u" && i+1 < len(args) && string(args[i+1]) == session)
-		exec = exec || string(a) == "--exec-attach"
+		ours = ours || (a == "-u" && i+1 < len(args) && args[i+1] == session)
+		exec = exec || a == "--exec-attach"
 	}
 	return ours && exec
 }
 
 // liveParent returns the parent of a process that is not a zombie.
 func liveParent(pid int) (int, bool) {
-	data, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
-	if err != nil {
+	st, err := procfs.ReadStat(pid)
+	if err != nil || st.Exited() {
 		return 0, false
 	}
-	i := bytes.LastIndexByte(data, ')')
-	if i < 0 {
-		return 0, false
-	}
-	fields := bytes.Fields(data[i+1:])
-	if len(fields) < 2 || fields[0][0] == 'Z' || fields[0][0] == 'X' {
-		return 0, false
-	}
-	ppid, err := strconv.Atoi(string(fields[1]))
-	return ppid, err == nil
+	return st.PPid, true
 }
 
 // killIfStill kills pid through a pidfd, after checking again, through that
