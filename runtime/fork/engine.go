@@ -1,6 +1,3 @@
-// Package fork is tclone's engine: it captures a running container into a
-// fork plan (Phase A) and materialises siblings from a plan (Phase B), and it
-// recovers from operations that a crash left half done.
 package fork
 
 import (

@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
 
 	"github.com/tclone/tclone/runtime/forkopts"
 	"github.com/tclone/tclone/runtime/plan"
@@ -127,4 +128,14 @@ func siblingTCPPolicy(p *plan.Plan, req MaterializeRequest, spec *specs.Spec) (f
 		}
 	}
 	return policy, nil
+}
+
+// inode is the inode number of path: a namespace's identity, through its
+// /proc link or a bind mount of it.
+func inode(path string) (uint64, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return 0, err
+	}
+	return st.Ino, nil
 }
