@@ -46,13 +46,13 @@ type inner struct {
 
 type table struct {
 	inner
-	Count  int           `flag:"count" usage:"how many"`
-	Name   string        `flag:"name" alias:"n" usage:"a name"`
-	Wait   time.Duration `flag:"wait" usage:"how long"`
-	Tags   []string      `flag:"tag" usage:"tags"`
-	Pair   pair          `flag:"pair" usage:"A:B"`
-	Upper  upper         `flag:"upper" usage:"upper case words"`
-	hidden int
+	Count int           `flag:"count" usage:"how many"`
+	Name  string        `flag:"name" alias:"n" usage:"a name"`
+	Wait  time.Duration `flag:"wait" usage:"how long"`
+	Tags  []string      `flag:"tag" usage:"tags"`
+	Pair  pair          `flag:"pair" usage:"A:B"`
+	Upper upper         `flag:"upper" usage:"upper case words"`
+	Note  string        // no tag: not a flag
 }
 
 func runTable(t *testing.T, flags []cli.Flag, args []string, read func(*cli.Context) error) error {
