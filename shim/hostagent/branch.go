@@ -87,10 +87,7 @@ func (a *Agent) CreateBranch(ctx context.Context, source, name string, opts podm
 		} else {
 			w.Abort()
 		}
-		if ctx.Err() != nil {
-			err = fmt.Errorf("branch %s of %s cancelled (%v); everything it made was removed", name, src.Name, context.Cause(ctx))
-		}
-		return nil, errors.Join(err, f.rollback(ctx))
+		return nil, f.failed(ctx, fmt.Sprintf("branch %s of %s", name, src.Name), err)
 	}
 	stats.DurableMs = ms(time.Since(start))
 	return stats, nil
@@ -233,10 +230,7 @@ func (a *Agent) StartBranch(ctx context.Context, ref string, opts podmanfork.Opt
 	defer f.cleanupFiles()
 	stats, err := f.startBranch(ctx, r)
 	if err != nil {
-		if ctx.Err() != nil {
-			err = fmt.Errorf("start of branch %s cancelled (%v); everything it made was removed", b.Name, context.Cause(ctx))
-		}
-		return nil, errors.Join(err, f.rollback(ctx))
+		return nil, f.failed(ctx, "start of branch "+b.Name, err)
 	}
 	stats.TotalMs = ms(time.Since(start))
 	return stats, nil

@@ -55,13 +55,19 @@ func (a *Agent) ForkHere(ctx context.Context, source string, opts podmanfork.Opt
 	defer f.cleanupFiles()
 	stats, err := f.run(ctx)
 	if err != nil {
-		if ctx.Err() != nil {
-			err = fmt.Errorf("fork of %s cancelled (%v); everything it made was removed", src.Name, context.Cause(ctx))
-		}
-		return nil, errors.Join(err, f.rollback(ctx))
+		return nil, f.failed(ctx, "fork of "+src.Name, err)
 	}
 	stats.TotalMs = ms(time.Since(start))
 	return stats, nil
+}
+
+// failed ends a call that failed (what names it): everything it made is
+// rolled back, and a cancelled call says it was.
+func (f *forker) failed(ctx context.Context, what string, err error) error {
+	if ctx.Err() != nil {
+		err = fmt.Errorf("%s cancelled (%v); everything it made was removed", what, context.Cause(ctx))
+	}
+	return errors.Join(err, f.rollback(ctx))
 }
 
 // prepareSource is the start of every capture of source: it rolls back the
