@@ -35,7 +35,7 @@ func newBranchApp(layout plan.Layout) *cli.App {
 memory, files, volumes), written to disk after the container runs on.
 Containers started from it begin from that instant, any number of times,
 also after the container is gone or the host rebooted. The container must
-run with --runtime tclone. Branches are kept in ` + plan.DefaultLayout().Branches + `
+run with --runtime tclone. Branches are kept in ` + layout.Branches + `
 (TCLONE_BRANCH_DIR); their memory is stored once for all of them.`,
 		Version: buildinfo.Version,
 		// Branches live on the Podman host, so the command runs there; it
@@ -163,7 +163,7 @@ pullable by its name.`,
 				Usage:        "read a branch from a file or a checkpoint image (--image) written by export; its image must be on this host",
 				ArgsUsage:    "FILE | --image IMAGE",
 				Description: `The archive must be signed by a key this host trusts: its own, one given
-with --trust, or one in ` + plan.DefaultLayout().TrustedKeys + ` (a file KEY.pub a key, root's,
+with --trust, or one in ` + layout.TrustedKeys + ` (a file KEY.pub a key, root's,
 writable by root only). An export is signed by its host's key; that host
 prints it with podman container branch key.`,
 				Flags: []cli.Flag{
