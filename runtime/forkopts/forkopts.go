@@ -26,6 +26,24 @@ const (
 	DefaultCaptureTimeout = 60 * time.Second
 )
 
+// The groups of a fork's flags, as Fork's tags name them (see
+// shim/flagtable): a command takes or leaves each as a whole.
+const (
+	// GroupCapture is what the dump asks of CRIU: --tcp-established,
+	// --tcp-close, --file-locks, --ext-unix-sk, --shell-job.
+	GroupCapture = "capture"
+	// GroupMemory is --memory.
+	GroupMemory = "memory"
+	// GroupSibling is how siblings differ from the source: --identity.
+	GroupSibling = "sibling"
+	// GroupFiles is --files-only.
+	GroupFiles = "files"
+	// GroupPlan is a plan's life: --uses, --ttl.
+	GroupPlan = "plan"
+	// GroupTimeout is --capture-timeout.
+	GroupTimeout = "timeout"
+)
+
 // Unlimited is the Uses of a plan that serves any number of siblings until
 // it expires.
 const Unlimited = -1

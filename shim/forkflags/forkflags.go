@@ -1,10 +1,10 @@
-// Package forkflags derives command-line flags, REST query parameters and
-// their reading from flag tables: structs whose fields' tags name their
-// flags (see Fields). A fork's options are such a table (forkopts.Fork,
-// shared by `tclone fork`, `tclone restore`, `tclone checkpoint` and
-// `podman container fork`), and so are the Podman client's (podmanfork
-// Options, BranchOptions), whose commands and API service podmanflags
-// builds. A flag is spelled and described once, in its field's tag.
+// Package forkflags is a fork's command-line flags, shared by `tclone
+// fork`, `tclone restore`, `tclone checkpoint`, `tclone kube fork` and
+// `podman container fork`: forkopts.Fork's flag table (see shim/flagtable),
+// taken by group, with its defaults, and the reader that refuses what only
+// a flag can get wrong. The flags of Podman's fork and branch commands,
+// which only those take, are in podmanflags below, so that the runtime
+// binary does not link Podman's client.
 package forkflags
 
 import (
@@ -13,23 +13,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/tclone/tclone/runtime/forkopts"
-)
-
-// The groups of a fork's flags (see forkopts.Fork's tags).
-const (
-	// GroupCapture is what the dump asks of CRIU: --tcp-established,
-	// --tcp-close, --file-locks, --ext-unix-sk, --shell-job.
-	GroupCapture = "capture"
-	// GroupMemory is --memory.
-	GroupMemory = "memory"
-	// GroupSibling is how siblings differ from the source: --identity.
-	GroupSibling = "sibling"
-	// GroupFiles is --files-only.
-	GroupFiles = "files"
-	// GroupPlan is a plan's life: --uses, --ttl.
-	GroupPlan = "plan"
-	// GroupTimeout is --capture-timeout.
-	GroupTimeout = "timeout"
+	"github.com/tclone/tclone/shim/flagtable"
 )
 
 // Defaults are the values of a fork's flags that are not given: those
@@ -41,36 +25,40 @@ func Defaults() forkopts.Fork {
 }
 
 // For is the fork flags keep keeps, with their defaults.
-func For(keep Keep) []cli.Flag { return Flags(Defaults(), keep) }
+func For(keep flagtable.Keep) []cli.Flag { return flagtable.Flags(Defaults(), keep) }
 
 // CrunCapture is the capture flags crun itself has, for the verbs tclone
 // hands to crun (an ordinary checkpoint): the capture's, less --tcp-close.
 func CrunCapture() []cli.Flag {
-	return For(func(f Field) bool { return f.Group == GroupCapture && f.Choice != string(forkopts.TCPClose) })
+	return For(func(f flagtable.Field) bool {
+		return f.Group == forkopts.GroupCapture && f.Choice != string(forkopts.TCPClose)
+	})
 }
 
 // Capture is every capture flag: crun's, and --tcp-close.
-func Capture() []cli.Flag { return For(InGroups(GroupCapture)) }
+func Capture() []cli.Flag { return For(flagtable.InGroups(forkopts.GroupCapture)) }
 
 // Sibling is the flags of how siblings differ from the source and get its
 // memory.
-func Sibling() []cli.Flag { return For(InGroups(GroupMemory, GroupFiles, GroupSibling)) }
+func Sibling() []cli.Flag {
+	return For(flagtable.InGroups(forkopts.GroupMemory, forkopts.GroupFiles, forkopts.GroupSibling))
+}
 
 // MemoryFlag is --memory.
-func MemoryFlag() cli.Flag { return For(InGroups(GroupMemory))[0] }
+func MemoryFlag() cli.Flag { return For(flagtable.InGroups(forkopts.GroupMemory))[0] }
 
 // PlanLife is the flags of a plan captured on its own: how many siblings it
 // serves and how long it is kept.
-func PlanLife() []cli.Flag { return For(InGroups(GroupPlan)) }
+func PlanLife() []cli.Flag { return For(flagtable.InGroups(forkopts.GroupPlan)) }
 
 // Timeout is --capture-timeout.
-func Timeout() cli.Flag { return For(InGroups(GroupTimeout))[0] }
+func Timeout() cli.Flag { return For(flagtable.InGroups(forkopts.GroupTimeout))[0] }
 
 // ReadCapture reads the capture flags the command has. It does not fill
 // defaults: a restore without a TCP flag takes its plan's policy.
 func ReadCapture(c *cli.Context) (forkopts.Capture, error) {
 	var f forkopts.Fork
-	err := ReadInto(c, &f)
+	err := flagtable.ReadInto(c, &f)
 	return f.Capture, err
 }
 
@@ -80,7 +68,7 @@ func ReadCapture(c *cli.Context) (forkopts.Capture, error) {
 // fill.
 func Read(c *cli.Context) (forkopts.Fork, error) {
 	var f forkopts.Fork
-	if err := ReadInto(c, &f); err != nil {
+	if err := flagtable.ReadInto(c, &f); err != nil {
 		return forkopts.Fork{}, err
 	}
 	return f, CheckFork(c, &f)
@@ -92,13 +80,13 @@ func CheckFork(c *cli.Context, f *forkopts.Fork) error {
 	if f.FilesOnly && (f.Memory != "" || f.TCP == forkopts.TCPKeep) {
 		return fmt.Errorf("--files-only takes none of the source's processes: --memory and --tcp-established do not apply")
 	}
-	if name := NameOf(f, &f.CaptureTimeout); c.IsSet(name) && f.CaptureTimeout <= 0 {
+	if name := flagtable.NameOf(f, &f.CaptureTimeout); c.IsSet(name) && f.CaptureTimeout <= 0 {
 		return &BadValue{Flag: name, Value: f.CaptureTimeout.String(), Advice: "give a positive duration, such as 60s"}
 	}
-	if name := NameOf(f, &f.Uses); c.IsSet(name) && (f.Uses == 0 || f.Uses < forkopts.Unlimited) {
+	if name := flagtable.NameOf(f, &f.Uses); c.IsSet(name) && (f.Uses == 0 || f.Uses < forkopts.Unlimited) {
 		return &BadValue{Flag: name, Value: fmt.Sprint(f.Uses), Advice: "give a number of siblings (1 or more), or -1 for any number until the plan expires"}
 	}
-	if name := NameOf(f, &f.TTL); c.IsSet(name) && f.TTL <= 0 {
+	if name := flagtable.NameOf(f, &f.TTL); c.IsSet(name) && f.TTL <= 0 {
 		return &BadValue{Flag: name, Value: f.TTL.String(), Advice: "give how long an unused plan is kept, such as 10m"}
 	}
 	return nil

@@ -12,12 +12,13 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/tclone/tclone/runtime/forkopts"
+	"github.com/tclone/tclone/shim/flagtable"
 )
 
 // forkFlags is the table of `tclone fork`, which has every fork flag.
 // Flags are made afresh for each run: urfave/cli keeps values in them.
 func forkFlags() []cli.Flag {
-	return For(All)
+	return For(flagtable.All)
 }
 
 // read runs a command with flags on args and returns what Read made of them.
@@ -179,5 +180,12 @@ func TestHelpNamesEveryValue(t *testing.T) {
 				t.Errorf("--%s's help does not describe %s: %q", flag, v, usage[flag])
 			}
 		}
+	}
+}
+
+// --memory's help names the annotation that makes a source mergeable.
+func TestMemoryHelpNamesTheAnnotation(t *testing.T) {
+	if u := MemoryFlag().(cli.DocGenerationFlag).GetUsage(); !strings.Contains(u, forkopts.AnnotationMerge+"=true") {
+		t.Errorf("--memory's help does not name %s: %q", forkopts.AnnotationMerge, u)
 	}
 }

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/tclone/tclone/runtime/forkopts"
-	"github.com/tclone/tclone/shim/forkflags"
+	"github.com/tclone/tclone/shim/flagtable"
 )
 
 func TestParseReady(t *testing.T) {
@@ -75,7 +75,7 @@ func TestStartBranchRefusesCaptureOptions(t *testing.T) {
 
 // The fork endpoint is not sent the plan's life, which is the service's.
 func TestForkQueryLeavesThePlansLife(t *testing.T) {
-	q := forkflags.Query(Options{Count: 2, Fork: forkopts.Fork{Uses: 3, TTL: time.Minute}}, ForkQuery)
+	q := flagtable.Query(Options{Count: 2, Fork: forkopts.Fork{Uses: 3, TTL: time.Minute}}, ForkQuery)
 	if q.Has("uses") || q.Has("ttl") || q.Get("count") != "2" {
 		t.Errorf("query %v", q)
 	}

@@ -12,7 +12,8 @@ import (
 	"github.com/containers/podman/v5/pkg/errorhandling"
 
 	"github.com/tclone/tclone/runtime/branch"
-	"github.com/tclone/tclone/shim/forkflags"
+	"github.com/tclone/tclone/runtime/forkopts"
+	"github.com/tclone/tclone/shim/flagtable"
 )
 
 // ServiceHeader is the response header by which tclone's API service (`tclone
@@ -33,16 +34,16 @@ const (
 
 // ForkQuery keeps the fields of Options the fork endpoint takes: all but
 // the plan's life (Uses, TTL), which is the service's to decide.
-var ForkQuery = forkflags.Not(forkflags.InGroups(forkflags.GroupPlan))
+var ForkQuery = flagtable.Not(flagtable.InGroups(forkopts.GroupPlan))
 
 // CaptureOnly keeps the fields of Options that say how the source is
 // captured: a branch decides them when it is created, so its start refuses
 // them.
-var CaptureOnly = forkflags.InGroups(forkflags.GroupCapture, forkflags.GroupFiles, forkflags.GroupTimeout, GroupVolumes)
+var CaptureOnly = flagtable.InGroups(forkopts.GroupCapture, forkopts.GroupFiles, forkopts.GroupTimeout, GroupVolumes)
 
 // StartQuery keeps the fields of Options a branch's start takes: a fork's,
 // less those of the capture, which the branch already is.
-var StartQuery = forkflags.Not(forkflags.Or(forkflags.InGroups(forkflags.GroupPlan), CaptureOnly))
+var StartQuery = flagtable.Not(flagtable.Or(flagtable.InGroups(forkopts.GroupPlan), CaptureOnly))
 
 // CaptureOptionError refuses a capture option (flag) given to a branch's
 // start.
@@ -105,7 +106,7 @@ func ForkWithStats(ctx context.Context, source string, opts Options) (*Stats, er
 		return nil, ofKind(ErrInvalidOption, err)
 	}
 	var stats Stats
-	err := call(ctx, http.MethodPost, ForkEndpoint, forkflags.Query(opts, ForkQuery), nil, &stats, source)
+	err := call(ctx, http.MethodPost, ForkEndpoint, flagtable.Query(opts, ForkQuery), nil, &stats, source)
 	if err != nil {
 		return nil, fmt.Errorf("fork of %s: %w", source, err)
 	}
@@ -121,7 +122,7 @@ func CreateBranch(ctx context.Context, source, name string, opts BranchOptions) 
 	if err := opts.Validate(); err != nil {
 		return nil, ofKind(ErrInvalidOption, err)
 	}
-	q := forkflags.Query(opts, forkflags.All)
+	q := flagtable.Query(opts, flagtable.All)
 	q.Set("name", name)
 	var stats BranchStats
 	if err := call(ctx, http.MethodPost, BranchCreateEndpoint, q, nil, &stats, source); err != nil {
@@ -137,13 +138,13 @@ func StartBranch(ctx context.Context, ref string, opts Options) (*Stats, error) 
 	if err := opts.Validate(); err != nil {
 		return nil, ofKind(ErrInvalidOption, err)
 	}
-	for _, f := range forkflags.Fields(opts) {
-		if CaptureOnly(f) && forkflags.Query(opts, forkflags.Named(f.Name)).Has(f.Name) {
+	for _, f := range flagtable.Fields(opts) {
+		if CaptureOnly(f) && flagtable.Query(opts, flagtable.Named(f.Name)).Has(f.Name) {
 			return nil, ofKind(ErrInvalidOption, CaptureOptionError(f.Name))
 		}
 	}
 	var stats Stats
-	if err := call(ctx, http.MethodPost, BranchVerbEndpoint, forkflags.Query(opts, StartQuery), nil, &stats, ref, "start"); err != nil {
+	if err := call(ctx, http.MethodPost, BranchVerbEndpoint, flagtable.Query(opts, StartQuery), nil, &stats, ref, "start"); err != nil {
 		return nil, fmt.Errorf("start of branch %s: %w", ref, err)
 	}
 	return &stats, nil
@@ -203,7 +204,7 @@ func ExportBranch(ctx context.Context, ref string, w io.Writer) error {
 // container branch export) on the service's host.
 func ImportBranch(ctx context.Context, r io.Reader, opts ImportOptions) (*branch.Branch, error) {
 	var b branch.Branch
-	if err := call(ctx, http.MethodPost, BranchImportEndpoint, forkflags.Query(opts, forkflags.All), r, &b); err != nil {
+	if err := call(ctx, http.MethodPost, BranchImportEndpoint, flagtable.Query(opts, flagtable.All), r, &b); err != nil {
 		return nil, err
 	}
 	return &b, nil

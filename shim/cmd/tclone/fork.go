@@ -13,7 +13,9 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/tclone/tclone/runtime/fork"
+	"github.com/tclone/tclone/runtime/forkopts"
 	"github.com/tclone/tclone/runtime/plan"
+	"github.com/tclone/tclone/shim/flagtable"
 	"github.com/tclone/tclone/shim/forkflags"
 )
 
@@ -52,7 +54,7 @@ With --plan-only, only the capture is made; its directory is printed and
 		if err != nil {
 			return err
 		}
-		if !c.Bool("plan-only") && len(forkflags.Given(c, opts, forkflags.InGroups(forkflags.GroupPlan))) > 0 {
+		if !c.Bool("plan-only") && len(flagtable.Given(c, opts, flagtable.InGroups(forkopts.GroupPlan))) > 0 {
 			return fmt.Errorf("--uses and --ttl apply to --plan-only: a plain fork's plan serves its one sibling")
 		}
 		eng := engineOf(c, rt)

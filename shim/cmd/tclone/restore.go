@@ -10,6 +10,7 @@ import (
 	"github.com/tclone/tclone/runtime/crun"
 	"github.com/tclone/tclone/runtime/fork"
 	"github.com/tclone/tclone/runtime/forkopts"
+	"github.com/tclone/tclone/shim/flagtable"
 	"github.com/tclone/tclone/shim/forkflags"
 )
 
@@ -89,7 +90,7 @@ func crunRestoreArgs(c *cli.Context, capture forkopts.Capture) []string {
 func siblingRequest(c *cli.Context, id, planDir string, capture forkopts.Capture) fork.MaterializeRequest {
 	// --memory; the capture flags were read, and checked, before.
 	var flags forkopts.Fork
-	_ = forkflags.ReadInto(c, &flags)
+	_ = flagtable.ReadInto(c, &flags)
 	return fork.MaterializeRequest{
 		Plan: planDir, ID: id, Bundle: c.String("bundle"),
 		Detach: c.Bool("detach"), PidFile: c.String("pid-file"), ConsoleSocket: c.String("console-socket"),

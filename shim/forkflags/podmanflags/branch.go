@@ -7,6 +7,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/tclone/tclone/shim/flagtable"
 	"github.com/tclone/tclone/shim/forkflags"
 
 	"github.com/tclone/tclone/runtime/branch"
@@ -26,12 +27,12 @@ const (
 // create` keeps: the command's, and the query parameters of the branch
 // endpoint of tclone's API service (there, with the branch's name):
 // podmanfork.BranchOptions' table.
-func BranchCreate() []cli.Flag { return forkflags.Flags(podmanfork.BranchOptions{}, forkflags.All) }
+func BranchCreate() []cli.Flag { return flagtable.Flags(podmanfork.BranchOptions{}, flagtable.All) }
 
 // ReadBranchCreate reads the flags of BranchCreate.
 func ReadBranchCreate(c *cli.Context) (podmanfork.BranchOptions, error) {
 	var opts podmanfork.BranchOptions
-	if err := forkflags.ReadInto(c, &opts); err != nil {
+	if err := flagtable.ReadInto(c, &opts); err != nil {
 		return podmanfork.BranchOptions{}, err
 	}
 	return opts, opts.Validate()
@@ -58,13 +59,13 @@ func BranchCreateFromQuery(q url.Values) (name string, opts podmanfork.BranchOpt
 // fork's. Those of the capture are hidden, and refused by
 // RefuseCaptureFlags with a word on why.
 func PodmanBranchStart() []cli.Flag {
-	return forkflags.Hide(PodmanFork(), podmanfork.Options{}, podmanfork.CaptureOnly)
+	return flagtable.Hide(PodmanFork(), podmanfork.Options{}, podmanfork.CaptureOnly)
 }
 
 // RefuseCaptureFlags fails when a flag of the capture was given to a
 // branch start.
 func RefuseCaptureFlags(c *cli.Context) error {
-	if given := forkflags.Given(c, podmanfork.Options{}, podmanfork.CaptureOnly); len(given) > 0 {
+	if given := flagtable.Given(c, podmanfork.Options{}, podmanfork.CaptureOnly); len(given) > 0 {
 		return podmanfork.CaptureOptionError(given[0])
 	}
 	return nil
@@ -91,8 +92,8 @@ func BranchStartFromQuery(q url.Values) (opts podmanfork.Options, err error) {
 // ImportFromQuery reads the import endpoint's query parameters:
 // podmanfork.ImportOptions' table.
 func ImportFromQuery(q url.Values) (opts podmanfork.ImportOptions, err error) {
-	err = fromQuery(q, "an import", forkflags.Flags(podmanfork.ImportOptions{}, forkflags.All), func(c *cli.Context) error {
-		return forkflags.ReadInto(c, &opts)
+	err = fromQuery(q, "an import", flagtable.Flags(podmanfork.ImportOptions{}, flagtable.All), func(c *cli.Context) error {
+		return flagtable.ReadInto(c, &opts)
 	})
 	return opts, err
 }

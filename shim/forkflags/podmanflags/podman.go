@@ -13,6 +13,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/tclone/tclone/shim/flagtable"
 	"github.com/tclone/tclone/shim/forkflags"
 
 	"github.com/tclone/tclone/shim/podmanfork"
@@ -29,19 +30,19 @@ func Defaults() podmanfork.Options {
 // API service (see FromQuery), both podmanfork.Options' table less the
 // plan's life. How the command prints its result and where it connects are
 // the command's own.
-func PodmanFork() []cli.Flag { return forkflags.Flags(Defaults(), podmanfork.ForkQuery) }
+func PodmanFork() []cli.Flag { return flagtable.Flags(Defaults(), podmanfork.ForkQuery) }
 
 // ReadPodmanFork reads the flags of PodmanFork into fork options, refusing
 // what a flag alone can get wrong; Options.Validate checks the rest.
 func ReadPodmanFork(c *cli.Context) (podmanfork.Options, error) {
 	var opts podmanfork.Options
-	if err := forkflags.ReadInto(c, &opts); err != nil {
+	if err := flagtable.ReadInto(c, &opts); err != nil {
 		return podmanfork.Options{}, err
 	}
 	if err := forkflags.CheckFork(c, &opts.Fork); err != nil {
 		return podmanfork.Options{}, err
 	}
-	name := func(field any) string { return forkflags.NameOf(&opts, field) }
+	name := func(field any) string { return flagtable.NameOf(&opts, field) }
 	if opts.Count < 1 || opts.Count > podmanfork.MaxCount {
 		return podmanfork.Options{}, &forkflags.BadValue{Flag: name(&opts.Count), Value: fmt.Sprint(opts.Count), Advice: fmt.Sprintf("out of range: fork 1 to %d siblings at a time", podmanfork.MaxCount)}
 	}

@@ -8,12 +8,12 @@ import (
 	"time"
 
 	"github.com/tclone/tclone/runtime/forkopts"
-	"github.com/tclone/tclone/shim/forkflags"
+	"github.com/tclone/tclone/shim/flagtable"
 	"github.com/tclone/tclone/shim/podmanfork"
 )
 
 // query is what the client sends for o.
-func query(o podmanfork.Options) url.Values { return forkflags.Query(o, podmanfork.ForkQuery) }
+func query(o podmanfork.Options) url.Values { return flagtable.Query(o, podmanfork.ForkQuery) }
 
 // What a client sends (its query of Options) is what the service reads back.
 func TestQueryRoundTrip(t *testing.T) {

@@ -1,4 +1,9 @@
-package forkflags
+// Package flagtable derives command-line flags, REST query parameters and
+// their reading from flag tables: structs whose fields' tags name their
+// flags (see Fields). forkopts.Fork is one, and so are the Podman client's
+// options (shim/podmanfork); a flag is spelled and described once, in its
+// field's tag.
+package flagtable
 
 import (
 	"encoding"

@@ -1,4 +1,4 @@
-package forkflags
+package flagtable
 
 import (
 	"fmt"
@@ -10,8 +10,6 @@ import (
 	"time"
 
 	"github.com/urfave/cli/v2"
-
-	"github.com/tclone/tclone/runtime/forkopts"
 )
 
 // pair is a text field: a flag read by its type.
@@ -170,12 +168,5 @@ func TestTableRefusesWhatItCannotServe(t *testing.T) {
 			}()
 			Fields(v)
 		}()
-	}
-}
-
-// --memory's help names the annotation that makes a source mergeable.
-func TestMemoryHelpNamesTheAnnotation(t *testing.T) {
-	if u := MemoryFlag().(cli.DocGenerationFlag).GetUsage(); !strings.Contains(u, forkopts.AnnotationMerge+"=true") {
-		t.Errorf("--memory's help does not name %s: %q", forkopts.AnnotationMerge, u)
 	}
 }
