@@ -39,6 +39,7 @@ build:
 	# The fidelity workload runs inside test containers: static, no libc.
 	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN)/workload ./test/workload
 	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN)/memfill ./test/cmd/memfill
+	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN)/oldcriu ./test/cmd/oldcriu
 
 install: build
 	hack/install.sh $(BIN) $(PREFIX)

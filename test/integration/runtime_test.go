@@ -256,8 +256,11 @@ func TestPreflightRefusals(t *testing.T) {
 	if r.code == 0 || !strings.Contains(r.stderr, "crun") {
 		t.Fatalf("missing crun: exit %d %q", r.code, r.stderr)
 	}
-	fake := filepath.Join(t.TempDir(), "criu")
-	os.WriteFile(fake, []byte("#!/bin/sh\necho 'Version: 4.1.1'\n"), 0o755)
+	// A CRIU that says it is 4.1.1, over its RPC as tclone asks.
+	fake := filepath.Join(binDir(), "oldcriu")
+	if _, err := os.Stat(fake); err != nil {
+		t.Fatalf("oldcriu: %v (make build puts it in TCLONE_BINDIR)", err)
+	}
 	n := name(t, "pre")
 	podman(t, "run", "-d", "--name", n, busybox, "sleep", "1000")
 	id := containerID(t, n)
