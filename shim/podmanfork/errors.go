@@ -37,9 +37,7 @@ func (e *kindError) Error() string   { return e.err.Error() }
 func (e *kindError) Unwrap() []error { return []error{e.kind, e.err} }
 
 // WithKind tags err with kind; nil stays nil.
-func WithKind(kind, err error) error { return ofKind(kind, err) }
-
-func ofKind(kind, err error) error {
+func WithKind(kind, err error) error {
 	if err == nil {
 		return nil
 	}

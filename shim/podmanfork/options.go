@@ -11,7 +11,7 @@
 // on the host, and each restore makes a real Podman container (its own ID,
 // name, IP, hostname, /etc/hosts) that conmon monitors like any other.
 //
-// Options and BranchOptions are flag tables (see shim/forkflags): their
+// Options and BranchOptions are flag tables (see shim/flagtable): their
 // tags name the flags of `podman container fork` and `podman container
 // branch`, and the query parameters of the service's endpoints.
 package podmanfork
@@ -19,7 +19,6 @@ package podmanfork
 import (
 	"errors"
 	"fmt"
-	"github.com/containers/podman/v5/libpod/define"
 	"maps"
 	"regexp"
 	"runtime"
@@ -27,6 +26,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/containers/podman/v5/libpod/define"
 
 	"github.com/tclone/tclone/runtime/forkopts"
 )
@@ -180,15 +181,6 @@ func (l *Labels) SetFlagValues(kvs []string) error {
 	return err
 }
 
-// ParseLabels reads the KEY=VALUE labels of siblings.
-func ParseLabels(kvs []string) (Labels, error) {
-	labels, err := parseKV(kvs)
-	if err != nil {
-		return nil, err
-	}
-	return labels, checkLabels(labels)
-}
-
 func parseKV(kvs []string) (Labels, error) {
 	labels := Labels{}
 	for _, kv := range kvs {
@@ -201,16 +193,8 @@ func parseKV(kvs []string) (Labels, error) {
 	return labels, nil
 }
 
-// ParseBranchLabels reads a branch's KEY=VALUE labels. Of the labels
-// tclone sets itself, a branch may carry io.tclone.keep only.
-func ParseBranchLabels(kvs []string) (Labels, error) {
-	labels, err := parseKV(kvs)
-	if err != nil {
-		return nil, err
-	}
-	return labels, checkBranchLabels(labels)
-}
-
+// checkBranchLabels refuses the labels tclone sets itself, but for
+// io.tclone.keep, which a branch may carry.
 func checkBranchLabels(labels Labels) error {
 	rest := maps.Clone(labels)
 	delete(rest, LabelKeep)

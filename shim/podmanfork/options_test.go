@@ -33,14 +33,39 @@ func TestParseReady(t *testing.T) {
 	}
 }
 
-func TestParseLabels(t *testing.T) {
-	got, err := ParseLabels([]string{"a=1", "b=x=y", "c="})
-	if err != nil || got["a"] != "1" || got["b"] != "x=y" || got["c"] != "" {
+// Labels are read as KEY=VALUE; a sibling's may not be tclone's own, a
+// branch's only io.tclone.keep.
+func TestLabels(t *testing.T) {
+	var got Labels
+	if err := got.SetFlagValues([]string{"a=1", "b=x=y", "c="}); err != nil || got["a"] != "1" || got["b"] != "x=y" || got["c"] != "" {
 		t.Fatalf("%v %v", got, err)
 	}
-	for _, bad := range [][]string{{"novalue"}, {"=x"}, {LabelForkedFrom + "=x"}} {
-		if _, err := ParseLabels(bad); err == nil {
+	if v := got.FlagValues(); strings.Join(v, " ") != "a=1 b=x=y c=" {
+		t.Errorf("FlagValues %q", v)
+	}
+	for _, bad := range [][]string{{"novalue"}, {"=x"}} {
+		var l Labels
+		if err := l.SetFlagValues(bad); err == nil {
 			t.Errorf("%v accepted", bad)
+		}
+	}
+	if err := (Options{Labels: Labels{LabelForkedFrom: "x"}}).Validate(); err == nil {
+		t.Errorf("a sibling's label %s accepted", LabelForkedFrom)
+	}
+	if err := (BranchOptions{Labels: Labels{LabelKeep: "true"}}).Validate(); err != nil {
+		t.Errorf("a branch's %s refused: %v", LabelKeep, err)
+	}
+	if err := (BranchOptions{Labels: Labels{LabelForkedFrom: "x"}}).Validate(); err == nil {
+		t.Errorf("a branch's label %s accepted", LabelForkedFrom)
+	}
+}
+
+// What the service answers an error of a kind with, the client reads back
+// as that kind.
+func TestStatusRoundTrip(t *testing.T) {
+	for _, kind := range []error{ErrInvalidOption, ErrNoSuchSource, ErrConflict} {
+		if got := kindOfStatus(HTTPStatus(WithKind(kind, errors.New("x")))); got != kind {
+			t.Errorf("%v comes back as %v", kind, got)
 		}
 	}
 }

@@ -77,7 +77,7 @@ func requireTclone(ctx context.Context) error {
 		return err
 	}
 	conn, _ := bindings.GetClient(ctx)
-	return ofKind(ErrNotTcloneService, fmt.Errorf("the API service at %s is Podman's own, which cannot fork: connect to tclone's API service "+
+	return WithKind(ErrNotTcloneService, fmt.Errorf("the API service at %s is Podman's own, which cannot fork: connect to tclone's API service "+
 		"(`tclone service`, unix:///run/tclone/tclone.sock or ssh://USER@HOST/run/tclone/tclone.sock), "+
 		"or fork on the Podman host with `podman container fork`", conn.URI.Redacted()))
 }
@@ -103,7 +103,7 @@ func Fork(ctx context.Context, source string, opts Options) ([]Result, error) {
 // to the host.
 func ForkWithStats(ctx context.Context, source string, opts Options) (*Stats, error) {
 	if err := opts.Validate(); err != nil {
-		return nil, ofKind(ErrInvalidOption, err)
+		return nil, WithKind(ErrInvalidOption, err)
 	}
 	var stats Stats
 	err := call(ctx, http.MethodPost, ForkEndpoint, flagtable.Query(opts, ForkQuery), nil, &stats, source)
@@ -117,10 +117,10 @@ func ForkWithStats(ctx context.Context, source string, opts Options) (*Stats, er
 // keeps the capture on the service's host as branch name.
 func CreateBranch(ctx context.Context, source, name string, opts BranchOptions) (*BranchStats, error) {
 	if err := branch.CheckName(name); err != nil {
-		return nil, ofKind(ErrInvalidOption, err)
+		return nil, WithKind(ErrInvalidOption, err)
 	}
 	if err := opts.Validate(); err != nil {
-		return nil, ofKind(ErrInvalidOption, err)
+		return nil, WithKind(ErrInvalidOption, err)
 	}
 	q := flagtable.Query(opts, flagtable.All)
 	q.Set("name", name)
@@ -136,11 +136,11 @@ func CreateBranch(ctx context.Context, source, name string, opts BranchOptions) 
 // of the capture (StartQuery).
 func StartBranch(ctx context.Context, ref string, opts Options) (*Stats, error) {
 	if err := opts.Validate(); err != nil {
-		return nil, ofKind(ErrInvalidOption, err)
+		return nil, WithKind(ErrInvalidOption, err)
 	}
 	for _, f := range flagtable.Fields(opts) {
 		if CaptureOnly(f) && flagtable.Query(opts, flagtable.Named(f.Name)).Has(f.Name) {
-			return nil, ofKind(ErrInvalidOption, CaptureOptionError(f.Name))
+			return nil, WithKind(ErrInvalidOption, CaptureOptionError(f.Name))
 		}
 	}
 	var stats Stats
@@ -233,7 +233,7 @@ func answerError(err error) error {
 	var model *errorhandling.ErrorModel
 	if errors.As(err, &model) {
 		if kind := kindOfStatus(model.ResponseCode); kind != nil {
-			return ofKind(kind, err)
+			return WithKind(kind, err)
 		}
 	}
 	return err

@@ -16,6 +16,7 @@ import (
 	"github.com/tclone/tclone/runtime/branch/signing"
 	"github.com/tclone/tclone/runtime/buildinfo"
 	"github.com/tclone/tclone/runtime/plan"
+	"github.com/tclone/tclone/shim/cmd/internal/hostlayout"
 	"github.com/tclone/tclone/shim/forkflags/podmanflags"
 	"github.com/tclone/tclone/shim/hostagent"
 	"github.com/tclone/tclone/shim/podmanfork"
@@ -28,7 +29,7 @@ const BranchCommand = "podman-branch"
 func newBranchApp(layout plan.Layout) *cli.App {
 	debug := &cli.BoolFlag{Name: "debug", Usage: "debug output"}
 	return &cli.App{
-		Metadata: map[string]any{layoutKey: layout},
+		Metadata: hostlayout.Metadata(layout),
 		Name:     "podman container branch",
 		Usage:    "keep named captures of running containers on disk, and start containers from them",
 		Description: `A branch is a container's whole state at one instant (process tree,
@@ -248,7 +249,7 @@ func branchCreate(c *cli.Context) error {
 	if notify.f != nil {
 		runnable = notify.runnable
 	}
-	ctx, stop, err := connectTo(c.Context, layoutOf(c), target{url: c.String("url")}, false)
+	ctx, stop, err := connectTo(c.Context, hostlayout.Of(c), target{url: c.String("url")}, false)
 	if err != nil {
 		notify.failed(err)
 		return err
@@ -333,7 +334,7 @@ func branchStart(c *cli.Context) error {
 	if err := hostagent.Validate(opts); err != nil {
 		return err
 	}
-	ctx, stop, err := connectTo(c.Context, layoutOf(c), target{url: c.String("url")}, false)
+	ctx, stop, err := connectTo(c.Context, hostlayout.Of(c), target{url: c.String("url")}, false)
 	if err != nil {
 		return err
 	}
@@ -453,7 +454,7 @@ func branchExportImage(c *cli.Context) error {
 	if format != "" && format != "json" {
 		return fmt.Errorf("--format %q: the one format is json", format)
 	}
-	ctx, stop, err := connectTo(c.Context, layoutOf(c), target{url: c.String("url")}, false)
+	ctx, stop, err := connectTo(c.Context, hostlayout.Of(c), target{url: c.String("url")}, false)
 	if err != nil {
 		return err
 	}
@@ -478,7 +479,7 @@ func branchKey(c *cli.Context) error {
 	if c.NArg() != 0 {
 		return fmt.Errorf("podman container branch key takes no arguments; see --help")
 	}
-	key, err := signing.HostKey(layoutOf(c).Keys)
+	key, err := signing.HostKey(hostlayout.Of(c).Keys)
 	if err != nil {
 		return err
 	}
@@ -499,7 +500,7 @@ func branchImport(c *cli.Context) error {
 		}
 		opts.Trust = append(opts.Trust, k)
 	}
-	ctx, stop, err := connectTo(c.Context, layoutOf(c), target{url: c.String("url")}, false)
+	ctx, stop, err := connectTo(c.Context, hostlayout.Of(c), target{url: c.String("url")}, false)
 	if err != nil {
 		return err
 	}

@@ -7,6 +7,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -19,6 +20,7 @@ import (
 
 	"github.com/tclone/tclone/runtime/buildinfo"
 	"github.com/tclone/tclone/runtime/plan"
+	"github.com/tclone/tclone/shim/cmd/internal/hostlayout"
 	"github.com/tclone/tclone/shim/forkflags/podmanflags"
 	"github.com/tclone/tclone/shim/hostagent"
 	"github.com/tclone/tclone/shim/podmanfork"
@@ -41,19 +43,12 @@ func main() {
 	}
 }
 
-// layoutKey keys the host's layout in the app's Metadata: built once in
-// main, every command reads it there (layoutOf).
-const layoutKey = "layout"
-
-// layoutOf is the host's layout the app was made with.
-func layoutOf(c *cli.Context) plan.Layout { return c.App.Metadata[layoutKey].(plan.Layout) }
-
 // agentOf is the host agent on that layout.
-func agentOf(c *cli.Context) *hostagent.Agent { return hostagent.New(layoutOf(c)) }
+func agentOf(c *cli.Context) *hostagent.Agent { return hostagent.New(hostlayout.Of(c)) }
 
 func newApp(layout plan.Layout) *cli.App {
 	return &cli.App{
-		Metadata:  map[string]any{layoutKey: layout},
+		Metadata:  hostlayout.Metadata(layout),
 		Name:      "podman container fork",
 		Usage:     "fork a running container into new sibling containers",
 		UsageText: "podman container fork [options] SOURCE",
@@ -108,7 +103,7 @@ func run(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	ctx, stop, err := connectTo(c.Context, layoutOf(c), target, c.Bool("private-service"))
+	ctx, stop, err := connectTo(c.Context, hostlayout.Of(c), target, c.Bool("private-service"))
 	if err != nil {
 		return err
 	}
@@ -121,17 +116,15 @@ func run(c *cli.Context) error {
 }
 
 // fork asks tclone's API service to fork, when the connection is to it;
-// with Podman's own service, the fork runs here, through the host agent,
-// which needs root on the Podman host.
+// with Podman's own service, which the client refuses before asking
+// anything, the fork runs here, through the host agent, which needs root
+// on the Podman host.
 func fork(ctx context.Context, agent *hostagent.Agent, source string, opts podmanfork.Options) (*podmanfork.Stats, error) {
-	remote, err := podmanfork.IsTcloneService(ctx)
-	if err != nil {
-		return nil, err
+	stats, err := podmanfork.ForkWithStats(ctx, source, opts)
+	if errors.Is(err, podmanfork.ErrNotTcloneService) {
+		return agent.ForkHere(ctx, source, opts)
 	}
-	if remote {
-		return podmanfork.ForkWithStats(ctx, source, opts)
-	}
-	return agent.ForkHere(ctx, source, opts)
+	return stats, err
 }
 
 // report prints what a call made in one write: the call is over, and a

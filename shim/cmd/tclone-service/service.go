@@ -23,6 +23,7 @@ import (
 	"github.com/tclone/tclone/runtime/buildinfo"
 	"github.com/tclone/tclone/runtime/plan"
 	"github.com/tclone/tclone/shim/apiservice"
+	"github.com/tclone/tclone/shim/cmd/internal/hostlayout"
 	"github.com/tclone/tclone/shim/hostagent"
 )
 
@@ -30,7 +31,7 @@ import (
 // the host's layout.
 func newApp(layout plan.Layout) *cli.App {
 	return &cli.App{
-		Metadata:  map[string]any{layoutKey: layout},
+		Metadata:  hostlayout.Metadata(layout),
 		Name:      "tclone service",
 		Usage:     "serve Podman's API with the fork and branch endpoints added, for REST clients local or remote",
 		Version:   buildinfo.Version,
@@ -95,7 +96,7 @@ func runService(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	svc := apiservice.New(hostagent.New(layoutOf(c)), podman, buildinfo.Version)
+	svc := apiservice.New(hostagent.New(hostlayout.Of(c)), podman, buildinfo.Version)
 	srv := &http.Server{Handler: svc, ReadHeaderTimeout: 30 * time.Second}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
@@ -243,10 +244,3 @@ func unixPath(raw string) (string, error) {
 	}
 	return path, nil
 }
-
-// layoutKey keys the host's layout in the app's Metadata: built once in
-// main, read there (layoutOf).
-const layoutKey = "layout"
-
-// layoutOf is the host's layout the app was made with.
-func layoutOf(c *cli.Context) plan.Layout { return c.App.Metadata[layoutKey].(plan.Layout) }

@@ -10,6 +10,7 @@ import (
 	"github.com/tclone/tclone/runtime/branch"
 	"github.com/tclone/tclone/runtime/calls"
 	"github.com/tclone/tclone/runtime/fork"
+	"github.com/tclone/tclone/shim/cmd/internal/hostlayout"
 )
 
 // gcReport is what `tclone gc` prints: the runtime's recovery, and the fork
@@ -49,7 +50,7 @@ crash to clean up at once. Prints what it removed as JSON.`,
 		if calls != nil && len(calls.Kept) > 0 {
 			logrus.Warnf("kept %d fork calls of Kubernetes forks for a later gc: their CRI runtime is not reachable (%s)", len(calls.Kept), strings.Join(calls.Kept, "; "))
 		}
-		branches, berr := branch.StoreOf(layoutOf(c)).Collect()
+		branches, berr := branch.StoreOf(hostlayout.Of(c)).Collect()
 		if perr := printJSON(gcReport{Recovered: r, Calls: calls, Branches: &branches}); perr != nil {
 			return perr
 		}

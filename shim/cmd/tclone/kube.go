@@ -11,6 +11,7 @@ import (
 
 	"github.com/tclone/tclone/runtime/forkopts"
 	"github.com/tclone/tclone/runtime/plan"
+	"github.com/tclone/tclone/shim/cmd/internal/hostlayout"
 	"github.com/tclone/tclone/shim/forkflags"
 	"github.com/tclone/tclone/shim/kubefork"
 )
@@ -66,7 +67,7 @@ func kubeFork(c *cli.Context) error {
 	res, err := kubefork.Fork(ctx, target, kubefork.Options{
 		Namespace: c.String("namespace"), Count: c.Int("count"), Name: c.String("name"), Fork: f,
 		ReadyTimeout: c.Duration("ready-timeout"), Crictl: c.String("crictl"), Endpoint: c.String("runtime-endpoint"),
-		Store: plan.Store{Layout: layoutOf(c)},
+		Store: plan.Store{Layout: hostlayout.Of(c)},
 	})
 	if err != nil {
 		return err

@@ -15,6 +15,7 @@ import (
 	"github.com/tclone/tclone/runtime/fork"
 	"github.com/tclone/tclone/runtime/lazy"
 	"github.com/tclone/tclone/runtime/plan"
+	"github.com/tclone/tclone/shim/cmd/internal/hostlayout"
 )
 
 const usage = `an OCI runtime that forks running containers
@@ -38,19 +39,14 @@ func main() {
 	}
 }
 
-// layoutKey keys the host's layout in the app's Metadata: built once in
-// main, every command reads it there (layoutOf).
-const layoutKey = "layout"
-
-// layoutOf is the host's layout the app was made with.
-func layoutOf(c *cli.Context) plan.Layout { return c.App.Metadata[layoutKey].(plan.Layout) }
-
 // engineOf is the fork engine of this call: its crun, the host's layout.
-func engineOf(c *cli.Context, rt *crun.Runtime) *fork.Engine { return fork.NewEngine(rt, layoutOf(c)) }
+func engineOf(c *cli.Context, rt *crun.Runtime) *fork.Engine {
+	return fork.NewEngine(rt, hostlayout.Of(c))
+}
 
 func newApp(layout plan.Layout) *cli.App {
 	app := &cli.App{
-		Metadata:               map[string]any{layoutKey: layout},
+		Metadata:               hostlayout.Metadata(layout),
 		Name:                   "tclone",
 		Usage:                  usage,
 		Version:                buildinfo.Version,
