@@ -1,6 +1,8 @@
 package podmanflags
 
 import (
+	"fmt"
+	"github.com/urfave/cli/v2"
 	"net/url"
 	"reflect"
 	"strings"
@@ -89,6 +91,18 @@ func TestFromQuerySpellingsAndRefusals(t *testing.T) {
 		_, err := FromQuery(c.q)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%v: %v, want an error saying %q", c.q, err, c.want)
+		}
+	}
+}
+
+// The help of --count and --parallel states the bound the options check.
+func TestHelpStatesMaxCount(t *testing.T) {
+	for _, f := range PodmanFork() {
+		switch name := f.Names()[0]; name {
+		case "count", "parallel":
+			if u := f.(cli.DocGenerationFlag).GetUsage(); !strings.Contains(u, fmt.Sprintf("1..%d", podmanfork.MaxCount)) {
+				t.Errorf("--%s's help does not say 1..%d: %q", name, podmanfork.MaxCount, u)
+			}
 		}
 	}
 }
