@@ -2,12 +2,13 @@ package podmanflags
 
 import (
 	"fmt"
-	"github.com/urfave/cli/v2"
 	"net/url"
 	"reflect"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/urfave/cli/v2"
 
 	"github.com/tclone/tclone/runtime/forkopts"
 	"github.com/tclone/tclone/shim/flagtable"
