@@ -1,8 +1,6 @@
 package hostagent
 
 import (
-	"github.com/tclone/tclone/shim/podmanfork"
-
 	"context"
 	"encoding/json"
 	"errors"
@@ -26,6 +24,7 @@ import (
 	"github.com/tclone/tclone/runtime/lazy"
 	"github.com/tclone/tclone/runtime/plan"
 	"github.com/tclone/tclone/runtime/rootfs"
+	"github.com/tclone/tclone/shim/podmanfork"
 )
 
 // branchEngine is what this package keeps in a branch (branch.Branch's

@@ -1,8 +1,6 @@
 package hostagent
 
 import (
-	"github.com/tclone/tclone/shim/podmanfork"
-
 	"archive/tar"
 	"context"
 	"encoding/json"
@@ -28,6 +26,7 @@ import (
 	"github.com/tclone/tclone/runtime/calls"
 	"github.com/tclone/tclone/runtime/plan"
 	"github.com/tclone/tclone/runtime/rootfs"
+	"github.com/tclone/tclone/shim/podmanfork"
 )
 
 // A checkpoint image is Podman's way to carry a checkpoint through a

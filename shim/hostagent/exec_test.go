@@ -1,14 +1,14 @@
 package hostagent
 
 import (
-	"github.com/tclone/tclone/shim/podmanfork"
-
 	"context"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/containers/podman/v5/libpod/define"
+
+	"github.com/tclone/tclone/shim/podmanfork"
 )
 
 // The attach stream of an exec is given up once the session is seen to

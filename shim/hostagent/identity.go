@@ -1,8 +1,6 @@
 package hostagent
 
 import (
-	"github.com/tclone/tclone/shim/podmanfork"
-
 	"fmt"
 	"io"
 	"os"
@@ -14,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/tclone/tclone/runtime/forkopts"
+	"github.com/tclone/tclone/shim/podmanfork"
 )
 
 // identityLimits lists what keeps siblings of src from getting their own

@@ -1,8 +1,6 @@
 package hostagent
 
 import (
-	"github.com/tclone/tclone/shim/podmanfork"
-
 	"archive/tar"
 	"encoding/json"
 	"fmt"
@@ -17,6 +15,7 @@ import (
 	"github.com/containers/common/pkg/config"
 
 	"github.com/tclone/tclone/runtime/plan"
+	"github.com/tclone/tclone/shim/podmanfork"
 )
 
 // An imported branch's checkpoint archive (Podman's config.dump and

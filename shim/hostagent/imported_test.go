@@ -1,8 +1,6 @@
 package hostagent
 
 import (
-	"github.com/tclone/tclone/shim/podmanfork"
-
 	"encoding/json"
 	"errors"
 	"maps"
@@ -13,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/tclone/tclone/runtime/plan"
+	"github.com/tclone/tclone/shim/podmanfork"
 )
 
 // A spec as Podman makes it for `podman run -v data:/data IMAGE`.

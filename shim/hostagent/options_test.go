@@ -1,8 +1,6 @@
 package hostagent
 
 import (
-	"github.com/tclone/tclone/shim/podmanfork"
-
 	"archive/tar"
 	"bytes"
 	"context"
@@ -17,6 +15,7 @@ import (
 
 	"github.com/tclone/tclone/runtime/forkopts"
 	"github.com/tclone/tclone/runtime/plan"
+	"github.com/tclone/tclone/shim/podmanfork"
 )
 
 func TestNormalize(t *testing.T) {

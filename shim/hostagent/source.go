@@ -1,8 +1,6 @@
 package hostagent
 
 import (
-	"github.com/tclone/tclone/shim/podmanfork"
-
 	"context"
 	"errors"
 	"fmt"
@@ -13,6 +11,8 @@ import (
 	"github.com/containers/podman/v5/libpod/define"
 	"github.com/containers/podman/v5/pkg/bindings/containers"
 	"github.com/containers/podman/v5/pkg/errorhandling"
+
+	"github.com/tclone/tclone/shim/podmanfork"
 )
 
 // RuntimeName is the name tclone is registered under in containers.conf.

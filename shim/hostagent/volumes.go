@@ -1,8 +1,6 @@
 package hostagent
 
 import (
-	"github.com/tclone/tclone/shim/podmanfork"
-
 	"context"
 	"fmt"
 	"path/filepath"
@@ -13,6 +11,7 @@ import (
 	"github.com/containers/podman/v5/pkg/bindings/volumes"
 
 	"github.com/tclone/tclone/runtime/forkopts"
+	"github.com/tclone/tclone/shim/podmanfork"
 )
 
 // planVolumes applies the policy to the source's mounts: the volumes to

@@ -1,14 +1,14 @@
 package hostagent
 
 import (
-	"github.com/tclone/tclone/shim/podmanfork"
-
 	"encoding/json"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/containers/podman/v5/libpod/define"
+
+	"github.com/tclone/tclone/shim/podmanfork"
 )
 
 func volumeSource() *define.InspectContainerData {

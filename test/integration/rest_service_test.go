@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/tclone/tclone/runtime/forkopts"
 	"io"
 	"net"
 	"net/http"
@@ -23,6 +22,7 @@ import (
 
 	"github.com/containers/podman/v5/pkg/bindings"
 
+	"github.com/tclone/tclone/runtime/forkopts"
 	"github.com/tclone/tclone/shim/podmanfork"
 )
 

@@ -1,13 +1,13 @@
 package main
 
 import (
-	"github.com/tclone/tclone/runtime/plan"
-
 	"context"
 	"errors"
 	"io"
 	"strings"
 	"testing"
+
+	"github.com/tclone/tclone/runtime/plan"
 )
 
 var errReached = errors.New("reached Podman")

@@ -7,10 +7,9 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/tclone/tclone/runtime/branch"
 	"github.com/tclone/tclone/shim/flagtable"
 	"github.com/tclone/tclone/shim/forkflags"
-
-	"github.com/tclone/tclone/runtime/branch"
 	"github.com/tclone/tclone/shim/podmanfork"
 )
 

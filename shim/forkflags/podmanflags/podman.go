@@ -15,7 +15,6 @@ import (
 
 	"github.com/tclone/tclone/shim/flagtable"
 	"github.com/tclone/tclone/shim/forkflags"
-
 	"github.com/tclone/tclone/shim/podmanfork"
 )
 
