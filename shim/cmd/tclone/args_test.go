@@ -96,21 +96,22 @@ func TestRestoreShortFlags(t *testing.T) {
 
 func TestMaterializeRequestFromRestoreFlags(t *testing.T) {
 	c := parse(t, restoreCommand, "--bundle", "/b", "--pid-file", "/p", "--detach", "--image-path", "/b/checkpoint",
-		"--work-path", "/w", "--console-socket", "/s", "--tcp-close", "ID")
-	capture, _ := forkflags.ReadCapture(c)
-	req := siblingRequest(c, "ID", "/run/tclone/plans/x", capture)
+		"--work-path", "/w", "--console-socket", "/s", "--tcp-close", "--memory", "copy", "ID")
+	opts, _ := forkflags.Read(c)
+	req := siblingRequest(c, "ID", "/run/tclone/plans/x", opts)
 	if req.ID != "ID" || req.Plan != "/run/tclone/plans/x" || req.Bundle != "/b" || !req.Detach ||
-		req.PidFile != "/p" || req.ConsoleSocket != "/s" || req.WorkPath != "/w" || req.TCP != forkopts.TCPClose {
+		req.PidFile != "/p" || req.ConsoleSocket != "/s" || req.WorkPath != "/w" || req.TCP != forkopts.TCPClose ||
+		req.Memory != forkopts.MemoryCopy {
 		t.Fatalf("request %+v", req)
 	}
 	c = parse(t, restoreCommand, "--tcp-established", "--image-path", "/p", "ID")
-	capture, _ = forkflags.ReadCapture(c)
-	if req := siblingRequest(c, "ID", "/p", capture); req.TCP != forkopts.TCPKeep {
+	opts, _ = forkflags.Read(c)
+	if req := siblingRequest(c, "ID", "/p", opts); req.TCP != forkopts.TCPKeep || req.Memory != "" {
 		t.Fatalf("--tcp-established on a plan: %+v", req)
 	}
 	c = parse(t, restoreCommand, "--image-path", "/p", "ID")
-	capture, _ = forkflags.ReadCapture(c)
-	if req := siblingRequest(c, "ID", "/p", capture); req.TCP != "" {
+	opts, _ = forkflags.Read(c)
+	if req := siblingRequest(c, "ID", "/p", opts); req.TCP != "" {
 		t.Fatalf("no TCP flag must leave the plan's policy: %+v", req)
 	}
 }

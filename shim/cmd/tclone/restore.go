@@ -10,7 +10,6 @@ import (
 	"github.com/tclone/tclone/runtime/crun"
 	"github.com/tclone/tclone/runtime/fork"
 	"github.com/tclone/tclone/runtime/forkopts"
-	"github.com/tclone/tclone/shim/flagtable"
 	"github.com/tclone/tclone/shim/forkflags"
 )
 
@@ -42,16 +41,18 @@ var restoreCommand = &cli.Command{
 		if err != nil {
 			return err
 		}
-		capture, err := forkflags.ReadCapture(c)
+		// The capture flags, and --memory for a sibling of a plan.
+		opts, err := forkflags.Read(c)
 		if err != nil {
 			return err
 		}
+		capture := opts.Capture
 		planDir, err := eng.PlanDirFor(c.String("image-path"))
 		if err != nil {
 			return err
 		}
 		if planDir != "" {
-			m, err := eng.Materialize(c.Context, siblingRequest(c, id, planDir, capture))
+			m, err := eng.Materialize(c.Context, siblingRequest(c, id, planDir, opts))
 			if err != nil {
 				return err
 			}
@@ -85,16 +86,14 @@ func crunRestoreArgs(c *cli.Context, capture forkopts.Capture) []string {
 	return append(a, passThrough(c, "manage-cgroups-mode", "network-lock", "lsm-profile", "lsm-mount-context")...)
 }
 
-// siblingRequest maps the restore flags onto a sibling of a fork plan: the
-// TCP flags choose its policy, the plan decides the other capture options.
-func siblingRequest(c *cli.Context, id, planDir string, capture forkopts.Capture) fork.MaterializeRequest {
-	// --memory; the capture flags were read, and checked, before.
-	var flags forkopts.Fork
-	_ = flagtable.ReadInto(c, &flags)
+// siblingRequest maps the restore flags, read into opts, onto a sibling of
+// a fork plan: the TCP flags choose its policy, --memory how it gets its
+// memory, and the plan decides the other capture options.
+func siblingRequest(c *cli.Context, id, planDir string, opts forkopts.Fork) fork.MaterializeRequest {
 	return fork.MaterializeRequest{
 		Plan: planDir, ID: id, Bundle: c.String("bundle"),
 		Detach: c.Bool("detach"), PidFile: c.String("pid-file"), ConsoleSocket: c.String("console-socket"),
-		WorkPath: c.String("work-path"), TCP: capture.TCP, Memory: flags.Memory,
+		WorkPath: c.String("work-path"), TCP: opts.TCP, Memory: opts.Memory,
 		ManageCgroupsMode: c.String("manage-cgroups-mode"),
 		LSMProfile:        c.String("lsm-profile"), LSMMountContext: c.String("lsm-mount-context"),
 		Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr,
