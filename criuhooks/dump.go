@@ -1,7 +1,6 @@
 package criuhooks
 
 import (
-	"errors"
 	"time"
 
 	criu "github.com/checkpoint-restore/go-criu/v7"
@@ -23,22 +22,18 @@ type CaptureHooks struct {
 	PostDumpAt time.Time
 	// PostDumpDone is when OnPostDump returned.
 	PostDumpDone time.Time
-
-	criuPid int
 }
-
-// CriuStarted implements CriuStarted.
-func (h *CaptureHooks) CriuStarted(pid int) { h.criuPid = pid }
 
 // PreDump implements criu.Notify.
 func (h *CaptureHooks) PreDump() error {
 	if h.OnPreDump == nil {
 		return nil
 	}
-	if h.criuPid == 0 {
-		return errors.New("pre-dump came before the criu process of the call was known")
+	pid, err := criuChild()
+	if err != nil {
+		return err
 	}
-	return h.OnPreDump(h.criuPid)
+	return h.OnPreDump(pid)
 }
 
 // PostDump implements criu.Notify.
