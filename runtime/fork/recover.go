@@ -275,22 +275,16 @@ func (e *Engine) removeSibling(ctx context.Context, crunRoot, id string) error {
 // gone. A capture killed after it started CRIU but before CRIU announced
 // itself (the journal learns of CRIU at its first notification) leaves a
 // CRIU nobody will ever talk to; one was seen asleep in its kernel probe an
-// hour later. It holds nothing of the source yet, only the plan's files.
-// Returns how many it killed.
+// hour later. So does a CRIU killed while one of its kernel probes had a
+// child stopped: the child (comm criu, in CRIU's working directory) stays
+// stopped, with no parent or tracer left to end it. Neither holds anything
+// of the source, only the plan's files. Returns how many it killed.
 func (e *Engine) killOrphanCRIUs() int {
-	plans := e.Store.PlansDir() + "/"
 	n := 0
 	pids, _ := procfs.Pids()
 	for _, pid := range pids {
 		cwd, err := os.Readlink(fmt.Sprintf("/proc/%d/cwd", pid))
-		if err != nil || !strings.HasPrefix(cwd, plans) {
-			continue
-		}
-		id, _, _ := strings.Cut(strings.TrimPrefix(cwd, plans), "/")
-		if !plan.ValidID(id) {
-			continue
-		}
-		if _, err := os.Stat(e.Store.Dir(id)); !errors.Is(err, os.ErrNotExist) {
+		if err != nil || !e.Store.InGonePlan(cwd) {
 			continue
 		}
 		if st, err := procfs.ReadStat(pid); err != nil || st.Comm != "criu" {

@@ -232,8 +232,11 @@ func TestRecoveryKillsOrphanRestore(t *testing.T) {
 	}
 }
 
-// A CRIU still working in a plan that is gone is killed; one working in a
-// live plan, and any other program, is not.
+// A CRIU still working in a plan that is gone is killed: removed by hand,
+// by the store (renamed out of its namespace, then emptied), or renamed by
+// a removal that was cut short. One working in a live plan, and any other
+// program, is not. A stopped one (a CRIU probe's child whose CRIU was
+// killed) is killed as well.
 func TestKillOrphanCRIUs(t *testing.T) {
 	e := testEngine(t)
 	bin := filepath.Join(t.TempDir(), "criu")
@@ -258,16 +261,27 @@ func TestKillOrphanCRIUs(t *testing.T) {
 		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
 		return cmd
 	}
-	gone, live := plan.NewID(), plan.NewID()
-	orphan := start(bin, gone)
+	gone, removed, cut, live := plan.NewID(), plan.NewID(), plan.NewID(), plan.NewID()
+	orphans := []*exec.Cmd{start(bin, gone), start(bin, removed), start(bin, cut)}
+	if err := orphans[2].Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
 	kept := start(bin, live)
 	other := start(sleep, gone)
 	os.RemoveAll(e.Store.Dir(gone))
-	if n := e.killOrphanCRIUs(); n != 1 {
-		t.Fatalf("killed %d, want 1", n)
+	if err := e.Store.Remove(e.Store.Dir(removed)); err != nil {
+		t.Fatal(err)
 	}
-	if err := orphan.Wait(); err == nil {
-		t.Fatal("the orphan CRIU was not killed")
+	if err := os.Rename(e.Store.Dir(cut), filepath.Join(e.Store.PlansDir(), ".removing-"+cut+"-"+plan.NewID())); err != nil {
+		t.Fatal(err)
+	}
+	if n := e.killOrphanCRIUs(); n != len(orphans) {
+		t.Fatalf("killed %d, want %d", n, len(orphans))
+	}
+	for _, orphan := range orphans {
+		if err := orphan.Wait(); err == nil {
+			t.Fatalf("the orphan CRIU in %s was not killed", orphan.Dir)
+		}
 	}
 	for _, c := range []*exec.Cmd{kept, other} {
 		if err := c.Process.Signal(syscall.Signal(0)); err != nil {

@@ -176,6 +176,27 @@ func (s Store) Remove(dir string) error {
 // removingPrefix names a plan directory being removed (Remove).
 const removingPrefix = ".removing-"
 
+// InGonePlan reports whether path, as the kernel shows a process's working
+// directory (/proc/PID/cwd, " (deleted)" appended once it is removed), lies
+// in a plan of this store that no longer exists: one removed, or renamed
+// out of the store's namespace by Remove. A path outside the plans
+// directory, or in a plan that is still there, is not.
+func (s Store) InGonePlan(path string) bool {
+	rel, ok := strings.CutPrefix(strings.TrimSuffix(path, " (deleted)"), s.PlansDir()+"/")
+	if !ok {
+		return false
+	}
+	name, _, _ := strings.Cut(rel, "/")
+	if strings.HasPrefix(name, removingPrefix) {
+		return true
+	}
+	if !ValidID(name) {
+		return false
+	}
+	_, err := os.Lstat(s.Dir(name))
+	return errors.Is(err, os.ErrNotExist)
+}
+
 // removeAllSettled is os.RemoveAll, tried again while a write that had
 // reached the directory before it was renamed lands in it meanwhile.
 func removeAllSettled(dir string) error {

@@ -410,3 +410,34 @@ func TestRemoveWhileAWriterPublishes(t *testing.T) {
 		}
 	}
 }
+
+// InGonePlan reads paths as /proc/PID/cwd shows them: a plan removed, or
+// renamed by Remove, is gone; a live plan, a name that is no plan's, and a
+// path outside the store are not.
+func TestInGonePlan(t *testing.T) {
+	s := testStore(t)
+	live, gone := NewID(), NewID()
+	if err := os.MkdirAll(filepath.Join(s.Dir(live), "work"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	plans := s.PlansDir()
+	for _, c := range []struct {
+		path string
+		want bool
+	}{
+		{filepath.Join(s.Dir(live), "work"), false},
+		{filepath.Join(s.Dir(gone), "work"), true},
+		{filepath.Join(s.Dir(gone), "work") + " (deleted)", true},
+		{filepath.Join(plans, removingPrefix+live+"-"+NewID(), "work") + " (deleted)", true},
+		{filepath.Join(plans, removingPrefix+live+"-"+NewID()), true},
+		{s.Dir(gone), true},
+		{filepath.Join(plans, "not-a-plan", "work"), false},
+		{plans, false},
+		{plans + "-elsewhere/" + gone, false},
+		{"/tmp/" + gone, false},
+	} {
+		if got := s.InGonePlan(c.path); got != c.want {
+			t.Errorf("InGonePlan(%q) = %v, want %v", c.path, got, c.want)
+		}
+	}
+}

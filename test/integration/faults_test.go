@@ -303,10 +303,52 @@ func forkProcesses() []string {
 			strings.Contains(cmd, "system service --time=0 unix:///tmp/podman-fork-"),
 			// A capture's CRIU, working in its plan.
 			strings.TrimSpace(string(comm)) == "criu" && strings.HasPrefix(cwd, hostStore.PlansDir()+"/"):
-			found = append(found, fmt.Sprintf("process %s: %s (in %s)", filepath.Base(filepath.Dir(path)), cmd, cwd))
+			found = append(found, fmt.Sprintf("process %s: %s (in %s; %s)", filepath.Base(filepath.Dir(path)), cmd, cwd, processState(filepath.Dir(path))))
 		}
 	}
 	return found
+}
+
+// processState says how a leaked process stands: its state, parent,
+// tracer and signals, and where the kernel has it waiting; what a failed
+// run needs to tell why the process outlived its operation.
+func processState(dir string) string {
+	status, _ := os.ReadFile(filepath.Join(dir, "status"))
+	var parts []string
+	for _, line := range strings.Split(string(status), "\n") {
+		key, val, ok := strings.Cut(line, ":")
+		switch key {
+		case "State", "PPid", "TracerPid", "SigPnd", "ShdPnd", "SigBlk", "SigIgn", "SigCgt":
+			if ok {
+				parts = append(parts, key+" "+strings.TrimSpace(val))
+			}
+		}
+	}
+	if wchan, err := os.ReadFile(filepath.Join(dir, "wchan")); err == nil {
+		parts = append(parts, "wchan "+string(wchan))
+	}
+	if cg, err := os.ReadFile(filepath.Join(dir, "cgroup")); err == nil {
+		parts = append(parts, "cgroups "+strings.Join(strings.Fields(string(cg)), " "))
+	}
+	if ppid := parentOf(dir); ppid > 1 {
+		cmd, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", ppid))
+		parts = append(parts, fmt.Sprintf("parent %d: %s", ppid, strings.ReplaceAll(string(cmd), "\x00", " ")))
+	}
+	return strings.Join(parts, ", ")
+}
+
+func parentOf(dir string) int {
+	stat, err := os.ReadFile(filepath.Join(dir, "stat"))
+	if err != nil {
+		return 0
+	}
+	s := string(stat)
+	fields := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+	if len(fields) < 2 {
+		return 0
+	}
+	n, _ := strconv.Atoi(fields[1])
+	return n
 }
 
 // forkRound is one fork started and killed after delay. It returns the IDs
