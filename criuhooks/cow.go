@@ -91,51 +91,22 @@ type Task struct {
 // each with the pid CRIU's images give it: its pid in the root's PID
 // namespace. The tree must not change meanwhile (it is frozen).
 func TreeTasks(root int) ([]Task, error) {
-	rootNS, err := procfs.NSpid(root)
-	if err != nil {
-		return nil, fmt.Errorf("process %d of the dumped tree: %w", root, err)
-	}
-	level := len(rootNS) - 1
 	var tasks []Task
-	seen := map[int]bool{}
-	queue := []int{root}
-	for len(queue) > 0 {
-		pid := queue[0]
-		queue = queue[1:]
-		if seen[pid] {
-			continue
-		}
-		seen[pid] = true
+	level := -1 // the root's PID namespace, among its pid's levels
+	for _, pid := range procfs.Tree(root) {
 		ns, err := procfs.NSpid(pid)
 		if err != nil {
 			return nil, fmt.Errorf("process %d of the dumped tree: %w", pid, err)
+		}
+		if level < 0 {
+			level = len(ns) - 1
 		}
 		if len(ns) <= level {
 			return nil, fmt.Errorf("process %d of the tree of %d is outside its PID namespace", pid, root)
 		}
 		tasks = append(tasks, Task{ImagePid: int32(ns[level]), HostPid: pid})
-		kids, err := childrenOf(pid)
-		if err != nil {
-			return nil, err
-		}
-		queue = append(queue, kids...)
 	}
 	return tasks, nil
-}
-
-// childrenOf lists the children of every thread of pid.
-func childrenOf(pid int) ([]int, error) {
-	threads, err := procfs.Threads(pid)
-	if err != nil {
-		return nil, fmt.Errorf("process %d of the dumped tree: %w", pid, err)
-	}
-	var kids []int
-	for _, tid := range threads {
-		if k, err := procfs.TaskChildren(pid, tid); err == nil { // else the thread exited
-			kids = append(kids, k...)
-		}
-	}
-	return kids, nil
 }
 
 // Snapshots are the memory of a dumped tree, one snapshot per process with

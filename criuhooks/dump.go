@@ -1,6 +1,7 @@
 package criuhooks
 
 import (
+	"errors"
 	"time"
 
 	criu "github.com/checkpoint-restore/go-criu/v7"
@@ -22,18 +23,22 @@ type CaptureHooks struct {
 	PostDumpAt time.Time
 	// PostDumpDone is when OnPostDump returned.
 	PostDumpDone time.Time
+
+	criuPid int
 }
+
+// CriuStarted implements CriuStarted.
+func (h *CaptureHooks) CriuStarted(pid int) { h.criuPid = pid }
 
 // PreDump implements criu.Notify.
 func (h *CaptureHooks) PreDump() error {
 	if h.OnPreDump == nil {
 		return nil
 	}
-	pid, err := criuChild()
-	if err != nil {
-		return err
+	if h.criuPid == 0 {
+		return errors.New("pre-dump came before the criu process of the call was known")
 	}
-	return h.OnPreDump(pid)
+	return h.OnPreDump(h.criuPid)
 }
 
 // PostDump implements criu.Notify.

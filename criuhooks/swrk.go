@@ -20,14 +20,12 @@ import (
 	"github.com/checkpoint-restore/go-criu/v7/rpc"
 	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
-
-	"github.com/tclone/tclone/runtime/procfs"
 )
 
 // Error is a failed CRIU operation, with the lines of CRIU's log that say why.
 type Error struct {
 	Op      string   // "dump" or "restore"
-	Err     error    // what go-criu returned
+	Err     error    // how the call failed: CRIU's answer, a hook's error, a timeout
 	Reasons []string // "Error (...)" lines from CRIU's log, oldest first
 	LogPath string
 }
@@ -36,10 +34,10 @@ func (e *Error) Error() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "criu %s failed", e.Op)
 	// A hook of tclone's that failed is the reason; CRIU's log then only
-	// says that a script failed. Otherwise CRIU's log says why; go-criu's
-	// own message repeats CRIU's first error line, which is usually a
-	// harmless warning, so it is shown only when the log has nothing, or
-	// when tclone itself ended the call.
+	// says that a script failed. Otherwise CRIU's log says why; CRIU's
+	// answer repeats its first error line, which is usually a harmless
+	// warning, so it is shown only when the log has nothing, or when
+	// tclone itself ended the call.
 	var hook *HookError
 	if errors.As(e.Err, &hook) || len(e.Reasons) == 0 || errors.Is(e.Err, ErrTimeout) {
 		fmt.Fprintf(&b, ": %v", e.Err)
@@ -78,9 +76,17 @@ type Request struct {
 	OnTimeout func()
 }
 
-// Dump runs a CRIU dump with the given hooks.
+// Dump runs a CRIU dump with the given hooks (nil: CRIU sends no
+// notification). Hooks that implement CriuStarted learn the criu process's
+// PID before CRIU is asked anything.
 func Dump(ctx context.Context, req Request, hooks criu.Notify) error {
-	return run(ctx, "dump", req, &rpc.CriuReq{Type: rpc.CriuReqType_DUMP.Enum(), Opts: req.Opts}, namedHooks{hooks})
+	return run(ctx, "dump", req, &rpc.CriuReq{Type: rpc.CriuReqType_DUMP.Enum(), Opts: req.Opts}, hooks)
+}
+
+// CriuStarted is implemented by hooks that need the PID of the criu
+// process serving their call.
+type CriuStarted interface {
+	CriuStarted(pid int)
 }
 
 func run(ctx context.Context, op string, req Request, call *rpc.CriuReq, hooks criu.Notify) error {
@@ -93,9 +99,16 @@ func run(ctx context.Context, op string, req Request, call *rpc.CriuReq, hooks c
 	if err != nil {
 		return &Error{Op: op, Err: err, Reasons: LogErrors(req.LogPath), LogPath: req.LogPath}
 	}
+	var notify criu.Notify
+	if hooks != nil {
+		if cs, ok := hooks.(CriuStarted); ok {
+			cs.CriuStarted(s.cmd.Process.Pid)
+		}
+		notify = namedHooks{hooks}
+	}
 	done := make(chan error, 1)
 	go func() {
-		_, err := s.call(call, hooks)
+		_, err := s.call(call, notify)
 		done <- s.finish(err)
 	}()
 
@@ -163,10 +176,13 @@ func ask(ctx context.Context, path string, env []string, req *rpc.CriuReq) (*rpc
 	if err != nil {
 		return nil, err
 	}
+	// Bounded until criu is reaped: a criu that does not end when its
+	// socket closes is killed at the deadline too.
 	stop := context.AfterFunc(ctx, func() { s.cmd.Process.Kill() })
 	resp, err := s.call(req, nil)
+	err = s.finish(err)
 	stop()
-	if err = s.finish(err); err != nil {
+	if err != nil {
 		if ctx.Err() != nil {
 			err = fmt.Errorf("%w (%v)", ctx.Err(), err)
 		}
@@ -204,6 +220,9 @@ func startSwrk(path string, env []string, stderr io.Writer) (*swrk, error) {
 	cmd.ExtraFiles = []*os.File{peer}
 	cmd.Env = append(os.Environ(), env...)
 	cmd.Stderr = stderr
+	// A child of a killed criu holding its standard error must not keep
+	// Wait waiting.
+	cmd.WaitDelay = 5 * time.Second
 	if err := cmd.Start(); err != nil {
 		sk.Close()
 		return nil, err
@@ -236,11 +255,18 @@ func (s *swrk) call(req *rpc.CriuReq, hooks criu.Notify) (*rpc.CriuResp, error) 
 		if err != nil {
 			return nil, fmt.Errorf("reading criu's answer to a %s request: %w", typ, err)
 		}
+		if n == len(buf) {
+			// A datagram that filled the buffer may have been cut.
+			return nil, fmt.Errorf("criu's answer to a %s request is %d bytes or more, more than tclone reads", typ, n)
+		}
 		resp := &rpc.CriuResp{}
 		if err := proto.Unmarshal(buf[:n], resp); err != nil {
 			return nil, fmt.Errorf("decoding criu's answer to a %s request: %w", typ, err)
 		}
 		if !resp.GetSuccess() {
+			if resp.GetCrErrmsg() == "" && resp.GetCrErrno() == 0 {
+				return resp, fmt.Errorf("criu's %s failed (its log, when it keeps one, says why)", typ)
+			}
 			return resp, fmt.Errorf("criu's %s failed: %q (errno %d)", typ, resp.GetCrErrmsg(), resp.GetCrErrno())
 		}
 		if resp.GetType() != rpc.CriuReqType_NOTIFY {
@@ -301,17 +327,6 @@ func (s *swrk) finish(err error) error {
 		return err
 	}
 	return fmt.Errorf("%w (%v)", err, werr)
-}
-
-// criuChild finds the criu process serving the current call: the child of
-// this process running criu. tclone runs one CRIU call at a time.
-func criuChild() (int, error) {
-	for _, pid := range procfs.Children(os.Getpid()) {
-		if st, err := procfs.ReadStat(pid); err == nil && st.Comm == "criu" {
-			return pid, nil
-		}
-	}
-	return 0, errors.New("cannot find the criu process of this call")
 }
 
 // LogErrors returns the "Error" lines of a CRIU log, the last few of them,

@@ -11,18 +11,28 @@ import (
 	"testing"
 	"time"
 
+	criu "github.com/checkpoint-restore/go-criu/v7"
 	"github.com/checkpoint-restore/go-criu/v7/rpc"
 	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
 )
 
-// A CRIU that never answers is killed at the deadline, and OnTimeout runs
-// at that moment (the capture thaws its source there), not after the call
-// has unwound.
+// startedHooks records the PID of the criu process its call started.
+type startedHooks struct {
+	criu.NoNotify
+	pid int
+}
+
+func (h *startedHooks) CriuStarted(pid int) { h.pid = pid }
+
+// A CRIU that never answers is killed at the deadline and reaped, and
+// OnTimeout runs at that moment (the capture thaws its source there), not
+// after the call has unwound. The hooks learn the criu process's PID
+// whatever its program is called.
 func TestTimeoutKillsCriuAndCallsOnTimeout(t *testing.T) {
-	fake := filepath.Join(t.TempDir(), "criu")
-	// Not exec: the process must keep the name "criu" to be found.
+	fake := filepath.Join(t.TempDir(), "not-named-criu")
 	os.WriteFile(fake, []byte("#!/bin/sh\nwhile :; do sleep 0.05; done\n"), 0o755)
+	hooks := &startedHooks{}
 	var timedOut time.Time
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
@@ -31,7 +41,7 @@ func TestTimeoutKillsCriuAndCallsOnTimeout(t *testing.T) {
 		CriuPath:  fake,
 		Opts:      &rpc.CriuOpts{ImagesDirFd: proto.Int32(-1), ImagesDir: proto.String(t.TempDir())},
 		OnTimeout: func() { timedOut = time.Now() },
-	}, nil)
+	}, hooks)
 	if !errors.Is(err, ErrTimeout) {
 		t.Fatalf("error %v, want ErrTimeout", err)
 	}
@@ -41,8 +51,11 @@ func TestTimeoutKillsCriuAndCallsOnTimeout(t *testing.T) {
 	if d := time.Since(start); d > 10*time.Second {
 		t.Fatalf("the call took %s to unwind after a 300ms deadline", d)
 	}
-	if pid, err := criuChild(); err == nil {
-		t.Fatalf("criu process %d still running", pid)
+	if hooks.pid == 0 {
+		t.Fatal("the hooks were not told the criu process's PID")
+	}
+	if err := unix.Kill(hooks.pid, 0); !errors.Is(err, unix.ESRCH) {
+		t.Fatalf("criu process %d is still there (%v): not killed, or not reaped", hooks.pid, err)
 	}
 }
 

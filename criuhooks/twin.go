@@ -341,7 +341,7 @@ func (c *TwinCollector) Take(tasks []Task) (*TwinSnapshots, error) {
 		}
 		t := c.got[task.HostPid]
 		if t == nil {
-			if zombie(task.HostPid) {
+			if !procfs.Exists(task.HostPid) {
 				continue // CRIU dumps no memory for it either
 			}
 			s.giveBack(c.got)
@@ -373,12 +373,6 @@ func openTwinMem(t *Twin) (*os.File, error) {
 		return nil, fmt.Errorf("twin %d (of process %d) died before its memory was read: %w", t.TwinPid, t.Pid, err)
 	}
 	return mem, nil
-}
-
-// zombie says whether pid has exited (or is gone).
-func zombie(pid int) bool {
-	st, err := procfs.ReadStat(pid)
-	return err != nil || st.Exited()
 }
 
 // madvise flags CRIU records in a VMA's madv (1 << MADV_x).

@@ -277,7 +277,7 @@ func checkLazyPages(ctx context.Context, path string, env []string) (bool, strin
 		return false, fmt.Sprintf("CRIU's lazy-pages feature check (uffd-noncoop) failed: %v", err)
 	}
 	if !got.GetLazyPages() {
-		return false, "CRIU's lazy-pages feature check (uffd-noncoop) says this kernel lacks userfaultfd or its non-cooperative events"
+		return false, "CRIU's lazy-pages feature check (uffd-noncoop) says this kernel lacks userfaultfd or its non-cooperative events (fork, remap and unmap: CONFIG_USERFAULTFD, Linux 4.11 or later)"
 	}
 	return true, ""
 }

@@ -242,27 +242,8 @@ func killTree(o journal.Owner) {
 	syscall.Kill(o.Pid, syscall.SIGKILL)
 }
 
-// descendants lists the processes below pid, from /proc.
-func descendants(root int) []int {
-	children := map[int][]int{}
-	pids, _ := procfs.Pids()
-	for _, pid := range pids {
-		if st, err := procfs.ReadStat(pid); err == nil {
-			children[st.PPid] = append(children[st.PPid], pid)
-		}
-	}
-	var out []int
-	queue := []int{root}
-	for len(queue) > 0 {
-		p := queue[0]
-		queue = queue[1:]
-		for _, c := range children[p] {
-			out = append(out, c)
-			queue = append(queue, c)
-		}
-	}
-	return out
-}
+// descendants lists the processes below root.
+func descendants(root int) []int { return procfs.Tree(root)[1:] }
 
 // writeWatchLog keeps a watchdog's failure where an administrator looks:
 // its stdio is /dev/null.

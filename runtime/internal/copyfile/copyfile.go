@@ -3,6 +3,7 @@
 package copyfile
 
 import (
+	"fmt"
 	"io"
 	"os"
 )
@@ -21,6 +22,10 @@ func Copy(src, dst string, flag int) error {
 // with os.O_CREATE and flag: os.O_TRUNC to replace a file there,
 // os.O_EXCL to refuse one.
 func From(r io.Reader, dst string, flag int) error {
+	if flag&(os.O_TRUNC|os.O_EXCL) == 0 {
+		// A longer file there would keep its old tail.
+		return fmt.Errorf("copying to %s: say whether a file there is replaced (os.O_TRUNC) or refused (os.O_EXCL)", dst)
+	}
 	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|flag, 0o600)
 	if err != nil {
 		return err

@@ -30,7 +30,13 @@ func TestCopy(t *testing.T) {
 	if st, err := os.Stat(fresh); err != nil || st.Mode().Perm() != 0o600 {
 		t.Errorf("a new file: %v, %v", st.Mode(), err)
 	}
-	if err := Copy(filepath.Join(dir, "missing"), filepath.Join(dir, "other"), 0); !errors.Is(err, os.ErrNotExist) {
+	if err := Copy(src, dst, 0); err == nil || !strings.Contains(err.Error(), "O_TRUNC") {
+		t.Errorf("neither O_TRUNC nor O_EXCL: %v", err)
+	}
+	if got, _ := os.ReadFile(dst); string(got) != "new" {
+		t.Errorf("a refused copy changed dst: %q", got)
+	}
+	if err := Copy(filepath.Join(dir, "missing"), filepath.Join(dir, "other"), os.O_EXCL); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("copying a missing file: %v", err)
 	}
 	if _, err := os.Stat(filepath.Join(dir, "other")); !errors.Is(err, os.ErrNotExist) {

@@ -1,6 +1,6 @@
 // Command oldcriu answers as a CRIU too old for tclone would: its RPC
 // (`oldcriu swrk FD`) says version 4.1.1 to a version request and fails
-// every other request, and `oldcriu --version` prints that version. The
+// every other request. The
 // preflight test points TCLONE_CRIU at it, to see tclone refuse it before
 // anything touches a container.
 package main
@@ -15,12 +15,8 @@ import (
 )
 
 func main() {
-	if len(os.Args) == 2 && os.Args[1] == "--version" {
-		fmt.Println("Version: 4.1.1")
-		return
-	}
 	if len(os.Args) != 3 || os.Args[1] != "swrk" {
-		fmt.Fprintln(os.Stderr, "oldcriu: takes swrk FD or --version")
+		fmt.Fprintln(os.Stderr, "oldcriu: takes swrk FD")
 		os.Exit(1)
 	}
 	fd, err := strconv.Atoi(os.Args[2])
