@@ -205,11 +205,22 @@ type swrk struct {
 	sk  *os.File
 }
 
+// exitGrace is how long a read of criu's socket may still take once criu
+// has exited: what criu sent before it exited is read at once.
+const exitGrace = time.Second
+
 // startSwrk starts criu swrk, with env added to (or replacing variables
 // of) tclone's environment, and its standard error to stderr (nil: none).
 func startSwrk(path string, env []string, stderr io.Writer) (*swrk, error) {
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
+		return nil, fmt.Errorf("a socket for criu: %w", err)
+	}
+	// tclone's end is non-blocking, so that os.File polls it and a read
+	// can be given a deadline (watchExit); criu's stays blocking.
+	if err := unix.SetNonblock(fds[0], true); err != nil {
+		unix.Close(fds[0])
+		unix.Close(fds[1])
 		return nil, fmt.Errorf("a socket for criu: %w", err)
 	}
 	sk, peer := os.NewFile(uintptr(fds[0]), "criu-swrk"), os.NewFile(uintptr(fds[1]), "criu-swrk-peer")
@@ -227,7 +238,34 @@ func startSwrk(path string, env []string, stderr io.Writer) (*swrk, error) {
 		sk.Close()
 		return nil, err
 	}
-	return &swrk{cmd: cmd, sk: sk}, nil
+	s := &swrk{cmd: cmd, sk: sk}
+	s.watchExit()
+	return s, nil
+}
+
+// watchExit ends the wait for criu's answer once criu has exited. Its end
+// of the socket does not close with it when a child of criu's holds a copy:
+// one of CRIU's kernel probes forks a child that stops itself with SIGSTOP,
+// and a criu killed then leaves that child stopped for good. A read would
+// then wait forever. (Without pidfds, before Linux 5.3, reads wait for the
+// socket as before.)
+func (s *swrk) watchExit() {
+	fd, err := unix.PidfdOpen(s.cmd.Process.Pid, 0)
+	if err != nil {
+		return
+	}
+	go func() {
+		defer unix.Close(fd)
+		// A pidfd polls readable once its process has exited, reaped or not.
+		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		for {
+			if _, err := unix.Poll(fds, -1); err != unix.EINTR {
+				break
+			}
+		}
+		// After finish closed the socket this fails, harmlessly.
+		s.sk.SetReadDeadline(time.Now().Add(exitGrace))
+	}()
 }
 
 // call sends req, answers the notifications CRIU sends meanwhile with
@@ -252,6 +290,9 @@ func (s *swrk) call(req *rpc.CriuReq, hooks criu.Notify) (*rpc.CriuResp, error) 
 			return nil, fmt.Errorf("sending criu a %s request: %w", typ, err)
 		}
 		n, err := s.sk.Read(buf)
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			return nil, fmt.Errorf("criu exited without answering a %s request (a process it started still holds its socket)", typ)
+		}
 		if err != nil {
 			return nil, fmt.Errorf("reading criu's answer to a %s request: %w", typ, err)
 		}

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -56,6 +57,41 @@ func TestTimeoutKillsCriuAndCallsOnTimeout(t *testing.T) {
 	}
 	if err := unix.Kill(hooks.pid, 0); !errors.Is(err, unix.ESRCH) {
 		t.Fatalf("criu process %d is still there (%v): not killed, or not reaped", hooks.pid, err)
+	}
+}
+
+// A criu that exits while a child of its holds its socket (a kernel
+// probe's child, stopped, when criu is killed) ends the call: the wait for
+// its answer does not outlive it. Without a deadline of its own, the call
+// returns within moments, and says criu did not answer.
+func TestCriuExitEndsCallWhileChildHoldsSocket(t *testing.T) {
+	dir := t.TempDir()
+	fake, childFile := filepath.Join(dir, "criu"), filepath.Join(dir, "child")
+	os.WriteFile(fake, []byte("#!/bin/sh\nsleep 60 &\necho $! >"+childFile+"\nkill -9 $$\n"), 0o755)
+	t.Cleanup(func() {
+		if b, err := os.ReadFile(childFile); err == nil {
+			if pid, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil && pid > 0 {
+				unix.Kill(pid, unix.SIGKILL)
+			}
+		}
+	})
+	done := make(chan error, 1)
+	go func() {
+		done <- Dump(context.Background(), Request{
+			CriuPath: fake,
+			Opts:     &rpc.CriuOpts{ImagesDirFd: proto.Int32(-1), ImagesDir: proto.String(dir)},
+		}, nil)
+	}()
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(err.Error(), "exited without answering") {
+			t.Fatalf("error %v, want criu's exit without an answer", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the call still waits for a criu that exited, 20 s on")
+	}
+	if b, err := os.ReadFile(childFile); err != nil || len(b) == 0 {
+		t.Fatalf("the fake criu's child never started (%v): the test proved nothing", err)
 	}
 }
 
