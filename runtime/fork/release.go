@@ -67,7 +67,7 @@ func (e *Engine) releaseSource(r journal.Record, criuFailed bool) error {
 	}
 	rec := r.CaptureRec()
 	if rec.Criu != nil {
-		if err := endProcess(*rec.Criu); err != nil {
+		if err := endProcess(*rec.Criu, criuOwnEndWait); err != nil {
 			return &sourceHeldError{source: rec.SourceID, err: err}
 		}
 	}
@@ -113,9 +113,17 @@ func endTCPRepair(cgroupDir string) (int, error) {
 // process unless it is stuck in the kernel, where it holds the tree anyway.
 const criuExitWait = 10 * time.Second
 
-// endProcess kills the process p names, if it still runs, and waits until it
+// criuOwnEndWait bounds the wait for a CRIU whose tclone died to end on its
+// own: it does at its next message to tclone, and undoes its dump cleanly,
+// where a kill could catch one of its system calls in flight in a task of
+// the source and kill that task (captureNotify.CriuStarted). A CRIU that
+// has not ended by then is killed.
+const criuOwnEndWait = 10 * time.Second
+
+// endProcess ends the process p names, if it still runs, and waits until it
 // is gone: until then it may still hold the source, or change its network.
-func endProcess(p journal.Owner) error {
+// It first gives the process grace to exit by itself, then kills it.
+func endProcess(p journal.Owner, grace time.Duration) error {
 	fd, err := unix.PidfdOpen(p.Pid, 0)
 	if err != nil {
 		return nil // gone
@@ -123,18 +131,34 @@ func endProcess(p journal.Owner) error {
 	defer unix.Close(fd)
 	// The pidfd pins the process: if it is the one recorded now, it is the
 	// one signalled.
-	if !p.Alive() {
+	if !p.Alive() || exited(fd, grace) {
 		return nil
 	}
+	logrus.Warnf("criu process %d did not end by itself within %s: killing it", p.Pid, grace)
 	if err := unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0); err != nil && err != unix.ESRCH {
 		return fmt.Errorf("killing criu process %d: %w", p.Pid, err)
 	}
-	deadline := time.Now().Add(criuExitWait)
-	for time.Now().Before(deadline) {
-		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
-		if n, err := unix.Poll(fds, 100); err == nil && n > 0 {
-			return nil
-		}
+	if exited(fd, criuExitWait) {
+		return nil
 	}
 	return fmt.Errorf("criu process %d still runs %s after SIGKILL", p.Pid, criuExitWait)
+}
+
+// exited waits up to limit for the process of pidfd fd to exit, and says
+// whether it did.
+func exited(fd int, limit time.Duration) bool {
+	deadline := time.Now().Add(limit)
+	for {
+		wait := time.Until(deadline)
+		if wait < 0 {
+			wait = 0
+		}
+		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		if n, err := unix.Poll(fds, int(min(wait, 100*time.Millisecond)/time.Millisecond)); err == nil && n > 0 {
+			return true
+		}
+		if wait == 0 {
+			return false
+		}
+	}
 }

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -117,5 +118,40 @@ func TestNetworkLockRecordedOnlyWhenTaken(t *testing.T) {
 			t.Errorf("lock skipped %v: recorded as locked %v", skipped, got)
 		}
 		entry.End()
+	}
+}
+
+// A CRIU whose tclone died is given time to end on its own, which undoes its
+// dump cleanly; only one that does not end by then is killed.
+func TestEndProcessGivesGraceThenKills(t *testing.T) {
+	start := func(secs string) (*exec.Cmd, journal.Owner) {
+		cmd := exec.Command("sleep", secs)
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+		o, ok := journal.OwnerOf(cmd.Process.Pid)
+		if !ok {
+			t.Fatalf("no owner record for %d", cmd.Process.Pid)
+		}
+		return cmd, o
+	}
+	ends, o := start("0.3")
+	if err := endProcess(o, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if err := ends.Wait(); err != nil {
+		t.Fatalf("a process that ended by itself within the grace was killed: %v", err)
+	}
+	stays, o := start("60")
+	began := time.Now()
+	if err := endProcess(o, 300*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(began); d < 300*time.Millisecond {
+		t.Fatalf("killed after %s, before its grace of 300ms", d)
+	}
+	if err := stays.Wait(); err == nil || !strings.Contains(err.Error(), "killed") {
+		t.Fatalf("a process past its grace: %v, want killed", err)
 	}
 }

@@ -402,8 +402,9 @@ func timeOneFork(t *testing.T, src string, forkArgs []string) time.Duration {
 	return time.Since(start)
 }
 
-// A kill of the operation's cgroup: tclone's keepers survive it, so Podman
-// must answer at once, and the source must run, before any recovery.
+// A kill of the operation's cgroup: tclone's keepers survive it (among them
+// a capture's CRIU, which then undoes its dump by itself), so Podman must
+// answer at once, and the source must run, before any recovery.
 func TestFaultKillEveryProcessAtRandomInstants(t *testing.T) {
 	killMatrix(t, faultRounds(t), true, nil)
 }
