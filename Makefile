@@ -87,12 +87,17 @@ fuzz-test:
 
 # The REST tests need the Podman API service, and the Kubernetes tests
 # containerd (tclone as a runtime class) and a local registry; what this
-# target starts, it also stops.
+# target starts, it also stops. A failed run ends with each failed test and
+# what it logged (hack/test-recap.sh): the reasons, at the end of a long
+# output.
 integration-test: setup
 	@if hack/podman-service.sh status >/dev/null 2>&1; then started=0; else started=1; hack/podman-service.sh start; fi; \
+	log=$$(mktemp -t tclone-integration.XXXXXX); trap 'rm -f $$log $$log.status' EXIT; trap 'exit 143' TERM INT; \
 	hack/registry.sh start && TCLONE_BINDIR=$(CURDIR)/$(BIN) hack/containerd.sh start && \
-	TCLONE_BINDIR=$(CURDIR)/$(BIN) \
-		$(GOTEST) -count=1 -timeout 40m -v ./test/integration/...; status=$$?; \
+	{ TCLONE_BINDIR=$(CURDIR)/$(BIN) \
+		$(GOTEST) -count=1 -timeout 40m -v ./test/integration/...; echo $$? >$$log.status; } 2>&1 | tee $$log; \
+	status=$$(cat $$log.status 2>/dev/null || echo 1); \
+	if [ "$$status" != 0 ]; then hack/test-recap.sh $$log; fi; \
 	hack/containerd.sh stop; hack/registry.sh stop; \
 	if [ $$started = 1 ]; then hack/podman-service.sh stop; fi; exit $$status
 

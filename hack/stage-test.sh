@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Checks hack/stage.sh: a stage within its limit passes its status on and
 # says how long it took; one past its limit is stopped and fails naming
-# itself; a bad limit is refused. About 3 seconds.
+# itself; a bad limit is refused. And hack/test-recap.sh: a failed test's
+# logged lines, and only a failed test's, are recapped. About 3 seconds.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 # Its stages are its own, not the run's that may be recording its own.
@@ -22,5 +23,15 @@ out=$("$here/stage.sh" typo 5x true 2>&1); check bad-limit 2 "must be whole minu
 times=$(mktemp)
 TCLONE_STAGE_TIMES=$times "$here/stage.sh" recorded 2 true >/dev/null
 out=$(cat "$times"); rm -f "$times"; check recorded 0 "^recorded 0 2 0$" 0 "$out"
+log=$(mktemp)
+printf '%s\n' '=== RUN   TestGood' '    good_test.go:1: fine' '--- PASS: TestGood (0.01s)' \
+	'=== RUN   TestBad' '    bad_test.go:7: the reason' '--- FAIL: TestBad (0.02s)' 'FAIL' >"$log"
+out=$("$here/test-recap.sh" "$log"); status=$?
+check recap-names-reason 0 "bad_test.go:7: the reason" $status "$out"
+if printf '%s' "$out" | grep -q good_test.go; then check recap-only-failed 0 "" 1 "$out"; else echo "ok   recap-only-failed"; fi
+printf '%s\n' '=== RUN   TestGood' '--- PASS: TestGood (0.01s)' 'PASS' >"$log"
+out=$("$here/test-recap.sh" "$log"); status=$?
+if [ "$status" = 0 ] && [ -z "$out" ]; then echo "ok   recap-silent-when-passed"; else check recap-silent-when-passed 0 "^$" 1 "$out"; fi
+rm -f "$log"
 [ "$bad" = 0 ] && echo "stage-test: all checks as named"
 exit "$bad"
