@@ -92,14 +92,15 @@ fuzz-test:
 # output.
 integration-test: setup
 	@if hack/podman-service.sh status >/dev/null 2>&1; then started=0; else started=1; hack/podman-service.sh start; fi; \
-	log=$$(mktemp -t tclone-integration.XXXXXX); trap 'rm -f $$log $$log.status' EXIT; trap 'exit 143' TERM INT; \
+	log=$$(mktemp -t tclone-integration.XXXXXX); \
+	stop() { rm -f "$$log" "$$log.status"; hack/containerd.sh stop; hack/registry.sh stop; if [ $$started = 1 ]; then hack/podman-service.sh stop; fi; }; \
+	trap stop EXIT; trap 'exit 143' TERM; trap 'exit 130' INT; \
 	hack/registry.sh start && TCLONE_BINDIR=$(CURDIR)/$(BIN) hack/containerd.sh start && \
 	{ TCLONE_BINDIR=$(CURDIR)/$(BIN) \
-		$(GOTEST) -count=1 -timeout 40m -v ./test/integration/...; echo $$? >$$log.status; } 2>&1 | tee $$log; \
-	status=$$(cat $$log.status 2>/dev/null || echo 1); \
-	if [ "$$status" != 0 ]; then hack/test-recap.sh $$log; fi; \
-	hack/containerd.sh stop; hack/registry.sh stop; \
-	if [ $$started = 1 ]; then hack/podman-service.sh stop; fi; exit $$status
+		$(GOTEST) -count=1 -timeout 40m -v ./test/integration/...; echo $$? >"$$log.status"; } 2>&1 | tee "$$log"; \
+	status=$$(cat "$$log.status" 2>/dev/null); [ -n "$$status" ] || status=1; \
+	if [ "$$status" != 0 ]; then hack/test-recap.sh "$$log"; fi; \
+	exit $$status
 
 demo: setup
 	hack/demo.sh

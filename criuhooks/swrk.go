@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"syscall"
 	"time"
 
 	criu "github.com/checkpoint-restore/go-criu/v7"
@@ -229,6 +230,10 @@ func startSwrk(path string, env []string, stderr io.Writer) (*swrk, error) {
 	// ExtraFiles.
 	cmd := exec.Command(path, "swrk", "3")
 	cmd.ExtraFiles = []*os.File{peer}
+	// A process group of its own: a signal to tclone's group (^C at a
+	// terminal, a hang-up) reaches tclone, which ends the call its own way,
+	// and not criu in the middle of a system call it runs in a task.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	cmd.Env = append(os.Environ(), env...)
 	cmd.Stderr = stderr
 	// A child of a killed criu holding its standard error must not keep
@@ -259,13 +264,34 @@ func (s *swrk) watchExit() {
 		// A pidfd polls readable once its process has exited, reaped or not.
 		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
 		for {
-			if _, err := unix.Poll(fds, -1); err != unix.EINTR {
-				break
+			n, err := unix.Poll(fds, -1)
+			if err == unix.EINTR {
+				continue
 			}
+			if err != nil || n == 0 || fds[0].Revents&unix.POLLIN == 0 {
+				return // cannot tell: reads wait for the socket, as before
+			}
+			break
 		}
 		// After finish closed the socket this fails, harmlessly.
 		s.sk.SetReadDeadline(time.Now().Add(exitGrace))
 	}()
+}
+
+// readQueued reads a datagram criu left in the socket before it exited,
+// without waiting: once the read deadline has passed, Read no longer looks.
+func (s *swrk) readQueued(buf []byte) (int, error) {
+	rc, err := s.sk.SyscallConn()
+	if err != nil {
+		return 0, err
+	}
+	n, rerr := 0, error(nil)
+	if err := rc.Control(func(fd uintptr) {
+		n, _, rerr = unix.Recvfrom(int(fd), buf, unix.MSG_DONTWAIT)
+	}); err != nil {
+		return 0, err
+	}
+	return n, rerr
 }
 
 // call sends req, answers the notifications CRIU sends meanwhile with
@@ -291,7 +317,9 @@ func (s *swrk) call(req *rpc.CriuReq, hooks criu.Notify) (*rpc.CriuResp, error) 
 		}
 		n, err := s.sk.Read(buf)
 		if errors.Is(err, os.ErrDeadlineExceeded) {
-			return nil, fmt.Errorf("criu exited without answering a %s request (a process it started still holds its socket)", typ)
+			if n, err = s.readQueued(buf); err != nil || n == 0 {
+				return nil, fmt.Errorf("criu exited without answering a %s request (a process it started still holds its socket)", typ)
+			}
 		}
 		if err != nil {
 			return nil, fmt.Errorf("reading criu's answer to a %s request: %w", typ, err)

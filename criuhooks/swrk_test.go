@@ -205,3 +205,41 @@ func TestCallRunsHooks(t *testing.T) {
 		}
 	}
 }
+
+// An answer criu sent before it exited is read even when the reader comes
+// to it after the deadline its exit set.
+func TestAnswerQueuedBeforeExitIsRead(t *testing.T) {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.SetNonblock(fds[0], true); err != nil {
+		t.Fatal(err)
+	}
+	s := &swrk{sk: os.NewFile(uintptr(fds[0]), "tclone-end")}
+	peer := os.NewFile(uintptr(fds[1]), "criu-end")
+	defer s.sk.Close()
+	defer peer.Close()
+	answer, err := proto.Marshal(&rpc.CriuResp{
+		Type: rpc.CriuReqType_VERSION.Enum(), Success: proto.Bool(true),
+		Version: &rpc.CriuVersion{MajorNumber: proto.Int32(4), MinorNumber: proto.Int32(2)},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := peer.Write(answer); err != nil {
+		t.Fatal(err)
+	}
+	s.sk.SetReadDeadline(time.Now().Add(-time.Second))
+	resp, err := s.call(&rpc.CriuReq{Type: rpc.CriuReqType_VERSION.Enum()}, nil)
+	if err != nil {
+		t.Fatalf("the queued answer was not read: %v", err)
+	}
+	if resp.GetVersion().GetMajorNumber() != 4 {
+		t.Fatalf("answer %v", resp)
+	}
+	// With nothing queued, the same late read says criu did not answer.
+	if _, err := s.call(&rpc.CriuReq{Type: rpc.CriuReqType_VERSION.Enum()}, nil); err == nil || !strings.Contains(err.Error(), "exited without answering") {
+		t.Fatalf("error %v, want criu's exit without an answer", err)
+	}
+}

@@ -29,6 +29,22 @@ printf '%s\n' '=== RUN   TestGood' '    good_test.go:1: fine' '--- PASS: TestGoo
 out=$("$here/test-recap.sh" "$log"); status=$?
 check recap-names-reason 0 "bad_test.go:7: the reason" $status "$out"
 if printf '%s' "$out" | grep -q good_test.go; then check recap-only-failed 0 "" 1 "$out"; else echo "ok   recap-only-failed"; fi
+{
+	echo '=== RUN   TestLong'
+	for i in $(seq 20); do echo "    long_test.go:$i: round $i"; done
+	echo '    long_test.go:99: the late reason'
+	echo '=== RUN   TestLong/sub'
+	echo '    long_test.go:50: a subtest line'
+	echo '=== NAME  TestLong'
+	echo '    long_test.go:60: the parent again'
+	echo '    --- PASS: TestLong/sub (0.01s)'
+	echo '--- FAIL: TestLong (1.00s)'
+} >"$log"
+out=$("$here/test-recap.sh" "$log"); status=$?
+check recap-keeps-last-lines 0 "long_test.go:99: the late reason" $status "$out"
+check recap-follows-name-lines 0 "long_test.go:60: the parent again" $status "$out"
+printf '%s\n' '=== RUN   TestHang' 'panic: test timed out after 40m0s' 'running tests:' '	TestHang (40m0s)' 'FAIL	example.com/x	2400.1s' >"$log"
+out=$("$here/test-recap.sh" "$log"); check recap-timeout 0 "panic: test timed out after 40m0s" $? "$out"
 printf '%s\n' '=== RUN   TestGood' '--- PASS: TestGood (0.01s)' 'PASS' >"$log"
 out=$("$here/test-recap.sh" "$log"); status=$?
 if [ "$status" = 0 ] && [ -z "$out" ]; then echo "ok   recap-silent-when-passed"; else check recap-silent-when-passed 0 "^$" 1 "$out"; fi

@@ -131,7 +131,12 @@ func endProcess(p journal.Owner, grace time.Duration) error {
 	defer unix.Close(fd)
 	// The pidfd pins the process: if it is the one recorded now, it is the
 	// one signalled.
-	if !p.Alive() || exited(fd, grace) {
+	if !p.Alive() {
+		return nil
+	}
+	// A stopped CRIU (a SIGSTOP to its group) would only wait out the grace.
+	unix.PidfdSendSignal(fd, unix.SIGCONT, nil, 0)
+	if exited(fd, grace) {
 		return nil
 	}
 	logrus.Warnf("criu process %d did not end by itself within %s: killing it", p.Pid, grace)
