@@ -24,6 +24,7 @@ const (
 	CrashRootfsFilled    = "rootfs-filled"    // sibling root filled, restore not started
 	CrashSiblingRestored = "sibling-restored" // sibling running, plan use not yet released
 	CrashBeforeReport    = "before-report"    // sibling complete, tclone has not yet exited 0
+	CrashEntryEnded      = "entry-ended"      // journal entry ended, watchdog not yet released
 )
 
 // CrashSnapshotsHeld is a copy-on-write capture's own crash point: the
@@ -33,7 +34,7 @@ const CrashSnapshotsHeld = "snapshots-held"
 
 // CrashPoints lists every crash point, for the tests.
 var CrashPoints = []string{
-	CrashCaptureStarted, CrashSourceSeized, CrashSnapshotTaken, CrashWithCriu, CrashDumpDone, CrashRootfsFilled, CrashSiblingRestored, CrashBeforeReport,
+	CrashCaptureStarted, CrashSourceSeized, CrashSnapshotTaken, CrashWithCriu, CrashDumpDone, CrashRootfsFilled, CrashSiblingRestored, CrashBeforeReport, CrashEntryEnded,
 }
 
 // EnvPauseAt names a crash point at which tclone says so on stderr and

@@ -253,12 +253,19 @@ func (op *materializeOp) fail(ctx context.Context, err error) error {
 // and the sibling is undone when this process exits.
 func (op *materializeOp) reported() error {
 	crashPoint(CrashBeforeReport)
+	// The watchdog keeps the record from here on: should this process die
+	// after the entry is gone and before the watchdog is released, Podman
+	// sees a failed runtime, and the watchdog still knows what to undo.
+	if err := op.watch.Reporting(op.entry.Rec); err != nil {
+		return fmt.Errorf("sibling %s was restored, but handing its record to the restore watchdog failed: %w; it is removed again", op.req.ID, err)
+	}
 	if err := op.lease.Release(true); err != nil {
 		return fmt.Errorf("sibling %s was restored, but recording the plan's use failed: %w; it is removed again", op.req.ID, err)
 	}
 	if err := op.entry.End(); err != nil {
 		return fmt.Errorf("sibling %s was restored, but ending its journal entry failed: %w; it is removed again", op.req.ID, err)
 	}
+	crashPoint(CrashEntryEnded)
 	op.watch.Done()
 	return nil
 }

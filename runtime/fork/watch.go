@@ -46,9 +46,13 @@ const RestoreWatchCommand = "__tclone-restore-watch"
 // Podman as the error, and otherwise reports an empty one.
 //
 // Protocol on its stdin: "watch PID START" names a process of the restore
-// (crun) to kill with its descendants if tclone dies; "done" means the
-// sibling was reported, or the operation undid itself, and the watchdog exits touching
-// nothing. End of input without "done" means tclone died.
+// (crun) to kill with its descendants if tclone dies; "reporting JSON" is
+// the operation's journal record, sent just before tclone ends the entry
+// on its way to exiting 0; "done" means the sibling was reported, or the
+// operation undid itself, and the watchdog exits touching nothing. End of
+// input without "done" means tclone died: it never exited 0, so its caller
+// (conmon) saw a failure, and the sibling is undone, from the entry, or from
+// the "reporting" record when tclone died after ending the entry.
 type restoreWatch struct {
 	cmd *exec.Cmd
 	w   *os.File
@@ -114,6 +118,20 @@ func (rw *restoreWatch) Watch(pid int) {
 	fmt.Fprintf(rw.w, "watch %d %d\n", o.Pid, o.StartTime)
 }
 
+// Reporting hands the watchdog the operation's record before tclone ends
+// its journal entry (materializeOp.reported).
+func (rw *restoreWatch) Reporting(rec journal.Record) error {
+	if rw == nil {
+		return nil
+	}
+	b, err := json.Marshal(rec)
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintf(rw.w, "reporting %s\n", b)
+	return err
+}
+
 // Done releases the watchdog: the sibling was reported, or the operation
 // undid itself. It does not wait for the watchdog to exit: from "done" on,
 // a SIGKILL of this tclone is one the watchdog no longer covers (conmon
@@ -145,7 +163,7 @@ func RunRestoreWatchIfAsked() {
 // runRestoreWatch waits for the end of the restore, undoes it if its tclone
 // died, and says so on report.
 func runRestoreWatch(cfg watchConfig, in io.Reader, report io.Writer) int {
-	watched, done := readWatchProtocol(in)
+	watched, reporting, done := readWatchProtocol(in)
 	if done {
 		return 0
 	}
@@ -153,7 +171,7 @@ func runRestoreWatch(cfg watchConfig, in io.Reader, report io.Writer) int {
 	e := &Engine{Crun: &rt, Store: plan.Store{Layout: cfg.Layout}}
 	ctx, cancel := context.WithTimeout(context.Background(), abandonTimeout)
 	defer cancel()
-	id, err := e.abandonMaterialize(ctx, cfg.Entry, watched)
+	id, err := e.abandonMaterialize(ctx, cfg.Entry, watched, reporting)
 	if id == "" && err == nil {
 		return 0 // nothing was left to undo
 	}
@@ -169,15 +187,23 @@ func runRestoreWatch(cfg watchConfig, in io.Reader, report io.Writer) int {
 // abandonTimeout bounds a watchdog's cleanup: conmon waits for it.
 const abandonTimeout = time.Minute
 
-// readWatchProtocol reads the watched processes until "done" or the end of
-// input.
-func readWatchProtocol(in io.Reader) (watched []journal.Owner, done bool) {
+// readWatchProtocol reads the watched processes and the reporting record
+// until "done" or the end of input.
+func readWatchProtocol(in io.Reader) (watched []journal.Owner, reporting *journal.Record, done bool) {
 	sc := bufio.NewScanner(in)
+	sc.Buffer(make([]byte, 64<<10), 4<<20)
 	for sc.Scan() {
+		if rest, ok := strings.CutPrefix(sc.Text(), "reporting "); ok {
+			var rec journal.Record
+			if json.Unmarshal([]byte(rest), &rec) == nil {
+				reporting = &rec
+			}
+			continue
+		}
 		fields := strings.Fields(sc.Text())
 		switch {
 		case len(fields) == 1 && fields[0] == "done":
-			return watched, true
+			return watched, reporting, true
 		case len(fields) == 3 && fields[0] == "watch":
 			pid, perr := strconv.Atoi(fields[1])
 			st, serr := strconv.ParseUint(fields[2], 10, 64)
@@ -186,15 +212,18 @@ func readWatchProtocol(in io.Reader) (watched []journal.Owner, done bool) {
 			}
 		}
 	}
-	return watched, false
+	return watched, reporting, false
 }
 
 // abandonMaterialize undoes the materialisation recorded by the journal
 // entry name, whose tclone died: it adopts the entry (no other recovery
 // touches it meanwhile), kills what the restore was still running, removes
 // the sibling and what was made for it, and gives back the plan's use.
-// It returns the sibling's ID, or "" if the entry was gone.
-func (e *Engine) abandonMaterialize(ctx context.Context, name string, watched []journal.Owner) (string, error) {
+// An entry already gone is undone from reporting, the record tclone handed
+// over before it ended the entry, if it did (the plan's use, recorded by
+// then, is not given back). It returns the sibling's ID, or "" if there was
+// nothing to undo.
+func (e *Engine) abandonMaterialize(ctx context.Context, name string, watched []journal.Owner, reporting *journal.Record) (string, error) {
 	// A crun restore that is still running would go on making the sibling
 	// (and CRIU, its child, on holding the caller's stdio), whoever undoes
 	// the operation.
@@ -202,24 +231,35 @@ func (e *Engine) abandonMaterialize(ctx context.Context, name string, watched []
 		killTree(o)
 	}
 	entry, err := e.journal().Adopt(name)
-	if err != nil || entry == nil {
+	if err != nil {
 		return "", err
 	}
-	if entry.Rec.Phase == journal.PhaseCommitted {
+	var rec journal.Record
+	switch {
+	case entry != nil:
+		rec = entry.Rec
+	case reporting != nil:
+		rec = *reporting
+	default:
+		return "", nil
+	}
+	if rec.Phase == journal.PhaseCommitted {
 		// An older tclone died between reporting the sibling and
 		// removing the entry: the sibling is the user's now.
 		return "", entry.End()
 	}
-	sib := entry.Rec.MaterializeRec()
-	errs := []error{e.undoMaterialize(ctx, entry.Rec)}
-	if entry.Rec.PlanDir != "" {
-		if sib.OwnsPlan {
-			errs = append(errs, e.Store.Remove(entry.Rec.PlanDir))
-		} else {
-			// The dead restore's use goes back to the plan.
-			_, err := e.Store.Sweep(entry.Rec.PlanDir, time.Now())
-			errs = append(errs, err)
-		}
+	sib := rec.MaterializeRec()
+	errs := []error{e.undoMaterialize(ctx, rec)}
+	switch {
+	case rec.PlanDir == "":
+	case sib.OwnsPlan:
+		errs = append(errs, e.Store.Remove(rec.PlanDir))
+	case entry == nil:
+		// The use was recorded as spent before the entry ended.
+	default:
+		// The dead restore's use goes back to the plan.
+		_, err := e.Store.Sweep(rec.PlanDir, time.Now())
+		errs = append(errs, err)
 	}
 	if err := errors.Join(errs...); err != nil {
 		// Leave the entry for `tclone gc` to try again.
