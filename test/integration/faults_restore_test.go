@@ -170,16 +170,18 @@ func contains(list []string, s string) bool {
 }
 
 // A `tclone restore` killed the moment crun has restored the sibling (the
-// crash point sibling-restored), or once the sibling is complete but before
+// crash point sibling-restored), once the sibling is complete but before
 // tclone exits 0 (before-report: conmon sees its runtime fail all the
-// same), leaves Podman responsive: its watchdog removes the sibling, conmon
+// same), or after it ended its journal entry and before it released its
+// watchdog (entry-ended: the watchdog undoes from the record it was
+// handed), leaves Podman responsive: its watchdog removes the sibling, conmon
 // reads end-of-file on the runtime's stderr and reports the failure, and
 // Podman lets go of the container's lock. The fork fails, the source runs
 // on, and nothing is left.
 func TestKilledRestoreLeavesPodmanResponsive(t *testing.T) {
 	requireStack(t)
 	requireNoLeftovers(t)
-	for _, point := range []string{fork.CrashSiblingRestored, fork.CrashBeforeReport} {
+	for _, point := range []string{fork.CrashSiblingRestored, fork.CrashBeforeReport, fork.CrashEntryEnded} {
 		t.Run(point, func(t *testing.T) {
 			sock := startService(t, fork.EnvCrashAt+"="+point)
 			for _, tty := range []bool{false, true} {
