@@ -257,7 +257,10 @@ func (op *materializeOp) reported() error {
 	// after the entry is gone and before the watchdog is released, Podman
 	// sees a failed runtime, and the watchdog still knows what to undo.
 	if err := op.watch.Reporting(op.entry.Rec); err != nil {
-		return fmt.Errorf("sibling %s was restored, but handing its record to the restore watchdog failed: %w; it is removed again", op.req.ID, err)
+		// The watchdog is gone (the write can only fail so), and with it
+		// nothing it could undo: failing here would leave the sibling to
+		// nobody. The sibling is reported as before.
+		logrus.Warnf("sibling %s: the restore watchdog is gone: %v", op.req.ID, err)
 	}
 	if err := op.lease.Release(true); err != nil {
 		return fmt.Errorf("sibling %s was restored, but recording the plan's use failed: %w; it is removed again", op.req.ID, err)

@@ -212,6 +212,11 @@ func readWatchProtocol(in io.Reader) (watched []journal.Owner, reporting *journa
 			}
 		}
 	}
+	if sc.Err() != nil {
+		// A line too long to read: tclone's end of input is still what
+		// says whether it died.
+		io.Copy(io.Discard, in)
+	}
 	return watched, reporting, false
 }
 
@@ -238,9 +243,10 @@ func (e *Engine) abandonMaterialize(ctx context.Context, name string, watched []
 	switch {
 	case entry != nil:
 		rec = entry.Rec
-	case reporting != nil:
+	case reporting != nil && !e.claimedElsewhere(name):
 		rec = *reporting
 	default:
+		// Ended, or another recovery holds the entry and undoes it.
 		return "", nil
 	}
 	if rec.Phase == journal.PhaseCommitted {
@@ -266,6 +272,13 @@ func (e *Engine) abandonMaterialize(ctx context.Context, name string, watched []
 		return sib.SiblingID, fmt.Errorf("undoing sibling %s after its tclone died: %w", sib.SiblingID, err)
 	}
 	return sib.SiblingID, entry.End()
+}
+
+// claimedElsewhere says whether another recovery has claimed the journal
+// entry name.
+func (e *Engine) claimedElsewhere(name string) bool {
+	m, _ := filepath.Glob(filepath.Join(e.Store.JournalDir(), name+journal.ClaimSep+"*"))
+	return len(m) > 0
 }
 
 // killTree kills a process and all its descendants, if it is still the

@@ -91,3 +91,46 @@ func TestWatchdogUndoesFromReportingRecord(t *testing.T) {
 		t.Fatalf("exit %d, report %q", code, report.String())
 	}
 }
+
+// With its entry still there, the watchdog undoes what the entry records,
+// not the record handed over before: the entry is the one kept up to date.
+func TestWatchdogPrefersTheEntry(t *testing.T) {
+	l := plan.LayoutUnder(t.TempDir())
+	j := journal.Journal{Dir: l.JournalDir()}
+	fromEntry, fromRecord := t.TempDir(), t.TempDir()
+	e, err := j.Begin(journal.Record{Kind: journal.Materialize, Materialize: &journal.MaterializeRecord{SiblingID: "s", ImagesOverlay: fromEntry}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.Rec.Owner.StartTime++ // an owner that is gone
+	e.Save()
+	in := `reporting {"kind":"materialize","materialize":{"sibling_id":"s","images_overlay":"` + fromRecord + `"}}` + "\n"
+	var report strings.Builder
+	if code := runRestoreWatch(watchConfig{Layout: l, Entry: e.Name()}, strings.NewReader(in), &report); code != 0 {
+		t.Fatalf("exit %d: %s", code, report.String())
+	}
+	if _, err := os.Stat(fromEntry); !os.IsNotExist(err) {
+		t.Fatalf("the entry's images overlay is still there (%v)", err)
+	}
+	if _, err := os.Stat(fromRecord); err != nil {
+		t.Fatalf("the handed-over record was used instead of the entry: %v", err)
+	}
+}
+
+// An entry another recovery has claimed is that recovery's to undo.
+func TestWatchdogLeavesAnEntryClaimedElsewhere(t *testing.T) {
+	l := plan.LayoutUnder(t.TempDir())
+	if err := os.MkdirAll(l.JournalDir(), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	name := "materialize-1-1.json"
+	claimed := journal.ClaimedBy(l.JournalDir()+"/"+name, journal.Owner{Pid: 1, StartTime: 1})
+	if err := os.WriteFile(claimed, []byte(`{"kind":"materialize"}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var report strings.Builder
+	in := `reporting {"kind":"materialize","materialize":{"sibling_id":"s1"}}` + "\n"
+	if code := runRestoreWatch(watchConfig{Layout: l, Entry: name}, strings.NewReader(in), &report); code != 0 || report.Len() != 0 {
+		t.Fatalf("exit %d, report %q: the watchdog acted on an entry claimed elsewhere", code, report.String())
+	}
+}
