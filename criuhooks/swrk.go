@@ -21,6 +21,8 @@ import (
 	"github.com/checkpoint-restore/go-criu/v7/rpc"
 	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/tclone/tclone/runtime/procfs"
 )
 
 // Error is a failed CRIU operation, with the lines of CRIU's log that say why.
@@ -261,17 +263,8 @@ func (s *swrk) watchExit() {
 	}
 	go func() {
 		defer unix.Close(fd)
-		// A pidfd polls readable once its process has exited, reaped or not.
-		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
-		for {
-			n, err := unix.Poll(fds, -1)
-			if err == unix.EINTR {
-				continue
-			}
-			if err != nil || n == 0 || fds[0].Revents&unix.POLLIN == 0 {
-				return // cannot tell: reads wait for the socket, as before
-			}
-			break
+		if exited, _ := procfs.PidfdExited(fd, -1); !exited {
+			return // cannot tell: reads wait for the socket, as before
 		}
 		// After finish closed the socket this fails, harmlessly.
 		s.sk.SetReadDeadline(time.Now().Add(exitGrace))

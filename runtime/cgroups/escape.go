@@ -23,7 +23,10 @@ const KeeperCgroup = "tclone-keepers"
 // Escape moves pid into KeeperCgroup in every hierarchy through which a
 // whole cgroup is killed or frozen: cgroup v2, and the v1 freezer, pids and
 // name=systemd hierarchies. No other v1 hierarchy is touched; in particular
-// a process is never moved in a hierarchy that holds the memory controller.
+// a process is never moved in a v1 hierarchy that holds the memory
+// controller. Under cgroup v2 the keeper cgroup is the one hierarchy, so a
+// keeper's memory (a capture's CRIU, its page pipes included) is charged
+// there.
 func Escape(pid int) error {
 	mounts, err := keeperHierarchies()
 	if err != nil {

@@ -13,6 +13,7 @@ import (
 	"github.com/tclone/tclone/runtime/forkopts"
 	"github.com/tclone/tclone/runtime/journal"
 	"github.com/tclone/tclone/runtime/netlock"
+	"github.com/tclone/tclone/runtime/procfs"
 )
 
 // sourceHeldError is a capture whose source may still be held by what its
@@ -136,34 +137,15 @@ func endProcess(p journal.Owner, grace time.Duration) error {
 	}
 	// A stopped CRIU (a SIGSTOP to its group) would only wait out the grace.
 	unix.PidfdSendSignal(fd, unix.SIGCONT, nil, 0)
-	if exited(fd, grace) {
+	if exited, _ := procfs.PidfdExited(fd, grace); exited {
 		return nil
 	}
 	logrus.Warnf("criu process %d did not end by itself within %s: killing it", p.Pid, grace)
 	if err := unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0); err != nil && err != unix.ESRCH {
 		return fmt.Errorf("killing criu process %d: %w", p.Pid, err)
 	}
-	if exited(fd, criuExitWait) {
+	if exited, _ := procfs.PidfdExited(fd, criuExitWait); exited {
 		return nil
 	}
 	return fmt.Errorf("criu process %d still runs %s after SIGKILL", p.Pid, criuExitWait)
-}
-
-// exited waits up to limit for the process of pidfd fd to exit, and says
-// whether it did.
-func exited(fd int, limit time.Duration) bool {
-	deadline := time.Now().Add(limit)
-	for {
-		wait := time.Until(deadline)
-		if wait < 0 {
-			wait = 0
-		}
-		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
-		if n, err := unix.Poll(fds, int(min(wait, 100*time.Millisecond)/time.Millisecond)); err == nil && n > 0 {
-			return true
-		}
-		if wait == 0 {
-			return false
-		}
-	}
 }

@@ -127,19 +127,12 @@ func (t *heldTwin) end() error {
 	if err := unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0); err != nil && !errors.Is(err, unix.ESRCH) {
 		return fmt.Errorf("ending twin %d: %w", t.Twin, err)
 	}
-	// A pidfd polls readable once its process has exited.
-	deadline := time.Now().Add(twinExitWait)
-	for {
-		n, err := unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}, 100)
-		if n > 0 {
-			break
-		}
-		if err != nil && err != unix.EINTR {
-			return fmt.Errorf("waiting for twin %d to exit: %w", t.Twin, err)
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("twin %d did not exit %s after SIGKILL", t.Twin, twinExitWait)
-		}
+	exited, err := procfs.PidfdExited(fd, twinExitWait)
+	if err != nil {
+		return fmt.Errorf("waiting for twin %d to exit: %w", t.Twin, err)
+	}
+	if !exited {
+		return fmt.Errorf("twin %d did not exit %s after SIGKILL", t.Twin, twinExitWait)
 	}
 	return reapTwin(t.twinRecord)
 }
