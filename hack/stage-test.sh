@@ -44,7 +44,9 @@ out=$("$here/test-recap.sh" "$log"); status=$?
 check recap-keeps-last-lines 0 "long_test.go:99: the late reason" $status "$out"
 check recap-follows-name-lines 0 "long_test.go:60: the parent again" $status "$out"
 printf '%s\n' '=== RUN   TestHang' 'panic: test timed out after 40m0s' 'running tests:' '	TestHang (40m0s)' 'FAIL	example.com/x	2400.1s' >"$log"
-out=$("$here/test-recap.sh" "$log"); check recap-timeout 0 "panic: test timed out after 40m0s" $? "$out"
+out=$("$here/test-recap.sh" "$log"); status=$?
+check recap-timeout 0 "panic: test timed out after 40m0s" $status "$out"
+check recap-timeout-names-test 0 "TestHang (40m0s)" $status "$out"
 printf '%s\n' '=== RUN   TestGood' '--- PASS: TestGood (0.01s)' 'PASS' >"$log"
 out=$("$here/test-recap.sh" "$log"); status=$?
 if [ "$status" = 0 ] && [ -z "$out" ]; then echo "ok   recap-silent-when-passed"; else check recap-silent-when-passed 0 "^$" 1 "$out"; fi

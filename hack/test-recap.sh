@@ -15,7 +15,7 @@ awk -v keep=12 '
 		if (cur != "") { line[cur, count[cur] % keep] = $0; count[cur]++ }
 		next
 	}
-	/^panic: |^FAIL\t|\[build failed\]|^running tests:|^\t[A-Za-z0-9_\/]+ \([0-9.]+[a-z]+\)$|^[^ ]+\.go:[0-9]+:[0-9]+: / { other[++m] = $0 }
+	/^panic: |^FAIL\t|\[build failed\]|^running tests:|^\t[A-Za-z0-9_\/]+ \([0-9.a-z]+\)$|^[^ ]+\.go:[0-9]+:[0-9]+: / { other[++m] = $0 }
 	END {
 		if (n > 0) {
 			printf "\n%d failed tests, with the last lines each logged (up to %d):\n", n, keep
