@@ -4,9 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/checkpoint-restore/go-criu/v7/rpc"
@@ -23,9 +21,6 @@ import (
 // vma_cherrypick snapshot, a page-table copy. Siblings then get their lazy
 // pages from the snapshots (criuhooks/lazypages with Options.Snapshots).
 // The source's pause is CRIU's metadata dump plus fork()'s share of work.
-
-// lazyDumpConf is the CRIU configuration file a lazy dump adds.
-const lazyDumpConf = "tclone-lazy-dump.conf"
 
 // LazyDump makes the dump of opts a --lazy-pages one that ends at once.
 //
@@ -48,9 +43,6 @@ const lazyDumpConf = "tclone-lazy-dump.conf"
 // without close-on-exec, for the criu process go-criu starts next; call
 // the returned function once Dump has returned.
 func LazyDump(opts *rpc.CriuOpts, workDir string, external bool, extra ...string) (func(), error) {
-	if opts.ConfigFile != nil {
-		return nil, fmt.Errorf("a lazy dump needs CRIU's configuration file, and the dump already has one (%s)", opts.GetConfigFile())
-	}
 	conf := append([]string(nil), extra...)
 	ps := -1
 	if external {
@@ -64,20 +56,19 @@ func LazyDump(opts *rpc.CriuOpts, workDir string, external bool, extra ...string
 		ps = fds[0]
 		conf = append(conf, "ps-socket "+strconv.Itoa(ps))
 	}
-	path := filepath.Join(workDir, lazyDumpConf)
-	if err := os.WriteFile(path, []byte(strings.Join(conf, "\n")+"\n"), 0o600); err != nil {
+	end, err := Configure(opts, workDir, conf)
+	if err != nil {
 		if ps >= 0 {
 			unix.Close(ps)
 		}
 		return nil, fmt.Errorf("lazy dump: %w", err)
 	}
 	opts.LazyPages = proto.Bool(true)
-	opts.ConfigFile = proto.String(path)
 	return func() {
 		if ps >= 0 {
 			unix.Close(ps)
 		}
-		os.Remove(path)
+		end()
 	}, nil
 }
 

@@ -74,9 +74,10 @@ func (t *Twin) Close() {
 // TwinDump makes the dump of opts a twin dump: CRIU loads the plugin from
 // c.PluginDir, whose messages the returned collector gathers while CRIU
 // runs. It sets env (CRIU's environment) and writes CRIU's configuration
-// file into workDir. Call Close on the collector once the dump is over;
-// the twins it gathered stay open until released.
-func TwinDump(opts *rpc.CriuOpts, workDir string, c TwinCRIU) (*TwinCollector, []string, error) {
+// file into workDir, with the lines of extra too. Call Close on the
+// collector once the dump is over; the twins it gathered stay open until
+// released.
+func TwinDump(opts *rpc.CriuOpts, workDir string, c TwinCRIU, extra ...string) (*TwinCollector, []string, error) {
 	if opts.ConfigFile != nil {
 		return nil, nil, fmt.Errorf("a twin dump needs CRIU's configuration file, and the dump already has one (%s)", opts.GetConfigFile())
 	}
@@ -95,7 +96,7 @@ func TwinDump(opts *rpc.CriuOpts, workDir string, c TwinCRIU) (*TwinCollector, [
 		col.Close()
 		return nil, nil, fmt.Errorf("twin dump: %w", err)
 	}
-	end, err := LazyDump(opts, workDir, c.External, "libdir "+c.PluginDir)
+	end, err := LazyDump(opts, workDir, c.External, append([]string{"libdir " + c.PluginDir}, extra...)...)
 	if err != nil {
 		col.Close()
 		return nil, nil, err

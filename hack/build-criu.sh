@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Builds tclone's CRIU (the host's CRIU version with criuhooks/criu's
-# lazy-pages-external patch) and tclone's twin plugin, from Debian's source
+# patches: lazy-pages-external, tmpfs-builtin-tar) and tclone's twin plugin, from Debian's source
 # of the CRIU the host runs, and installs both under $TCLONE_CRIU_DIR
 # (default /usr/local/lib/tclone/criu): criu, and plugins/tclone_twin.so.
 # The host's own /usr/sbin/criu is not touched; only tclone's dumps use this
-# build (see criuhooks/criu/README.md).
+# build (see runtime/fork/criubuild.go and docs/design.md).
 #
-# Idempotent: a build whose stamp matches the source, the patch and the
+# Idempotent: a build whose stamp matches the source, the patches and the
 # plugin is kept. Called by hack/setup-host.sh; run as root.
 set -euo pipefail
 
@@ -38,7 +38,12 @@ esac
 
 # Two stamps: CRIU is rebuilt when its source or the patch changes, the
 # plugin when its own source does (against the CRIU tree kept in $cache).
-criu_stamp="$version $sum $(sha256sum <"$src_dir/lazy-pages-external.patch" | cut -c1-16)"
+# The patches, in the order they apply, and the files the second adds.
+patches=(lazy-pages-external.patch tmpfs-builtin-tar.patch)
+added=(tmpfs-archive.c:criu/tmpfs-archive.c tmpfs-archive.h:criu/include/tmpfs-archive.h)
+# The options they add; the stamp's third line lists them for tclone.
+options="lazy-pages-external tmpfs-builtin-tar"
+criu_stamp="$version $sum $(cd "$src_dir" && cat "${patches[@]}" tmpfs-archive.c tmpfs-archive.h | sha256sum | cut -c1-16)"
 plugin_stamp="$(cat "$src_dir/twin.c" "$src_dir/twin.h" "$src_dir/tramp.S" "$src_dir/Makefile" | sha256sum | cut -c1-16)"
 build=$cache/criu-$version
 criu_ok=0
@@ -125,7 +130,7 @@ if [ $criu_ok = 1 ]; then
 	install -d -m 0755 "$dest/plugins"
 	install -m 0644 "$build/tclone_twin.so" "$dest/plugins/tclone_twin.so.new"
 	mv "$dest/plugins/tclone_twin.so.new" "$dest/plugins/tclone_twin.so"
-	printf '%s\n%s\n' "$criu_stamp" "$plugin_stamp" >"$dest/.stamp"
+	printf '%s\n%s\noptions %s\n' "$criu_stamp" "$plugin_stamp" "$options" >"$dest/.stamp"
 	log "rebuilt tclone's twin plugin in $dest"
 	exit 0
 fi
@@ -140,8 +145,13 @@ fi
 rm -rf "$build"
 mkdir -p "$build"
 tar -C "$build" --strip-components=1 -xf "$tarball"
-patch -d "$build" -p1 -s <"$src_dir/lazy-pages-external.patch" || die "the patch does not apply to CRIU $version"
-log "building CRIU $version with lazy-pages-external (about a minute)"
+for p in "${patches[@]}"; do
+	patch -d "$build" -p1 -s <"$src_dir/$p" || die "$p does not apply to CRIU $version"
+done
+for a in "${added[@]}"; do
+	cp "$src_dir/${a%%:*}" "$build/${a#*:}"
+done
+log "building CRIU $version with $options (about a minute)"
 make -C "$build" -j"$(nproc)" criu >"$cache/build.log" 2>&1 || {
 	tail -20 "$cache/build.log" >&2
 	die "building CRIU failed (log: $cache/build.log)"
@@ -150,12 +160,14 @@ make -C "$src_dir" CRIU_SRC="$build" OUT="$build/tclone_twin.so" >>"$cache/build
 	tail -20 "$cache/build.log" >&2
 	die "building the twin plugin failed (log: $cache/build.log)"
 }
-"$build/criu/criu" --help 2>&1 | grep -q -- --lazy-pages-external || die "the built criu has no --lazy-pages-external"
+for o in $options; do
+	"$build/criu/criu" --help 2>&1 | grep -q -- "--$o" || die "the built criu has no --$o"
+done
 
 install -d -m 0755 "$dest" "$dest/plugins"
 install -m 0755 "$build/criu/criu" "$dest/criu.new"
 mv "$dest/criu.new" "$dest/criu"
 install -m 0644 "$build/tclone_twin.so" "$dest/plugins/tclone_twin.so.new"
 mv "$dest/plugins/tclone_twin.so.new" "$dest/plugins/tclone_twin.so"
-printf '%s\n%s\n' "$criu_stamp" "$plugin_stamp" >"$dest/.stamp"
+printf '%s\n%s\noptions %s\n' "$criu_stamp" "$plugin_stamp" "$options" >"$dest/.stamp"
 log "installed tclone's CRIU $version and its twin plugin in $dest"

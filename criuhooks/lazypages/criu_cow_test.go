@@ -385,7 +385,7 @@ func TestCRIULazyDumpEndsAtOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	took := time.Since(start)
-	if _, err := os.Stat(filepath.Join(images, "tclone-lazy-dump.conf")); !os.IsNotExist(err) {
+	if _, err := os.Stat(filepath.Join(images, "tclone-dump.conf")); !os.IsNotExist(err) {
 		t.Errorf("the lazy dump's configuration file is left: %v", err)
 	}
 	if got, err := src.ask("hash", 30*time.Second); err != nil || got != want {

@@ -138,13 +138,14 @@ if [ -n "$stack_tests" ]; then
 	for t in iptables ip6tables iptables-save ip6tables-save iptables-restore ip6tables-restore; do
 		ln -sf xtables-nft-multi "$stage/root/usr/sbin/$t"
 	done
-	# tclone's CRIU (hack/build-criu.sh: the root's CRIU version with the
-	# lazy-pages-external patch, and the twin plugin): the copy-on-write
-	# and twin captures dump with it, as on a host. It is built on this
-	# host for the same CRIU release as the root's, so it loads no library
-	# the root's criu does not, and those are in the stage already: checked.
+	# tclone's CRIU (hack/build-criu.sh: the root's CRIU version with
+	# tclone's patches, and the twin plugin): the captures dump with it,
+	# as on a host. It is built on this host for the same CRIU release as
+	# the root's, so it loads no library the root's criu does not, and
+	# those are in the stage already: checked. The script keeps a build
+	# that is up to date.
 	tclone_criu=${TCLONE_CRIU_DIR:-/usr/local/lib/tclone/criu}
-	[ -x "$tclone_criu/criu" ] && [ -f "$tclone_criu/plugins/tclone_twin.so" ] || "$top/hack/build-criu.sh"
+	"$top/hack/build-criu.sh"
 	mkdir -p "$stage/root/usr/local/lib/tclone"
 	cp -a "$tclone_criu" "$stage/root/usr/local/lib/tclone/criu"
 	for lib in $(readelf -d "$tclone_criu/criu" "$tclone_criu/plugins/tclone_twin.so" | awk '/\(NEEDED\)/ { gsub(/[][]/, "", $NF); print $NF }' | sort -u); do

@@ -381,17 +381,26 @@ func (op *captureOp) dump(ctx context.Context, opts forkopts.Dumped) (*dumped, e
 	}
 	defer closeDirs()
 	var setup dumpSetup
+	build := installedBuild(op.check)
+	conf := build.dumpConf()
 	if op.held != nil {
-		if setup, err = op.held.begin(criuOpts, plan.WorkDir(dir)); err != nil {
+		if setup, err = op.held.begin(criuOpts, plan.WorkDir(dir), conf); err != nil {
 			return nil, err
 		}
 		defer op.held.dumpDone()
+	} else if conf != nil {
+		end, err := criuhooks.Configure(criuOpts, plan.WorkDir(dir), conf)
+		if err != nil {
+			return nil, err
+		}
+		defer end()
+		setup.criuPath = build.Path
 	}
 	// Best effort, before CRIU seizes the tree: a watch it cannot name is
 	// for CRIU to refuse, and explainDumpError to explain.
 	primeIrmap(plan.WorkDir(dir), src.state.Pid)
 
-	op.log.phase("criu-options", logrus.Fields{"criu_opts": criuOpts, "timeout": timeout})
+	op.log.phase("criu-options", logrus.Fields{"criu_opts": criuOpts, "criu_conf": conf, "timeout": timeout})
 	hooks := newCaptureNotify(ctx, src, entry, func(ctx context.Context) (*rootfs.Snapshot, error) {
 		snap, err := rootfs.Take(ctx, op.rfs, op.snapDir)
 		if err == nil {

@@ -48,12 +48,12 @@ type cowCapture struct {
 }
 
 // begin opens the module and makes opts a lazy dump that ends at once.
-func (c *cowCapture) begin(opts *rpc.CriuOpts, workDir string) (dumpSetup, error) {
+func (c *cowCapture) begin(opts *rpc.CriuOpts, workDir string, conf []string) (dumpSetup, error) {
 	var err error
 	if c.dev, err = cherrypick.Open(); err != nil {
 		return dumpSetup{}, fmt.Errorf("--memory cow: %w", err)
 	}
-	if c.endDump, err = criuhooks.LazyDump(opts, workDir, c.criu != ""); err != nil {
+	if c.endDump, err = criuhooks.LazyDump(opts, workDir, c.criu != "", conf...); err != nil {
 		c.dev.Close()
 		c.dev = nil
 		return dumpSetup{}, err

@@ -16,8 +16,9 @@ import (
 // snapshots (cowCapture) or twins (twinCapture).
 type heldMemory interface {
 	// begin makes opts, whose work directory is workDir, the dump this
-	// memory needs.
-	begin(opts *rpc.CriuOpts, workDir string) (dumpSetup, error)
+	// memory needs, with the CRIU options in conf too (lines of CRIU's
+	// configuration file, which only tclone's build of CRIU takes).
+	begin(opts *rpc.CriuOpts, workDir string, conf []string) (dumpSetup, error)
 	// take takes the memory of the tree whose root has host pid root,
 	// which CRIU holds (post-dump).
 	take(root int) error

@@ -33,34 +33,6 @@ import (
 // is held; with stock CRIU its lazy dump still reads them all into pipes
 // (and throws them away), and the capture's log says so.
 
-// EnvCriuDir overrides where tclone's build of CRIU and its plugin are
-// (hack/build-criu.sh installs them).
-const EnvCriuDir = "TCLONE_CRIU_DIR"
-
-// DefaultCriuDir is where hack/build-criu.sh installs tclone's CRIU.
-const DefaultCriuDir = "/usr/local/lib/tclone/criu"
-
-func criuDir() string {
-	if d := os.Getenv(EnvCriuDir); d != "" {
-		return d
-	}
-	return DefaultCriuDir
-}
-
-// externalCRIU is tclone's build of CRIU, with lazy-pages-external, where
-// it is installed for this CRIU version, or "".
-func externalCRIU(check *criucheck.Result) string {
-	dir := criuDir()
-	stamp, _ := os.ReadFile(filepath.Join(dir, ".stamp"))
-	if built := strings.Fields(string(stamp)); len(built) == 0 || built[0] != check.Version.String() {
-		return ""
-	}
-	if _, err := os.Stat(filepath.Join(dir, "criu")); err != nil {
-		return ""
-	}
-	return filepath.Join(dir, "criu")
-}
-
 // twinHost is what this host offers a twin capture.
 type twinHost struct {
 	criuhooks.TwinCRIU
@@ -167,8 +139,8 @@ type twinCapture struct {
 	handedOver bool
 }
 
-func (c *twinCapture) begin(opts *rpc.CriuOpts, workDir string) (dumpSetup, error) {
-	col, env, err := criuhooks.TwinDump(opts, workDir, c.host.TwinCRIU)
+func (c *twinCapture) begin(opts *rpc.CriuOpts, workDir string, conf []string) (dumpSetup, error) {
+	col, env, err := criuhooks.TwinDump(opts, workDir, c.host.TwinCRIU, conf...)
 	if err != nil {
 		return dumpSetup{}, err
 	}

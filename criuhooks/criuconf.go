@@ -1,0 +1,39 @@
+package criuhooks
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/checkpoint-restore/go-criu/v7/rpc"
+	"google.golang.org/protobuf/proto"
+)
+
+// dumpConf is the CRIU configuration file tclone writes for a dump, in its
+// work directory.
+const dumpConf = "tclone-dump.conf"
+
+// TmpfsBuiltinTar is the option of tclone's build of CRIU (criuhooks/criu,
+// tmpfs-builtin-tar.patch) by which CRIU archives the dumped tree's tmpfs
+// mounts itself, in the format tar gives them, rather than running tar
+// and gzip for each while it holds the tree. Stock CRIU restores the
+// images; stock CRIU refuses the option.
+const TmpfsBuiltinTar = "tmpfs-builtin-tar"
+
+// Configure gives the dump of opts the CRIU options in lines (long options
+// without their dashes, one per line, as CRIU's configuration files take
+// them): some options have no RPC field, and those of tclone's build of
+// CRIU have none in go-criu's messages. The file is written into workDir;
+// call the returned function once the dump has returned.
+func Configure(opts *rpc.CriuOpts, workDir string, lines []string) (func(), error) {
+	if opts.ConfigFile != nil {
+		return nil, fmt.Errorf("the dump already has a CRIU configuration file (%s)", opts.GetConfigFile())
+	}
+	path := filepath.Join(workDir, dumpConf)
+	if err := os.WriteFile(path, []byte(strings.Join(lines, "\n")+"\n"), 0o600); err != nil {
+		return nil, fmt.Errorf("CRIU configuration file: %w", err)
+	}
+	opts.ConfigFile = proto.String(path)
+	return func() { os.Remove(path) }, nil
+}

@@ -1,0 +1,77 @@
+package fork
+
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"github.com/tclone/tclone/criuhooks"
+	"github.com/tclone/tclone/runtime/criucheck"
+)
+
+// tclone's build of CRIU (hack/build-criu.sh, criuhooks/criu): the host's
+// CRIU version with tclone's patches, and the twin plugin built against it.
+// Only dumps run it; restores run the host's CRIU, which reads its images.
+
+// EnvCriuDir overrides where tclone's build of CRIU and its plugin are
+// (hack/build-criu.sh installs them).
+const EnvCriuDir = "TCLONE_CRIU_DIR"
+
+// DefaultCriuDir is where hack/build-criu.sh installs tclone's CRIU.
+const DefaultCriuDir = "/usr/local/lib/tclone/criu"
+
+func criuDir() string {
+	if d := os.Getenv(EnvCriuDir); d != "" {
+		return d
+	}
+	return DefaultCriuDir
+}
+
+// criuBuild is tclone's build of CRIU as installed.
+type criuBuild struct {
+	// Path is its criu, "" where none is installed for this host's CRIU
+	// version.
+	Path string
+	// Options are the options its patches add. Every build has
+	// lazy-pages-external; a build's stamp lists them on its third line
+	// since there was more than one.
+	Options []string
+}
+
+// installedBuild reads tclone's build of CRIU in criuDir(): its stamp's
+// first line begins with the CRIU version it was built from.
+func installedBuild(check *criucheck.Result) criuBuild {
+	dir := criuDir()
+	stamp, _ := os.ReadFile(filepath.Join(dir, ".stamp"))
+	lines := strings.Split(string(stamp), "\n")
+	if built := strings.Fields(lines[0]); len(built) == 0 || built[0] != check.Version.String() {
+		return criuBuild{}
+	}
+	if _, err := os.Stat(filepath.Join(dir, "criu")); err != nil {
+		return criuBuild{}
+	}
+	b := criuBuild{Path: filepath.Join(dir, "criu"), Options: []string{"lazy-pages-external"}}
+	if len(lines) > 2 {
+		if f := strings.Fields(lines[2]); len(f) > 1 && f[0] == "options" {
+			b.Options = f[1:]
+		}
+	}
+	return b
+}
+
+// externalCRIU is tclone's build of CRIU, with lazy-pages-external, where
+// it is installed for this CRIU version, or "".
+func externalCRIU(check *criucheck.Result) string {
+	return installedBuild(check).Path
+}
+
+// dumpConf is what every dump by tclone's build of CRIU is configured
+// with: its tmpfs mounts archived by CRIU itself, not by tar in the
+// source's pause, where the build can.
+func (b criuBuild) dumpConf() []string {
+	if b.Path != "" && slices.Contains(b.Options, criuhooks.TmpfsBuiltinTar) {
+		return []string{criuhooks.TmpfsBuiltinTar}
+	}
+	return nil
+}
