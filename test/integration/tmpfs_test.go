@@ -61,7 +61,7 @@ func TestPodmanForkTmpfsContents(t *testing.T) {
 		t.Fatalf("plan-only: %s", r.stderr)
 	}
 	planDir := strings.TrimSpace(r.stdout)
-	defer removePlan(planDir)
+	t.Cleanup(func() { removePlan(planDir) }) // a failure below leaves it
 	log, err := os.ReadFile(filepath.Join(planDir, "work", "dump.log"))
 	if err != nil {
 		t.Fatal(err)
@@ -85,6 +85,7 @@ func TestPodmanForkTmpfsContents(t *testing.T) {
 	if stored == 0 || stored != len(archives)-1 {
 		t.Errorf("%d of the %d tmpfs archives were written by CRIU itself, want all but /sparse's", stored, len(archives))
 	}
+	removePlan(planDir)
 
 	for _, memory := range []string{"twin", "copy"} {
 		r := forkCLI(t, "--memory", memory, "--format", "json", src)
