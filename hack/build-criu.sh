@@ -38,8 +38,8 @@ esac
 
 # Two stamps: CRIU is rebuilt when its source or the patch changes, the
 # plugin when its own source does (against the CRIU tree kept in $cache).
-# The patches, in the order they apply, and the files the second adds.
-patches=(lazy-pages-external.patch tmpfs-builtin-tar.patch)
+# The patches, in the order they apply, and the files tmpfs-builtin-tar adds.
+patches=(lazy-pages-external.patch tmpfs-builtin-tar.patch lazy-dump-iovs.patch)
 added=(tmpfs-archive.c:criu/tmpfs-archive.c tmpfs-archive.h:criu/include/tmpfs-archive.h)
 # The options they add; the stamp's third line lists them for tclone.
 options="lazy-pages-external tmpfs-builtin-tar"
