@@ -106,6 +106,15 @@ func makeTarTree(t *testing.T, dir string) {
 	must(err)
 	must(unix.Bind(fd, &unix.SockaddrUnix{Name: p("socket")})) // tar leaves sockets out
 	unix.Close(fd)
+	// Hard links tar records as links (regular files, symbolic links) and
+	// those it archives again under each name (the rest).
+	must(os.Link(p("socket"), p("socket2")))
+	must(os.Link(p("fifo"), p("fifo2")))
+	must(os.Link(p("null"), p("null2")))
+	must(os.Link(p("a/b/sym"), p("sym2")))
+	// A long name with a long target, a link and a hard link.
+	must(os.Symlink(long+"/"+long, p(long+"/"+strings.Repeat("s", 120))))
+	must(os.Link(p(long+"/"+long), p(long+"/"+strings.Repeat("h", 130))))
 	old := time.Date(2001, 2, 3, 4, 5, 6, 0, time.UTC)
 	must(os.Chtimes(p("a/b"), old, old))
 	must(unix.Lutimes(p("a/b/sym"), []unix.Timeval{unix.NsecToTimeval(old.UnixNano()), unix.NsecToTimeval(old.UnixNano())}))

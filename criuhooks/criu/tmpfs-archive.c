@@ -11,12 +11,15 @@
  * (uncompressed) deflate blocks, which any gunzip reads. It records what
  * criu's tar command line does: every entry of the mount's own file system
  * (--one-file-system), numeric owners, permission bits, modification times,
- * hard links as links to the first name, and no extended attributes.
+ * hard links of regular files and symbolic links as links to the first
+ * name, and no extended attributes.
  *
  * What it does not write the way tar does, it does not write at all: a
  * sparse file, a path longer than PATH_MAX, a tree deeper than
- * TAR_MAX_DEPTH, or a time or size that does not fit. It then returns
- * TMPFS_ARCHIVE_USE_TAR, and the caller runs tar after all.
+ * TAR_MAX_DEPTH, a time before 1970, a file that is not the one listed
+ * by the time it is opened, or a tree with more files than descriptors
+ * left. It then returns TMPFS_ARCHIVE_USE_TAR, and the caller runs tar
+ * after all.
  */
 
 #include <dirent.h>
@@ -51,14 +54,14 @@ struct gz {
 struct link_seen {
 	dev_t dev;
 	ino_t ino;
-	char *name;
+	char *name; /* NULL: a free slot */
 };
 
 struct archive {
 	struct gz gz;
 	dev_t dev; /* the mount's file system */
 	char path[PATH_MAX];
-	struct link_seen *links;
+	struct link_seen *links; /* open addressing, links_cap a power of two */
 	size_t nlinks, links_cap;
 	char *why; /* why not: for the caller's log */
 	size_t why_len;
@@ -254,9 +257,10 @@ static int put_header(struct archive *a, const char *name, char type, const char
 {
 	char h[TAR_BLOCK] = {};
 
-	if (strlen(name) > 100 && put_long(a, 'L', name))
-		return -1;
+	/* GNU tar writes the long link target's record first. */
 	if (link && strlen(link) > 100 && put_long(a, 'K', link))
+		return -1;
+	if (strlen(name) > 100 && put_long(a, 'L', name))
 		return -1;
 	strncpy(h, name, 100);
 	put_num(h + 100, 8, st->st_mode & 07777);
@@ -274,17 +278,41 @@ static int put_header(struct archive *a, const char *name, char type, const char
 	return put_block(a, h);
 }
 
+/*
+ * Opens entry of dirfd, st being what fstatat said of it, without blocking
+ * (a fifo put in its place) or following a link; -2 when what it opened is
+ * not that file any more, or descriptors ran out: tar may do better.
+ */
+static int open_same(struct archive *a, int dirfd, const char *entry, int flags, const struct stat *st)
+{
+	struct stat now;
+	int fd;
+
+	fd = openat(dirfd, entry, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_NOFOLLOW | O_CLOEXEC | flags);
+	if (fd < 0) {
+		int err = errno;
+
+		why(a, "cannot open %s: %s", a->path, strerror(err));
+		return err == EMFILE || err == ENFILE || err == ELOOP || err == ENOTDIR ? -2 : -1;
+	}
+	if (fstat(fd, &now) || now.st_dev != st->st_dev || now.st_ino != st->st_ino ||
+	    (now.st_mode & S_IFMT) != (st->st_mode & S_IFMT)) {
+		why(a, "%s changed while it was archived", a->path);
+		close(fd);
+		return -2;
+	}
+	return fd;
+}
+
 static int put_file(struct archive *a, int dirfd, const char *entry, const struct stat *st)
 {
 	char buf[STORED_MAX];
 	uint64_t left = st->st_size;
 	int fd, ret = -1;
 
-	fd = openat(dirfd, entry, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-	if (fd < 0) {
-		why(a, "cannot open %s: %s", a->path, strerror(errno));
-		return -1;
-	}
+	fd = open_same(a, dirfd, entry, 0, st);
+	if (fd < 0)
+		return fd == -2 ? TMPFS_ARCHIVE_USE_TAR : -1;
 	if (put_header(a, a->path, '0', NULL, st, st->st_size))
 		goto out;
 	while (left) {
@@ -310,37 +338,52 @@ out:
 	return ret;
 }
 
-/*
- * The name a hard-linked file was first archived under, or NULL (and it
- * is remembered under this one).
- */
-static const char *link_target(struct archive *a, const struct stat *st, int *err)
+static size_t link_slot(const struct link_seen *links, size_t cap, dev_t dev, ino_t ino)
+{
+	size_t i = (size_t)((ino * 0x9e3779b97f4a7c15ULL) ^ dev) & (cap - 1);
+
+	while (links[i].name && (links[i].dev != dev || links[i].ino != ino))
+		i = (i + 1) & (cap - 1);
+	return i;
+}
+
+/* The name a hard-linked file was first archived under, or NULL. */
+static const char *link_target(struct archive *a, const struct stat *st)
+{
+	if (!a->nlinks)
+		return NULL;
+	return a->links[link_slot(a->links, a->links_cap, st->st_dev, st->st_ino)].name;
+}
+
+/* Remembers a->path as the first name of the hard-linked file st. */
+static int link_remember(struct archive *a, const struct stat *st)
 {
 	size_t i;
 
-	for (i = 0; i < a->nlinks; i++)
-		if (a->links[i].dev == st->st_dev && a->links[i].ino == st->st_ino)
-			return a->links[i].name;
-	if (a->nlinks == a->links_cap) {
-		size_t cap = a->links_cap ? 2 * a->links_cap : 16;
-		struct link_seen *l = realloc(a->links, cap * sizeof(*l));
+	if (2 * (a->nlinks + 1) > a->links_cap) {
+		size_t cap = a->links_cap ? 2 * a->links_cap : 64;
+		struct link_seen *l = calloc(cap, sizeof(*l));
 
 		if (!l)
 			goto nomem;
+		for (i = 0; i < a->links_cap; i++)
+			if (a->links[i].name)
+				l[link_slot(l, cap, a->links[i].dev, a->links[i].ino)] = a->links[i];
+		free(a->links);
 		a->links = l;
 		a->links_cap = cap;
 	}
-	a->links[a->nlinks].name = strdup(a->path);
-	if (!a->links[a->nlinks].name)
+	i = link_slot(a->links, a->links_cap, st->st_dev, st->st_ino);
+	a->links[i].name = strdup(a->path);
+	if (!a->links[i].name)
 		goto nomem;
-	a->links[a->nlinks].dev = st->st_dev;
-	a->links[a->nlinks].ino = st->st_ino;
+	a->links[i].dev = st->st_dev;
+	a->links[i].ino = st->st_ino;
 	a->nlinks++;
-	return NULL;
+	return 0;
 nomem:
 	why(a, "out of memory at %s", a->path);
-	*err = -1;
-	return NULL;
+	return -1;
 }
 
 static int put_dir(struct archive *a, int fd, const struct stat *st, int depth);
@@ -351,16 +394,18 @@ static int put_entry(struct archive *a, int dirfd, const char *entry, const stru
 	char link[PATH_MAX];
 	const char *first;
 	ssize_t n;
-	int fd, err = 0;
+	int fd, ret = 0;
 
 	if (st->st_mtim.tv_sec < 0) {
 		why(a, "%s has a time before 1970", a->path);
 		return TMPFS_ARCHIVE_USE_TAR;
 	}
-	if (!S_ISDIR(st->st_mode) && st->st_nlink > 1) {
-		first = link_target(a, st, &err);
-		if (err)
-			return err;
+	/*
+	 * As tar: a regular file or a symbolic link met again under another
+	 * name is a link to the first; other kinds are archived each time.
+	 */
+	if ((S_ISREG(st->st_mode) || S_ISLNK(st->st_mode)) && st->st_nlink > 1) {
+		first = link_target(a, st);
 		if (first)
 			return put_header(a, a->path, '1', first, st, 0);
 	}
@@ -370,7 +415,8 @@ static int put_entry(struct archive *a, int dirfd, const char *entry, const stru
 			why(a, "%s is sparse", a->path);
 			return TMPFS_ARCHIVE_USE_TAR;
 		}
-		return put_file(a, dirfd, entry, st);
+		ret = put_file(a, dirfd, entry, st);
+		break;
 	case S_IFLNK:
 		n = readlinkat(dirfd, entry, link, sizeof(link));
 		if (n < 0 || n == sizeof(link)) {
@@ -378,7 +424,8 @@ static int put_entry(struct archive *a, int dirfd, const char *entry, const stru
 			return -1;
 		}
 		link[n] = '\0';
-		return put_header(a, a->path, '2', link, st, 0);
+		ret = put_header(a, a->path, '2', link, st, 0);
+		break;
 	case S_IFCHR:
 		return put_header(a, a->path, '3', NULL, st, 0);
 	case S_IFBLK:
@@ -392,15 +439,17 @@ static int put_entry(struct archive *a, int dirfd, const char *entry, const stru
 			why(a, "%s is too deep", a->path);
 			return TMPFS_ARCHIVE_USE_TAR;
 		}
-		fd = openat(dirfd, entry, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-		if (fd < 0) {
-			why(a, "cannot open the directory %s: %s", a->path, strerror(errno));
-			return -1;
-		}
+		fd = open_same(a, dirfd, entry, O_DIRECTORY, st);
+		if (fd < 0)
+			return fd == -2 ? TMPFS_ARCHIVE_USE_TAR : -1;
 		return put_dir(a, fd, st, depth + 1);
+	default:
+		why(a, "%s is of an unknown type", a->path);
+		return TMPFS_ARCHIVE_USE_TAR;
 	}
-	why(a, "%s is of an unknown type", a->path);
-	return TMPFS_ARCHIVE_USE_TAR;
+	if (!ret && st->st_nlink > 1)
+		ret = link_remember(a, st);
+	return ret;
 }
 
 /* A directory (its header, then what it holds); fd is closed. */
@@ -507,7 +556,7 @@ int tmpfs_archive(int root_fd, int out_fd, char *why_not, size_t why_len)
 out:
 	if (ret < 0 && !why_not[0])
 		snprintf(why_not, why_len, "cannot write the archive: %s", strerror(errno));
-	for (i = 0; i < a->nlinks; i++)
+	for (i = 0; i < a->links_cap; i++)
 		free(a->links[i].name);
 	free(a->links);
 	free(a);
