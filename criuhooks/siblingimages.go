@@ -1,6 +1,7 @@
 package criuhooks
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -51,12 +52,32 @@ func SiblingImages(planImages, dir, hostname string) error {
 				}
 				continue
 			}
-			if err := os.Link(src, dst); err != nil {
+			if err := linkImage(src, dst); err != nil {
 				return fmt.Errorf("linking plan image %s: %w", name, err)
 			}
 		}
 	}
 	return nil
+}
+
+// linkImage hard-links src at dst while the drain may be putting a new file
+// in place of src. link() looks the name up and then links the inode it
+// found; when a rename takes that inode's last name in between, the kernel
+// refuses with ENOENT although the name is there, now on the new file. So
+// ENOENT is tried again while the name exists; a name that is gone was
+// never there for this pass, as if the listing had not had it.
+func linkImage(src, dst string) error {
+	const tries = 100
+	var err error
+	for i := 0; i < tries; i++ {
+		if err = os.Link(src, dst); err == nil || !errors.Is(err, os.ErrNotExist) {
+			return err
+		}
+		if _, serr := os.Lstat(src); errors.Is(serr, os.ErrNotExist) {
+			return nil
+		}
+	}
+	return err
 }
 
 // rewriteHostname copies a UTS namespace image with a new node name, so the

@@ -3,6 +3,7 @@ package criuhooks
 import (
 	"os"
 	"path/filepath"
+	"strconv"
 	"syscall"
 	"testing"
 
@@ -62,5 +63,54 @@ func TestSiblingImagesSkipsDrainTemporaries(t *testing.T) {
 	entries, _ := os.ReadDir(dir)
 	if len(entries) != 1 || entries[0].Name() != "pagemap-7.img" {
 		t.Fatalf("sibling images %v, want pagemap-7.img alone", entries)
+	}
+}
+
+// A drain that puts a new pagemap in place of the one a sibling is linking
+// (by rename, which takes the old file's last name) does not fail the
+// sibling: link() then refuses with ENOENT although the name is there.
+func TestSiblingImagesWhileDrainRenames(t *testing.T) {
+	plan := t.TempDir()
+	pagemap := filepath.Join(plan, "pagemap-7.img")
+	if err := os.WriteFile(pagemap, []byte("old"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	stop, renamed := make(chan struct{}), make(chan error, 1)
+	go func() {
+		tmp := pagemap + ".drained"
+		for n := 0; ; n++ {
+			select {
+			case <-stop:
+				renamed <- nil
+				return
+			default:
+			}
+			if err := os.WriteFile(tmp, []byte{byte(n)}, 0o600); err != nil {
+				renamed <- err
+				return
+			}
+			if err := os.Rename(tmp, pagemap); err != nil {
+				renamed <- err
+				return
+			}
+		}
+	}()
+	sibs := t.TempDir()
+	var failed error
+	for i := 0; i < 3000 && failed == nil; i++ {
+		dir := filepath.Join(sibs, strconv.Itoa(i))
+		if failed = SiblingImages(plan, dir, ""); failed == nil {
+			if _, err := os.Stat(filepath.Join(dir, "pagemap-7.img")); err != nil {
+				failed = err
+			}
+		}
+		os.RemoveAll(dir)
+	}
+	close(stop)
+	if err := <-renamed; err != nil {
+		t.Fatal(err)
+	}
+	if failed != nil {
+		t.Fatalf("sibling images while the drain renames: %v", failed)
 	}
 }
