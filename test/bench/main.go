@@ -44,38 +44,41 @@ import (
 
 // Config is the command line.
 type Config struct {
-	Quick           bool
-	Out             string
-	Markdown        string
-	WarmReps        int
-	LargeWarmReps   int
-	LargeFromMiB    int
-	ProcCounts      []int
-	MemMiBs         []int
-	MemProcs        int
-	Workspace       bool
-	WorkspaceMiB    int
-	LazyKinds       []string
-	TwinKinds       []string
-	ForkRefMiB      int
-	ForkRefReps     int
-	FanOutCounts    []int
-	FanOutReps      int
-	FanOutVariants  []fanOutVariant
-	FanOutExtraReps int
-	FanOutMemMiB    int
-	VolumeMiB       int
-	VolumeReps      int
-	FilesOnlyMemMiB int
-	KSMMemMiB       int
-	KSMWindow       time.Duration
-	ProxyReps       int
-	BranchMemMiB    int
-	BranchReps      int
-	LaterDelay      time.Duration
-	ArchiveDir      string
-	CriuDir         string
-	Only            []string
+	Quick            bool
+	Out              string
+	Markdown         string
+	WarmReps         int
+	LargeWarmReps    int
+	LargeFromMiB     int
+	ProcCounts       []int
+	MemMiBs          []int
+	MemProcs         int
+	Workspace        bool
+	WorkspaceMiB     int
+	LazyKinds        []string
+	TwinKinds        []string
+	ForkRefMiB       int
+	ForkRefReps      int
+	FanOutCounts     []int
+	FanOutReps       int
+	FanOutVariants   []fanOutVariant
+	FanOutExtraReps  int
+	FanOutMemMiB     int
+	VolumeMiB        int
+	VolumeReps       int
+	FilesOnlyMemMiB  int
+	KSMMemMiB        int
+	KSMWindow        time.Duration
+	ProxyReps        int
+	BranchMemMiB     int
+	BranchReps       int
+	ThroughputMemMiB int
+	ThroughputReps   int
+	ThroughputWindow time.Duration
+	LaterDelay       time.Duration
+	ArchiveDir       string
+	CriuDir          string
+	Only             []string
 }
 
 // Bench is one run.
@@ -147,6 +150,9 @@ func run() int {
 	flag.DurationVar(&cfg.KSMWindow, "ksm-window", 60*time.Second, "how long the --memory ksm sibling is watched")
 	flag.IntVar(&cfg.BranchMemMiB, "branch-mem", 1024, "memory of the durable branches' source, MiB (0: skip them)")
 	flag.IntVar(&cfg.BranchReps, "branch-reps", 3, "warm rounds of fork and branch create (plus one cold)")
+	flag.IntVar(&cfg.ThroughputMemMiB, "throughput-mem", 1024, "memory of the write-heavy and idle sources whose speed after the fork is measured, MiB (0: skip them)")
+	flag.IntVar(&cfg.ThroughputReps, "throughput-reps", 3, "forks of each throughput source per memory mode")
+	flag.DurationVar(&cfg.ThroughputWindow, "throughput-window", 6*time.Second, "how long a throughput source is watched after its fork returned")
 	flag.IntVar(&cfg.ProxyReps, "proxy-reps", 200, "requests per socket to measure what tclone's API service adds (a quarter of them for exec; 0: skip it)")
 	flag.DurationVar(&cfg.LaterDelay, "later", 30*time.Second, "when to read memory again after the cold fork")
 	flag.StringVar(&cfg.ArchiveDir, "archive-dir", "/dev/shm", "where stock Podman's export archives go (tmpfs, like tclone's plans)")
@@ -181,6 +187,9 @@ func run() int {
 		setDefault("ksm-mem", "16")
 		setDefault("ksm-window", "4s")
 		setDefault("proxy-reps", "12")
+		setDefault("throughput-mem", "32")
+		setDefault("throughput-reps", "1")
+		setDefault("throughput-window", "1s")
 		setDefault("branch-mem", "16")
 		setDefault("branch-reps", "1")
 		setDefault("fork-ref-mib", "32")
@@ -464,6 +473,7 @@ func (b *Bench) run(ctx context.Context, holder string) (*Results, error) {
 		VolumeMiB: b.cfg.VolumeMiB, VolumeReps: b.cfg.VolumeReps, FilesOnlyMemMiB: b.cfg.FilesOnlyMemMiB,
 		KSMMemMiB: b.cfg.KSMMemMiB, KSMWindowS: b.cfg.KSMWindow.Seconds(), ProxyReps: b.cfg.ProxyReps,
 		BranchMemMiB: b.cfg.BranchMemMiB, BranchReps: b.cfg.BranchReps,
+		ThroughputMemMiB: b.cfg.ThroughputMemMiB, ThroughputReps: b.cfg.ThroughputReps, ThroughputWindowS: b.cfg.ThroughputWindow.Seconds(),
 		LaterDelayS: b.cfg.LaterDelay.Seconds(), ArchiveDir: b.cfg.ArchiveDir, CriuImageDir: b.cfg.CriuDir,
 	}
 	if b.svc, err = startService(t.Podman); err != nil {
@@ -530,6 +540,10 @@ func (b *Bench) run(ctx context.Context, holder string) (*Results, error) {
 	if b.cfg.KSMMemMiB > 0 && b.selected("ksm") && ctx.Err() == nil {
 		b.logf("--memory ksm of %d MiB, watched for %s", b.cfg.KSMMemMiB, b.cfg.KSMWindow)
 		b.res.KSM = b.runKSM(ctx)
+	}
+	if b.cfg.ThroughputMemMiB > 0 && b.selected("throughput") && ctx.Err() == nil {
+		b.logf("the source's write speed after its fork, %d MiB", b.cfg.ThroughputMemMiB)
+		b.res.Throughput = b.runThroughput(ctx)
 	}
 	if b.cfg.ProxyReps > 0 && b.selected("rest-proxy") && ctx.Err() == nil {
 		b.logf("tclone's API service in front of Podman's: %d requests each way", b.cfg.ProxyReps)

@@ -647,10 +647,17 @@ type floorResult struct {
 	ForkMs   []float64 `json:"fork_ms"`
 	TouchMs  float64   `json:"touch_ms"`
 	MedianMs float64   `json:"median_ms"`
+	// The rewrites, with rewrite set.
+	RewriteAfterForkMs float64 `json:"rewrite_after_fork_ms"`
+	RewriteMs          float64 `json:"rewrite_ms"`
 }
 
-func (b *Bench) forkFloor(ctx context.Context, memMiB, reps int) (*floorResult, error) {
-	out, _, err := runCmd(ctx, b.tools.Holder, "forkfloor", "--mem-mib", strconv.Itoa(memMiB), "--reps", strconv.Itoa(reps))
+func (b *Bench) forkFloor(ctx context.Context, memMiB, reps int, rewrite bool) (*floorResult, error) {
+	args := []string{"forkfloor", "--mem-mib", strconv.Itoa(memMiB), "--reps", strconv.Itoa(reps)}
+	if rewrite {
+		args = append(args, "--rewrite")
+	}
+	out, _, err := runCmd(ctx, b.tools.Holder, args...)
 	if err != nil {
 		return nil, err
 	}
@@ -666,7 +673,7 @@ func (b *Bench) forkFloor(ctx context.Context, memMiB, reps int) (*floorResult, 
 // yardstick of the twin capture's pause.
 func (b *Bench) runForkRef(ctx context.Context) *ForkRefResult {
 	res := &ForkRefResult{MemMiB: b.cfg.ForkRefMiB, ForkMs: []float64{}}
-	f, err := b.forkFloor(ctx, b.cfg.ForkRefMiB, b.cfg.ForkRefReps)
+	f, err := b.forkFloor(ctx, b.cfg.ForkRefMiB, b.cfg.ForkRefReps, true)
 	if err == nil && len(f.ForkMs) != b.cfg.ForkRefReps {
 		err = fmt.Errorf("holder forkfloor timed %d forks, want %d", len(f.ForkMs), b.cfg.ForkRefReps)
 	}
@@ -676,6 +683,7 @@ func (b *Bench) runForkRef(ctx context.Context) *ForkRefResult {
 		return res
 	}
 	res.RssKiB, res.TouchMs, res.ForkMs, res.MedianMs = f.RssKiB, f.TouchMs, f.ForkMs, f.MedianMs
+	res.RewriteAfterForkMs, res.RewriteMs = f.RewriteAfterForkMs, f.RewriteMs
 	if m := summarize(f.ForkMs).Median; math.Abs(m-f.MedianMs) > 1e-6 {
 		b.fail("fork-ref", MethodFork, -1, fmt.Errorf("holder forkfloor reported a median of %v ms, its samples' is %v ms", f.MedianMs, m))
 	}
@@ -709,13 +717,13 @@ func (b *Bench) runFork(ctx context.Context, w Workload, wr *WorkloadResult) {
 		return
 	}
 	memMiB := int(math.Ceil(anonKiB / 1024))
-	tiny, err := b.forkFloor(ctx, 0, 21)
+	tiny, err := b.forkFloor(ctx, 0, 21, false)
 	if err != nil {
 		b.fail(w.Name, MethodFork, -1, err)
 		return
 	}
 	tinyMs := summarize(tiny.ForkMs).Median
-	big, err := b.forkFloor(ctx, memMiB, b.warmReps(w)+1)
+	big, err := b.forkFloor(ctx, memMiB, b.warmReps(w)+1, false)
 	if err != nil {
 		b.fail(w.Name, MethodFork, -1, err)
 		return

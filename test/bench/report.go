@@ -452,6 +452,7 @@ func writeMarkdown(r *Results, path, outDir string) error {
 
 	writeForkModes(r, p)
 	writeBranches(r, p)
+	writeThroughput(r, p)
 
 	// fork() floor.
 	p("## fork() floor\n\n| workload | anonymous memory forked (MiB) | fork() of it (ms) | fork() of a tiny process (ms) | processes | floor (ms) |\n| --- | ---: | ---: | ---: | ---: | ---: |\n")
@@ -472,6 +473,10 @@ func writeMarkdown(r *Results, path, outDir string) error {
 		st := summarize(fr.ForkMs)
 		p("fork() reference: one process touched %s of private anonymous memory (in %s ms; RSS %s MiB), then `fork()` of it, the child exiting at once and the parent waiting for it, took **%s ms** (median of %d; %s to %s ms).\n\n",
 			sizeText(fr.MemMiB), fmtMs(fr.TouchMs), fmtMiB(float64(fr.RssKiB)), fmtMs(fr.MedianMs), len(fr.ForkMs), fmtMs(st.Min), fmtMs(st.Max))
+		if fr.RewriteMs > 0 {
+			p("Rewriting all of that memory, a whole page at a time, right after one more `fork()` whose child was gone took %s ms; the same rewrite again took %s ms. The difference is what any fork() of a write-heavy program costs it after: each first write of a page traps once to take the page back (%.1f µs a page here).\n\n",
+				fmtMs(fr.RewriteAfterForkMs), fmtMs(fr.RewriteMs), 1000*(fr.RewriteAfterForkMs-fr.RewriteMs)/float64(fr.MemMiB*256))
+		}
 	}
 
 	// What was not measured.

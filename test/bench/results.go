@@ -13,8 +13,9 @@ import (
 // in variants (memory, --parallel) and adds the issue's targets; version 4
 // adds named volumes, files-only forks and --memory ksm; version 5 what
 // tclone's API service adds to requests; version 7 adds tclone with
-// --memory twin (twin_kinds) and fork() of a fixed size (fork_ref).
-const SchemaVersion = 7
+// --memory twin (twin_kinds) and fork() of a fixed size (fork_ref);
+// version 8 the source's write speed after its fork (throughput).
+const SchemaVersion = 8
 
 // Methods, in the order they are reported.
 const (
@@ -52,6 +53,9 @@ type Results struct {
 	KSM       *KSMResult        `json:"ksm"`
 	Proxy     *ProxyResult      `json:"rest_proxy"`
 	Branches  *BranchResult     `json:"branches"`
+	// Throughput is a write-heavy source's speed after its fork, and how
+	// long an idle source's twins outlive the thaw.
+	Throughput *ThroughputResult `json:"throughput"`
 	// ForkRef is fork() of one process holding a fixed amount of memory
 	// (--fork-ref-mib, 1 GiB), the yardstick of the twin pause target.
 	ForkRef  *ForkRefResult `json:"fork_ref"`
@@ -95,9 +99,15 @@ type RunConfig struct {
 	ProxyReps       int      `json:"proxy_reps"`
 	BranchMemMiB    int      `json:"branch_mem_mib"`
 	BranchReps      int      `json:"branch_reps"`
-	LaterDelayS     float64  `json:"later_delay_s"`
-	ArchiveDir      string   `json:"archive_dir"`
-	CriuImageDir    string   `json:"criu_image_dir"`
+	// ThroughputMemMiB sizes the throughput sources (0: none);
+	// ThroughputReps forks each is given per memory mode, watched for
+	// ThroughputWindowS after the fork returned.
+	ThroughputMemMiB  int     `json:"throughput_mem_mib"`
+	ThroughputReps    int     `json:"throughput_reps"`
+	ThroughputWindowS float64 `json:"throughput_window_s"`
+	LaterDelayS       float64 `json:"later_delay_s"`
+	ArchiveDir        string  `json:"archive_dir"`
+	CriuImageDir      string  `json:"criu_image_dir"`
 }
 
 // Failure is one measurement that failed.
@@ -213,6 +223,12 @@ type ForkRefResult struct {
 	TouchMs  float64   `json:"touch_ms"`
 	ForkMs   []float64 `json:"fork_ms"`
 	MedianMs float64   `json:"median_ms"`
+	// RewriteAfterForkMs is how long the process then took to rewrite all
+	// its memory, a whole page at a time, right after one more fork()
+	// whose child was gone (each first write traps to take its page
+	// back); RewriteMs the same rewrite again, with no fork() before it.
+	RewriteAfterForkMs float64 `json:"rewrite_after_fork_ms"`
+	RewriteMs          float64 `json:"rewrite_ms"`
 	// Error is why it could not be measured ("" when it was).
 	Error string `json:"error,omitempty"`
 }

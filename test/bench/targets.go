@@ -231,9 +231,7 @@ func twinTargets(r *Results) []Target {
 	judge(&t, spans)
 	out = append(out, t)
 
-	out = append(out, Target{Key: "twin_source_throughput_after_thaw", Title: "the source's throughput after the thaw, " + methodTitles[MethodTcloneTwin],
-		Status: TargetNotMeasured, BoundText: "issue 30's (not computed here)",
-		Detail: "not measured: the source's workload here only ticks (its gap is the pause); no workload in it reports the work it does while its twins hold its old pages and are drained"})
+	out = append(out, throughputTarget(r))
 	out = append(out, Target{Key: "twin_second_branch_incremental", Title: "second branch of the same source copies only what changed since the first",
 		Status: TargetNotMeasured, BoundText: "issue 30's (not computed here)",
 		Detail: "not measured: not built; each branch's capture still drains every page (only the chunk store keeps unchanged data once), and copying only what was written since the last branch needs soft-dirty or a write-protect-async userfaultfd kept on the source"})

@@ -218,6 +218,7 @@ func validate(dir, markdown string, want *Results) []string {
 	problems = append(problems, validateTargets(&r)...)
 	problems = append(problems, validateForkModes(&r)...)
 	problems = append(problems, validateBranches(&r)...)
+	problems = append(problems, validateThroughput(&r)...)
 	// A slope may be negative on a noisy machine; it must exist.
 	if len(r.Config.ProcCounts) >= 2 && (h.TcloneMsPerProcess == 0 || h.TclonePauseMsPerProcess == 0 || h.PodmanMsPerProcess == 0) {
 		bad("headline: a ms/process slope is missing")
@@ -255,6 +256,9 @@ func validate(dir, markdown string, want *Results) []string {
 		}
 		if r.Config.BranchMemMiB > 0 {
 			sections = append(sections, "## Branches")
+		}
+		if r.Config.ThroughputMemMiB > 0 {
+			sections = append(sections, "## Source speed after the fork")
 		}
 		for _, s := range sections {
 			if !strings.Contains(text, "\n"+s+"\n") && !strings.HasPrefix(text, s+"\n") {
@@ -530,7 +534,9 @@ func validateTargets(r *Results) []string {
 			need = hasTwin(1024) && hasTwin(0) && r.Config.ForkRefMiB == 1024
 		case "twin_pause_ms_per_process":
 			need = slices.Contains(r.Config.TwinKinds, "procs") && slices.Contains(r.Config.ProcCounts, twinSweepEnds[0]) && slices.Contains(r.Config.ProcCounts, twinSweepEnds[1])
-		case "twin_source_throughput_after_thaw", "twin_second_branch_incremental":
+		case "twin_source_throughput_after_thaw":
+			need = r.Config.ThroughputMemMiB == 1024
+		case "twin_second_branch_incremental":
 			if t.Status != TargetNotMeasured {
 				bad("target %s: %s, though nothing in the harness measures it", t.Key, t.Status)
 			}

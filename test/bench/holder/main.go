@@ -1,9 +1,9 @@
 // Command holder is the benchmark's in-container workload, and its host-side
 // helper for the CRIU and fork() baselines.
 //
-//	holder serve [--procs N] [--mem-mib M] [--children holder|sleep] [--report PATH] [--setsid] [--dirty-kib K]
+//	holder serve [--procs N] [--mem-mib M] [--children holder|sleep] [--report PATH] [--setsid] [--dirty-kib K] [--write]
 //	holder child --mem-kib K                 (started by serve, not by hand)
-//	holder forkfloor --mem-mib M [--reps R]  (prints JSON)
+//	holder forkfloor --mem-mib M [--reps R] [--rewrite]  (prints JSON)
 //
 // serve is the root of a process tree of N processes (itself included) that
 // together hold M MiB of touched, private anonymous memory, split evenly
@@ -21,12 +21,24 @@
 // writes --dirty-kib of its memory anew. The first report is
 // written once every child has touched its memory: it is the ready marker.
 //
+// With --write the root is a write-heavy program: one more locked thread
+// rewrites the root's share of the memory, whole page after whole page,
+// round and round, as fast as it can, and the report carries how many
+// pages it wrote in each 10 ms (holderreport.WriteBucket). That is how the
+// source's speed after a fork is measured: right after a copy-on-write
+// capture every first write of a page copies it. Like the ticker, the
+// writer stops in a copy of the tree.
+//
 // No sockets, no locks, no open files beyond stdio: the tree is all memory,
 // processes and threads, so the benchmark measures those and nothing else.
 //
 // forkfloor touches M MiB in one process and times raw fork() calls of it
 // (the child exits at once): the physical floor of a copy-on-write copy of
-// that much memory.
+// that much memory. With --rewrite it then times rewriting all of that
+// memory, a whole page at a time, twice: right after one more fork() (the
+// child gone, so every first write only takes back its page, trapping
+// once) and again (no trap): what a write-heavy program pays after any
+// fork() of it.
 //
 // Build it static, it runs in a busybox image:
 //
@@ -47,6 +59,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -113,6 +126,7 @@ func serve(args []string) error {
 	report := fs.String("report", holderreport.Path, "report file, written at ready and on SIGUSR1")
 	setsid := fs.Bool("setsid", false, "start a new session first (for a tree started from a shell)")
 	dirty := fs.Int64("dirty-kib", 0, "on SIGUSR2, write this many KiB of its own memory anew (from its middle), then the report")
+	writes := fs.Bool("write", false, "rewrite the root's memory continuously and report the pages written per 10 ms")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -196,6 +210,14 @@ func serve(args []string) error {
 		}
 	}
 	r.Close()
+	var wr *writer
+	if *writes {
+		if len(mem) == 0 {
+			return fmt.Errorf("--write needs memory to write: give --mem-mib")
+		}
+		wr = &writer{mem: mem}
+		go wr.run(ns)
+	}
 
 	var seq int64
 	write := func() error {
@@ -203,6 +225,9 @@ func serve(args []string) error {
 			Seq: seq, Pid: os.Getpid(), Procs: *procs, MemKiB: totalKiB,
 			MaxGapMs: float64(maxGap.Swap(0)) / 1e6, Ticks: ticks.Load(),
 			ReadyMs: float64(time.Since(start).Microseconds()) / 1000,
+		}
+		if wr != nil {
+			rep.Writes = wr.take()
 		}
 		seq++
 		b, _ := json.Marshal(rep)
@@ -248,6 +273,61 @@ func serve(args []string) error {
 	return nil
 }
 
+// writer is serve --write's write-heavy thread.
+type writer struct {
+	mem []byte
+	mu  sync.Mutex
+	out []holderreport.WriteBucket
+}
+
+// writerBuckets bounds the buckets kept between two reports: a minute.
+const writerBuckets = 6000
+
+// run rewrites w.mem page by page until the process turns out to be a copy
+// (its PID namespace is not ns). It looks at the clock every 16 pages.
+func (w *writer) run(ns string) {
+	runtime.LockOSThread()
+	var page [2][4096]byte
+	for i := range page[1] {
+		page[1][i] = 0xa5
+	}
+	b := holderreport.WriteBucket{StartNs: time.Now().UnixNano()}
+	for pass := 0; ; pass++ {
+		src := page[pass%2][:]
+		for off := 0; off+4096 <= len(w.mem); off += 4096 {
+			copy(w.mem[off:off+4096], src)
+			b.Pages++
+			if b.Pages%16 != 0 {
+				continue
+			}
+			now := time.Now().UnixNano()
+			if now-b.StartNs < int64(10*time.Millisecond) {
+				continue
+			}
+			b.EndNs = now
+			w.mu.Lock()
+			if len(w.out) >= writerBuckets {
+				w.out = w.out[1:]
+			}
+			w.out = append(w.out, b)
+			w.mu.Unlock()
+			b = holderreport.WriteBucket{StartNs: now}
+			if pidNamespace() != ns {
+				return // a copy: see the package comment
+			}
+		}
+	}
+}
+
+// take returns the buckets since the last call.
+func (w *writer) take() []holderreport.WriteBucket {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	out := w.out
+	w.out = nil
+	return out
+}
+
 func child(args []string) error {
 	fs := flag.NewFlagSet("child", flag.ContinueOnError)
 	kib := fs.Int64("mem-kib", 0, "KiB to touch")
@@ -284,6 +364,20 @@ func rawFork() (uintptr, syscall.Errno) {
 	return pid, 0
 }
 
+// rewriteAll writes every whole page of mem with the byte b, as serve's
+// writer does, and returns how long that took, ms.
+func rewriteAll(mem []byte, b byte) float64 {
+	var page [4096]byte
+	for i := range page {
+		page[i] = b
+	}
+	start := time.Now()
+	for off := 0; off+4096 <= len(mem); off += 4096 {
+		copy(mem[off:off+4096], page[:])
+	}
+	return float64(time.Since(start).Microseconds()) / 1000
+}
+
 // FloorResult is forkfloor's output.
 type FloorResult struct {
 	MemMiB  int       `json:"mem_mib"`
@@ -293,17 +387,22 @@ type FloorResult struct {
 	// MedianMs is the median of ForkMs (the mean of the middle two for an
 	// even count).
 	MedianMs float64 `json:"median_ms"`
+	// RewriteAfterForkMs and RewriteMs are --rewrite's two rewrites.
+	RewriteAfterForkMs float64 `json:"rewrite_after_fork_ms,omitempty"`
+	RewriteMs          float64 `json:"rewrite_ms,omitempty"`
 }
 
 func forkFloor(args []string) error {
 	fs := flag.NewFlagSet("forkfloor", flag.ContinueOnError)
 	memMiB := fs.Int("mem-mib", 0, "MiB of touched memory in the forked process")
 	reps := fs.Int("reps", 5, "number of forks timed")
+	rewrite := fs.Bool("rewrite", false, "then time rewriting all the memory after one more fork(), and again")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	t := time.Now()
-	if _, err := touch(int64(*memMiB)*1024, 7); err != nil {
+	mem, err := touch(int64(*memMiB)*1024, 7)
+	if err != nil {
 		return err
 	}
 	res := FloorResult{MemMiB: *memMiB, TouchMs: float64(time.Since(t).Microseconds()) / 1000}
@@ -325,6 +424,18 @@ func forkFloor(args []string) error {
 		res.RssKiB = rollupField(string(b), "Rss:")
 	}
 	res.MedianMs = median(res.ForkMs)
+	if *rewrite {
+		pid, errno := rawFork()
+		if errno != 0 {
+			return fmt.Errorf("fork: %v", errno)
+		}
+		var ws syscall.WaitStatus
+		if _, err := syscall.Wait4(int(pid), &ws, 0, nil); err != nil {
+			return fmt.Errorf("wait for %d: %w", pid, err)
+		}
+		res.RewriteAfterForkMs = rewriteAll(mem, 1)
+		res.RewriteMs = rewriteAll(mem, 2)
+	}
 	return json.NewEncoder(os.Stdout).Encode(res)
 }
 

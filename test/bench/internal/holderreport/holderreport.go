@@ -22,4 +22,19 @@ type Report struct {
 	Ticks    int64   `json:"ticks"`
 	// ReadyMs is the time from serve's start to this report.
 	ReadyMs float64 `json:"ready_ms"`
+	// Writes are the writer's buckets since the previous report, oldest
+	// first (serve --write only).
+	Writes []WriteBucket `json:"writes,omitempty"`
+}
+
+// WriteBucket is what serve --write's writer did over one stretch of time:
+// it rewrote Pages whole pages of its memory between StartNs and EndNs
+// (Unix nanoseconds). A bucket closes at the writer's first check 10 ms
+// or more after it opened, so a bucket the writer spent stopped (a
+// frozen source) is as long as the stop, and ends where the writer ran
+// again.
+type WriteBucket struct {
+	StartNs int64 `json:"start_ns"`
+	EndNs   int64 `json:"end_ns"`
+	Pages   int64 `json:"pages"`
 }
