@@ -7,10 +7,10 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/sirupsen/logrus"
+	"golang.org/x/sys/unix"
 
 	"github.com/tclone/tclone/runtime/cgroups"
 	"github.com/tclone/tclone/runtime/journal"
@@ -40,6 +40,9 @@ type Recovered struct {
 	// OrphanCRIUs is how many CRIU processes working in a plan that is
 	// gone were killed.
 	OrphanCRIUs int `json:"orphan_criu,omitempty"`
+	// CRIUTemps are the temporary directories (and mounts) killed CRIUs
+	// left in /tmp, removed.
+	CRIUTemps []string `json:"criu_temps,omitempty"`
 	// SnapshotsHeld are not cleaned up: the copy-on-write snapshots live
 	// plans' daemons hold, by plan ID, with the memory they keep. Each is
 	// released once its plan is used up, removed or expired.
@@ -55,7 +58,7 @@ type RemovedPlan struct {
 }
 
 func (r *Recovered) empty() bool {
-	return r.Captures+r.Siblings+r.StraySnaps+len(r.Plans)+len(r.Thawed)+len(r.Locks)+len(r.LazyDaemons)+len(r.Intents)+r.OrphanCRIUs == 0
+	return r.Captures+r.Siblings+r.StraySnaps+len(r.Plans)+len(r.Thawed)+len(r.Locks)+len(r.LazyDaemons)+len(r.Intents)+r.OrphanCRIUs+len(r.CRIUTemps) == 0
 }
 
 // Recover undoes every fork operation whose tclone process died, removes
@@ -84,9 +87,13 @@ func (e *Engine) Recover(ctx context.Context) (*Recovered, error) {
 	daemons, derr := lazy.Collect(e.Store.Layout)
 	r.LazyDaemons = daemons
 	r.OrphanCRIUs = e.killOrphanCRIUs()
+	// The CRIUs just killed may not be gone yet: their leftovers then
+	// wait for the next gc.
+	temps, terr := sweepCRIUTemps(criuTempDir, criuRunning)
+	r.CRIUTemps = temps
 	held, herr := lazy.Holders(e.Store.Layout)
 	r.SnapshotsHeld = held
-	return r, errors.Join(err, serr, lerr, derr, ierr, herr)
+	return r, errors.Join(err, serr, lerr, derr, ierr, terr, herr)
 }
 
 // recoverOperations undoes operations whose process died and sweeps plans:
@@ -290,9 +297,18 @@ func (e *Engine) killOrphanCRIUs() int {
 		if st, err := procfs.ReadStat(pid); err != nil || st.Comm != "criu" {
 			continue
 		}
-		if syscall.Kill(pid, syscall.SIGKILL) == nil {
-			n++
+		// Through a pidfd, so that the wait below is for this process
+		// and no other that takes its PID.
+		fd, err := unix.PidfdOpen(pid, 0)
+		if err != nil {
+			continue
 		}
+		if unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0) == nil {
+			n++
+			// Dead, CRIU's temporary directories can be swept at once.
+			procfs.PidfdExited(fd, 2*time.Second)
+		}
+		unix.Close(fd)
 	}
 	return n
 }
