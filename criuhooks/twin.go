@@ -78,9 +78,6 @@ func (t *Twin) Close() {
 // collector once the dump is over; the twins it gathered stay open until
 // released.
 func TwinDump(opts *rpc.CriuOpts, workDir string, c TwinCRIU, extra ...string) (*TwinCollector, []string, error) {
-	if opts.ConfigFile != nil {
-		return nil, nil, fmt.Errorf("a twin dump needs CRIU's configuration file, and the dump already has one (%s)", opts.GetConfigFile())
-	}
 	if _, err := os.Stat(filepath.Join(c.PluginDir, TwinPluginName)); err != nil {
 		return nil, nil, fmt.Errorf("tclone's CRIU plugin is not installed: %w (hack/setup-host.sh builds it)", err)
 	}

@@ -43,7 +43,7 @@ patches=(lazy-pages-external.patch tmpfs-builtin-tar.patch lazy-dump-iovs.patch)
 added=(tmpfs-archive.c:criu/tmpfs-archive.c tmpfs-archive.h:criu/include/tmpfs-archive.h)
 # The options they add; the stamp's third line lists them for tclone.
 options="lazy-pages-external tmpfs-builtin-tar"
-criu_stamp="$version $sum $(cd "$src_dir" && cat "${patches[@]}" tmpfs-archive.c tmpfs-archive.h | sha256sum | cut -c1-16)"
+criu_stamp="$version $sum $(cd "$src_dir" && cat "${patches[@]}" "${added[@]%%:*}" | sha256sum | cut -c1-16)"
 plugin_stamp="$(cat "$src_dir/twin.c" "$src_dir/twin.h" "$src_dir/tramp.S" "$src_dir/Makefile" | sha256sum | cut -c1-16)"
 build=$cache/criu-$version
 criu_ok=0

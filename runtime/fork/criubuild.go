@@ -39,25 +39,43 @@ type criuBuild struct {
 	Options []string
 }
 
-// installedBuild reads tclone's build of CRIU in criuDir(): its stamp's
-// first line begins with the CRIU version it was built from.
-func installedBuild(check *criucheck.Result) criuBuild {
-	dir := criuDir()
+// criuStamp is what hack/build-criu.sh's stamp in a build directory says:
+// the CRIU version the build and the plugin are for (the first field of
+// its first line) and, on its third line ("options ..."), the options the
+// build has; a stamp older than that line has lazy-pages-external alone.
+type criuStamp struct {
+	Version string
+	Options []string
+}
+
+func readCRIUStamp(dir string) criuStamp {
 	stamp, _ := os.ReadFile(filepath.Join(dir, ".stamp"))
 	lines := strings.Split(string(stamp), "\n")
-	if built := strings.Fields(lines[0]); len(built) == 0 || built[0] != check.Version.String() {
+	var st criuStamp
+	if f := strings.Fields(lines[0]); len(f) > 0 {
+		st.Version = f[0]
+	}
+	st.Options = []string{"lazy-pages-external"}
+	if len(lines) > 2 {
+		if f := strings.Fields(lines[2]); len(f) > 1 && f[0] == "options" {
+			st.Options = f[1:]
+		}
+	}
+	return st
+}
+
+// installedBuild reads tclone's build of CRIU in criuDir(), if it is there
+// and built from this CRIU version.
+func installedBuild(check *criucheck.Result) criuBuild {
+	dir := criuDir()
+	st := readCRIUStamp(dir)
+	if st.Version != check.Version.String() {
 		return criuBuild{}
 	}
 	if _, err := os.Stat(filepath.Join(dir, "criu")); err != nil {
 		return criuBuild{}
 	}
-	b := criuBuild{Path: filepath.Join(dir, "criu"), Options: []string{"lazy-pages-external"}}
-	if len(lines) > 2 {
-		if f := strings.Fields(lines[2]); len(f) > 1 && f[0] == "options" {
-			b.Options = f[1:]
-		}
-	}
-	return b
+	return criuBuild{Path: filepath.Join(dir, "criu"), Options: st.Options}
 }
 
 // externalCRIU is tclone's build of CRIU, with lazy-pages-external, where

@@ -66,9 +66,11 @@ func twinAvailable(check *criucheck.Result) (twinHost, bool, string) {
 	if _, err := os.Stat(filepath.Join(h.PluginDir, criuhooks.TwinPluginName)); err != nil {
 		return h, false, fmt.Sprintf("tclone's CRIU plugin is not installed (%v): hack/setup-host.sh builds it", err)
 	}
-	stamp, _ := os.ReadFile(filepath.Join(dir, ".stamp"))
-	if built := strings.Fields(string(stamp)); len(built) == 0 || built[0] != check.Version.String() {
-		return h, false, fmt.Sprintf("tclone's CRIU plugin in %s was built for CRIU %s, and CRIU here is %s: run hack/build-criu.sh again", dir, firstField(built), check.Version)
+	if built := readCRIUStamp(dir).Version; built != check.Version.String() {
+		if built == "" {
+			built = "an unknown version"
+		}
+		return h, false, fmt.Sprintf("tclone's CRIU plugin in %s was built for CRIU %s, and CRIU here is %s: run hack/build-criu.sh again", dir, built, check.Version)
 	}
 	h.CriuPath = check.Path
 	if c := externalCRIU(check); c != "" {
@@ -76,13 +78,6 @@ func twinAvailable(check *criucheck.Result) (twinHost, bool, string) {
 		return h, true, "tclone's CRIU plugin gives each process a twin, and tclone's build of CRIU reads no page while it holds the tree"
 	}
 	return h, true, "tclone's CRIU plugin gives each process a twin; with stock CRIU, whose lazy dump still reads every page into pipes while it holds the tree (" + filepath.Join(dir, "criu") + " is not installed)"
-}
-
-func firstField(f []string) string {
-	if len(f) == 0 {
-		return "an unknown version"
-	}
-	return f[0]
 }
 
 // twinFits says whether the source's cgroup can hold its twins until they
