@@ -7,8 +7,10 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 
 	"github.com/moby/sys/mountinfo"
+	"github.com/sirupsen/logrus"
 	"golang.org/x/sys/unix"
 
 	"github.com/tclone/tclone/runtime/procfs"
@@ -34,6 +36,10 @@ const criuTempDir = "/tmp"
 // later makes new names). A directory with a mount that would not go is
 // left. Returns the directories removed.
 func sweepCRIUTemps(tmp string, running func() (bool, error)) ([]string, error) {
+	tmp, err := filepath.EvalSymlinks(tmp)
+	if err != nil {
+		return nil, err
+	}
 	var listed []string
 	for _, p := range criuTempPatterns {
 		m, err := filepath.Glob(filepath.Join(tmp, p))
@@ -51,12 +57,34 @@ func sweepCRIUTemps(tmp string, running func() (bool, error)) ([]string, error) 
 	var removed []string
 	var errs []error
 	for _, dir := range listed {
-		if fi, err := os.Lstat(dir); err != nil || !fi.IsDir() {
+		// CRIU runs as root here: what root does not own is not a CRIU's.
+		fi, err := os.Lstat(dir)
+		if err != nil || !fi.IsDir() {
 			continue
 		}
-		if err := unmountUnder(dir); err != nil {
-			errs = append(errs, fmt.Errorf("unmounting what a dead CRIU left at %s: %w", dir, err))
+		if st, ok := fi.Sys().(*syscall.Stat_t); !ok || st.Uid != 0 {
 			continue
+		}
+		mounted, err := mountinfo.GetMounts(mountinfo.PrefixFilter(dir))
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if len(mounted) > 0 {
+			// Only the mounts CRIU's probe makes, the tmpfs at the
+			// directory and the bind mount of its "subdir", are taken
+			// down, by paths no one but root can change (root's entries
+			// in /tmp and in that tmpfs, both sticky): anything else
+			// mounted there may sit at a path another user could swap for
+			// a symlink to some other mount.
+			if !probeMountsOnly(dir, mounted) {
+				logrus.Warnf("leaving %s: a dead CRIU's directory, but something CRIU does not mount is mounted in it", dir)
+				continue
+			}
+			if err := unmountUnder(dir); err != nil {
+				errs = append(errs, fmt.Errorf("unmounting what a dead CRIU left at %s: %w", dir, err))
+				continue
+			}
 		}
 		if err := os.RemoveAll(dir); err != nil {
 			errs = append(errs, fmt.Errorf("removing what a dead CRIU left at %s: %w", dir, err))
@@ -65,6 +93,20 @@ func sweepCRIUTemps(tmp string, running func() (bool, error)) ([]string, error) 
 		removed = append(removed, dir)
 	}
 	return removed, errors.Join(errs...)
+}
+
+// probeMountsOnly says whether every mount in mounted is one CRIU's
+// MOVE_MOUNT_SET_GROUP probe makes in dir.
+func probeMountsOnly(dir string, mounted []*mountinfo.Info) bool {
+	if !strings.HasPrefix(filepath.Base(dir), ".criu.move_mount_set_group.") {
+		return false
+	}
+	for _, m := range mounted {
+		if m.Mountpoint != dir && m.Mountpoint != filepath.Join(dir, "subdir") {
+			return false
+		}
+	}
+	return true
 }
 
 // criuRunning tells whether any live process on the host is named criu (a
@@ -82,13 +124,17 @@ func criuRunning() (bool, error) {
 	return false, nil
 }
 
-// unmountUnder detaches every mount at dir or below it, the deepest first,
-// and checks that none is left: RemoveAll must never walk into a mount.
+// unmountUnder detaches the probe's mounts at dir and below it, the deepest
+// first, and checks that none is left: RemoveAll must never walk into a
+// mount. Another mount there fails it.
 func unmountUnder(dir string) error {
 	under := func() ([]string, error) {
 		mounts, err := mountinfo.GetMounts(mountinfo.PrefixFilter(dir))
 		if err != nil {
 			return nil, err
+		}
+		if !probeMountsOnly(dir, mounts) {
+			return nil, fmt.Errorf("something CRIU does not mount is mounted there")
 		}
 		var points []string
 		for _, m := range mounts {
@@ -105,7 +151,7 @@ func unmountUnder(dir string) error {
 			return err
 		}
 		for _, p := range points {
-			if err := unix.Unmount(p, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+			if err := unix.Unmount(p, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
 				return err
 			}
 		}

@@ -21,11 +21,24 @@ func TestSweepCRIUTemps(t *testing.T) {
 	probe := filepath.Join(tmp, ".criu.move_mount_set_group.AbC123")
 	roots := filepath.Join(tmp, ".criu.mntns.XyZ789")
 	other := filepath.Join(tmp, ".criu.kept")
-	for _, d := range []string{probe, roots, filepath.Join(roots, "mnt-0000000042"), other} {
+	// Not CRIU's: another user's, and one with a mount CRIU does not make.
+	users := filepath.Join(tmp, ".criu.mntns.user01")
+	open := filepath.Join(tmp, ".criu.mntns.open01")
+	for _, d := range []string{probe, roots, filepath.Join(roots, "mnt-0000000042"), other, users, filepath.Join(open, "m")} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			t.Fatal(err)
 		}
 	}
+	if err := os.Chown(users, 65534, 65534); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(open, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("other", filepath.Join(open, "m"), "tmpfs", 0, ""); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Unmount(filepath.Join(open, "m"), unix.MNT_DETACH) })
 	// As CRIU's probe does: a tmpfs, a directory in it bind-mounted on
 	// itself, and a file that must go with the tmpfs, not by RemoveAll.
 	if err := unix.Mount("criu.move_mount_set_group", probe, "tmpfs", 0, ""); err != nil {
@@ -85,11 +98,16 @@ func TestSweepCRIUTemps(t *testing.T) {
 			t.Errorf("%s is still there: %v", d, err)
 		}
 	}
-	if mounts, _ := mountinfo.GetMounts(mountinfo.PrefixFilter(tmp)); len(mounts) != 0 {
-		t.Errorf("mounts left under %s: %v", tmp, mounts[0].Mountpoint)
+	if mounts, _ := mountinfo.GetMounts(mountinfo.PrefixFilter(probe)); len(mounts) != 0 {
+		t.Errorf("mounts left under %s: %v", probe, mounts[0].Mountpoint)
 	}
-	if _, err := os.Stat(other); err != nil {
-		t.Errorf("%s was touched: %v", other, err)
+	for _, d := range []string{other, users} {
+		if _, err := os.Stat(d); err != nil {
+			t.Errorf("%s was touched: %v", d, err)
+		}
+	}
+	if mounted, err := mountinfo.Mounted(filepath.Join(open, "m")); err != nil || !mounted {
+		t.Errorf("the mount in a directory others may write to was touched: %v %v", mounted, err)
 	}
 	if removed, err := sweepCRIUTemps(tmp, none); err != nil || len(removed) != 0 {
 		t.Errorf("a second sweep: %v %v", removed, err)

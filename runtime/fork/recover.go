@@ -290,20 +290,21 @@ func (e *Engine) killOrphanCRIUs() int {
 	n := 0
 	pids, _ := procfs.Pids()
 	for _, pid := range pids {
-		cwd, err := os.Readlink(fmt.Sprintf("/proc/%d/cwd", pid))
-		if err != nil || !e.Store.InGonePlan(cwd) {
-			continue
-		}
-		if st, err := procfs.ReadStat(pid); err != nil || st.Comm != "criu" {
-			continue
-		}
-		// Through a pidfd, so that the wait below is for this process
-		// and no other that takes its PID.
+		// The pidfd first: what is then read of the PID is this
+		// process's, and the kill and the wait below are for it and no
+		// other that takes its PID.
 		fd, err := unix.PidfdOpen(pid, 0)
 		if err != nil {
 			continue
 		}
-		if unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0) == nil {
+		cwd, err := os.Readlink(fmt.Sprintf("/proc/%d/cwd", pid))
+		orphan := err == nil && e.Store.InGonePlan(cwd)
+		if orphan {
+			st, err := procfs.ReadStat(pid)
+			orphan = err == nil && st.Comm == "criu"
+		}
+		// Still the process the pidfd names (not exited) once read.
+		if orphan && unix.PidfdSendSignal(fd, 0, nil, 0) == nil && unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0) == nil {
 			n++
 			// Dead, CRIU's temporary directories can be swept at once.
 			procfs.PidfdExited(fd, 2*time.Second)

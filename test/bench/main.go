@@ -210,6 +210,9 @@ func run() int {
 	if err == nil && (cfg.ForkRefMiB < 0 || (cfg.ForkRefMiB > 0 && cfg.ForkRefReps < 1)) {
 		err = fmt.Errorf("--fork-ref-mib must be 0 or more, and --fork-ref-reps 1 or more")
 	}
+	if err == nil && cfg.ThroughputMemMiB > 0 && (cfg.ThroughputReps < 1 || cfg.ThroughputWindow < 500*time.Millisecond) {
+		err = fmt.Errorf("--throughput-reps must be 1 or more and --throughput-window 500ms or more (or --throughput-mem 0)")
+	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		return 2

@@ -364,7 +364,8 @@ func fakeProcs(n int, method string, pause float64) *WorkloadResult {
 }
 
 func forkRef(mib int, ms ...float64) *ForkRefResult {
-	return &ForkRefResult{MemMiB: mib, RssKiB: int64(mib)*1024 + 900, TouchMs: 700, ForkMs: ms, MedianMs: summarize(ms).Median}
+	return &ForkRefResult{MemMiB: mib, RssKiB: int64(mib)*1024 + 900, TouchMs: 700, ForkMs: ms, MedianMs: summarize(ms).Median,
+		RewriteAfterForkMs: 3900, RewriteMs: 45}
 }
 
 // Issue 30's targets: the twin pause at 1 GiB within its pause at 0 MiB
@@ -462,6 +463,7 @@ func TestValidateForkRef(t *testing.T) {
 		{"bad median", &ForkRefResult{MemMiB: 1024, RssKiB: 1 << 21, ForkMs: []float64{38, 40, 45}, MedianMs: 41}, cfg, "median 41 ms does not match"},
 		{"not touched", &ForkRefResult{MemMiB: 1024, RssKiB: 4000, ForkMs: []float64{38, 40, 45}, MedianMs: 40}, cfg, "held 4000 KiB"},
 		{"unasked", forkRef(1024, 38, 40, 45), RunConfig{}, "measured, though fork_ref_mib is 0"},
+		{"no rewrite", &ForkRefResult{MemMiB: 1024, RssKiB: 1 << 21, ForkMs: []float64{38, 40, 45}, MedianMs: 40}, cfg, "no rewrite times"},
 	} {
 		got := strings.Join(validateForkRef(&Results{Config: c.cfg, ForkRef: c.ref}), "\n")
 		if (c.want == "") != (got == "") || !strings.Contains(got, c.want) {

@@ -39,7 +39,7 @@ func TestAnalyzeWrites(t *testing.T) {
 		}
 		return 1
 	})
-	run, err := analyzeWrites(bks, forkAt, 2*time.Second)
+	run, err := analyzeWrites(bks, forkAt, 0, 2*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -61,11 +61,57 @@ func TestAnalyzeWrites(t *testing.T) {
 		}
 		return 1
 	})
-	if run, err := analyzeWrites(slow, forkAt, 2*time.Second); err != nil || run.RecoveredMs != -1 {
+	if run, err := analyzeWrites(slow, forkAt, 0, 2*time.Second); err != nil || run.RecoveredMs != -1 {
 		t.Errorf("never recovered: %+v, %v", run, err)
 	}
-	if _, err := analyzeWrites(bks[95:], forkAt, 2*time.Second); err == nil || !strings.Contains(err.Error(), "baseline") {
+	if _, err := analyzeWrites(bks[95:], forkAt, 0, 2*time.Second); err == nil || !strings.Contains(err.Error(), "baseline") {
 		t.Errorf("no baseline: %v", err)
+	}
+	// Never recovered: what was lost in the window is still counted.
+	if run, _ := analyzeWrites(slow, forkAt, 0, 2*time.Second); math.Abs(run.LostMs-1000) > 5 {
+		t.Errorf("never recovered: %v ms lost, want 1000", run.LostMs)
+	}
+}
+
+// A stop after the thaw longer than the pause is not taken for it when the
+// pause is known, and a slot the writer spent stopped counts as a slot at
+// speed 0, not as the end of the report.
+func TestAnalyzeWritesLaterStop(t *testing.T) {
+	const start = int64(1e18)
+	forkAt := start + int64(time.Second)
+	// The pause: 200 ms at 1 s. Then 0.3 of full speed until 1.5 s, a
+	// stop of 300 ms at 1.5 s (a busy host), and full speed after.
+	var bks []holderreport.WriteBucket
+	const slot = 10 * time.Millisecond
+	t0 := start
+	for t := time.Duration(0); t < 4*time.Second; t += slot {
+		b := holderreport.WriteBucket{StartNs: t0, EndNs: t0 + int64(slot), Pages: 2621}
+		switch {
+		case t == time.Second:
+			b.EndNs += int64(200 * time.Millisecond)
+		case t == 1500*time.Millisecond:
+			b.EndNs += int64(300 * time.Millisecond)
+			b.Pages = 786
+		case t > time.Second && t < 1500*time.Millisecond:
+			b.Pages = 786
+		}
+		t0 = b.EndNs
+		bks = append(bks, b)
+	}
+	run, err := analyzeWrites(bks, forkAt, 205, 2*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if math.Abs(run.StallMs-210) > 0.01 {
+		t.Errorf("stall %v ms, want the pause's 210", run.StallMs)
+	}
+	// 0.3 for 500 ms, then a 310 ms bucket at 0.03 over slots 5 to 8.
+	if run.RecoveredMs != 800 || len(run.Shares) != 20 || run.Shares[5] > 0.1 {
+		t.Errorf("recovered at %v ms, shares %v", run.RecoveredMs, run.Shares)
+	}
+	// The pause not known, the longest stop is taken for it.
+	if run, _ := analyzeWrites(bks, forkAt, 0, 2*time.Second); math.Abs(run.StallMs-310) > 0.01 {
+		t.Errorf("pause unknown: stall %v ms, want the longest, 310", run.StallMs)
 	}
 }
 

@@ -451,6 +451,8 @@ func validateForkRef(r *Results) []string {
 		return []string{fmt.Sprintf("fork_ref: median %v ms does not match its samples %v", fr.MedianMs, fr.ForkMs)}
 	case fr.RssKiB < int64(fr.MemMiB)*1024:
 		return []string{fmt.Sprintf("fork_ref: the forked process held %d KiB, less than the %d MiB it touched", fr.RssKiB, fr.MemMiB)}
+	case fr.RewriteMs <= 0 || fr.RewriteAfterForkMs <= 0:
+		return []string{fmt.Sprintf("fork_ref: no rewrite times (%v ms after a fork(), %v ms without)", fr.RewriteAfterForkMs, fr.RewriteMs)}
 	}
 	return nil
 }
