@@ -28,6 +28,20 @@ var criuTempPatterns = []string{".criu.move_mount_set_group.*", ".criu.mntns.*",
 // criuTempDir is where CRIU makes them: /tmp, whatever TMPDIR says.
 const criuTempDir = "/tmp"
 
+// CRIUTempGlobs are the globs of what a killed CRIU leaves in the host's
+// /tmp, which `tclone gc` removes.
+func CRIUTempGlobs() []string {
+	var out []string
+	for _, p := range criuTempPatterns {
+		out = append(out, filepath.Join(criuTempDir, p))
+	}
+	return out
+}
+
+// errForeignMount is a mount CRIU does not make, found in one of its
+// directories: it is left, with the directory.
+var errForeignMount = errors.New("something CRIU does not mount is mounted there")
+
 // sweepCRIUTemps removes what killed CRIUs left in tmp (see
 // criuTempPatterns), unmounting what is mounted there first. It does
 // nothing while any CRIU runs (running, criuRunning but in tests): the
@@ -65,29 +79,20 @@ func sweepCRIUTemps(tmp string, running func() (bool, error)) ([]string, error) 
 		if st, ok := fi.Sys().(*syscall.Stat_t); !ok || st.Uid != 0 {
 			continue
 		}
-		mounted, err := mountinfo.GetMounts(mountinfo.PrefixFilter(dir))
-		if err != nil {
-			errs = append(errs, err)
+		// Only the mounts CRIU's probe makes, the tmpfs at the directory
+		// and the bind mount of its "subdir", are taken down, by paths no
+		// one but root can change (root's entries in /tmp and in that
+		// tmpfs, both sticky): anything else mounted there may sit at a
+		// path another user could swap for a symlink to some other mount.
+		if err := unmountUnder(dir); errors.Is(err, errForeignMount) {
+			logrus.Warnf("leaving %s: a dead CRIU's directory, but %v", dir, err)
+			continue
+		} else if err != nil {
+			errs = append(errs, fmt.Errorf("unmounting what a dead CRIU left at %s: %w (unmount it by hand, then run tclone gc again)", dir, err))
 			continue
 		}
-		if len(mounted) > 0 {
-			// Only the mounts CRIU's probe makes, the tmpfs at the
-			// directory and the bind mount of its "subdir", are taken
-			// down, by paths no one but root can change (root's entries
-			// in /tmp and in that tmpfs, both sticky): anything else
-			// mounted there may sit at a path another user could swap for
-			// a symlink to some other mount.
-			if !probeMountsOnly(dir, mounted) {
-				logrus.Warnf("leaving %s: a dead CRIU's directory, but something CRIU does not mount is mounted in it", dir)
-				continue
-			}
-			if err := unmountUnder(dir); err != nil {
-				errs = append(errs, fmt.Errorf("unmounting what a dead CRIU left at %s: %w", dir, err))
-				continue
-			}
-		}
 		if err := os.RemoveAll(dir); err != nil {
-			errs = append(errs, fmt.Errorf("removing what a dead CRIU left at %s: %w", dir, err))
+			errs = append(errs, fmt.Errorf("removing what a dead CRIU left at %s: %w (remove it by hand)", dir, err))
 			continue
 		}
 		removed = append(removed, dir)
@@ -95,14 +100,12 @@ func sweepCRIUTemps(tmp string, running func() (bool, error)) ([]string, error) 
 	return removed, errors.Join(errs...)
 }
 
-// probeMountsOnly says whether every mount in mounted is one CRIU's
-// MOVE_MOUNT_SET_GROUP probe makes in dir.
+// probeMountsOnly says whether every mount in mounted (none included) is
+// one CRIU's MOVE_MOUNT_SET_GROUP probe makes in dir.
 func probeMountsOnly(dir string, mounted []*mountinfo.Info) bool {
-	if !strings.HasPrefix(filepath.Base(dir), ".criu.move_mount_set_group.") {
-		return false
-	}
+	probe := strings.HasPrefix(filepath.Base(dir), ".criu.move_mount_set_group.")
 	for _, m := range mounted {
-		if m.Mountpoint != dir && m.Mountpoint != filepath.Join(dir, "subdir") {
+		if !probe || m.Mountpoint != dir && m.Mountpoint != filepath.Join(dir, "subdir") {
 			return false
 		}
 	}
@@ -126,7 +129,8 @@ func criuRunning() (bool, error) {
 
 // unmountUnder detaches the probe's mounts at dir and below it, the deepest
 // first, and checks that none is left: RemoveAll must never walk into a
-// mount. Another mount there fails it.
+// mount. Another mount there fails it with errForeignMount, before it
+// takes down anything.
 func unmountUnder(dir string) error {
 	under := func() ([]string, error) {
 		mounts, err := mountinfo.GetMounts(mountinfo.PrefixFilter(dir))
@@ -134,7 +138,7 @@ func unmountUnder(dir string) error {
 			return nil, err
 		}
 		if !probeMountsOnly(dir, mounts) {
-			return nil, fmt.Errorf("something CRIU does not mount is mounted there")
+			return nil, errForeignMount
 		}
 		var points []string
 		for _, m := range mounts {

@@ -289,22 +289,26 @@ func (e *Engine) removeSibling(ctx context.Context, crunRoot, id string) error {
 func (e *Engine) killOrphanCRIUs() int {
 	n := 0
 	pids, _ := procfs.Pids()
+	orphan := func(pid int) bool {
+		cwd, err := os.Readlink(fmt.Sprintf("/proc/%d/cwd", pid))
+		if err != nil || !e.Store.InGonePlan(cwd) {
+			return false
+		}
+		st, err := procfs.ReadStat(pid)
+		return err == nil && st.Comm == "criu"
+	}
 	for _, pid := range pids {
-		// The pidfd first: what is then read of the PID is this
-		// process's, and the kill and the wait below are for it and no
-		// other that takes its PID.
+		if !orphan(pid) {
+			continue
+		}
+		// Through a pidfd, looked at again once it is open and found still
+		// alive after that: the kill and the wait below are for the
+		// process judged, and no other that took its PID.
 		fd, err := unix.PidfdOpen(pid, 0)
 		if err != nil {
 			continue
 		}
-		cwd, err := os.Readlink(fmt.Sprintf("/proc/%d/cwd", pid))
-		orphan := err == nil && e.Store.InGonePlan(cwd)
-		if orphan {
-			st, err := procfs.ReadStat(pid)
-			orphan = err == nil && st.Comm == "criu"
-		}
-		// Still the process the pidfd names (not exited) once read.
-		if orphan && unix.PidfdSendSignal(fd, 0, nil, 0) == nil && unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0) == nil {
+		if orphan(pid) && unix.PidfdSendSignal(fd, 0, nil, 0) == nil && unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0) == nil {
 			n++
 			// Dead, CRIU's temporary directories can be swept at once.
 			procfs.PidfdExited(fd, 2*time.Second)

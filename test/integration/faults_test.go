@@ -250,11 +250,12 @@ func forkLeftovers() []string {
 		// What a killed Podman service was packing or unpacking.
 		"/var/tmp/restore[0-9]*",
 		"/var/tmp/checkpoint[0-9]*",
-		// What a killed CRIU left in /tmp (its mounts among them).
-		"/tmp/.criu.move_mount_set_group.*",
-		"/tmp/.criu.mntns.*",
-		"/tmp/.criu.mnt.*",
 	} {
+		m, _ := filepath.Glob(pattern)
+		found = append(found, m...)
+	}
+	// What a killed CRIU left in /tmp (its mounts among them).
+	for _, pattern := range fork.CRIUTempGlobs() {
 		m, _ := filepath.Glob(pattern)
 		found = append(found, m...)
 	}

@@ -32,9 +32,10 @@ live fork can use (past their expiry, or held for a fork client that died),
 snapshots no plan refers to, fork clients' temporary directories
 (/tmp/tclone-fork-*, /tmp/podman-fork-*) whose owners died, lock files
 no one holds, the temporary directories and mounts killed CRIUs left in
-/tmp (/tmp/.criu.*, only while no CRIU runs), and branches whose writer died before they were complete,
-with the branch data no branch uses. Every fork runs the first part first; run it by hand after a
-crash to clean up at once. Prints what it removed as JSON.`,
+/tmp (/tmp/.criu.*, only while no CRIU runs), and branches whose writer
+died before they were complete, with the branch data no branch uses. Every
+fork runs the first part first; run it by hand after a crash to clean up
+at once. Prints what it removed as JSON.`,
 	Action: func(c *cli.Context) error {
 		rt, err := findCrun(c)
 		if err != nil {
