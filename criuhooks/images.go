@@ -9,6 +9,8 @@ import (
 	"github.com/checkpoint-restore/go-criu/v7/crit"
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/cgroup"
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/fdinfo"
+	"github.com/checkpoint-restore/go-criu/v7/crit/images/pstree"
+	"github.com/checkpoint-restore/go-criu/v7/crit/images/tty"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -16,7 +18,7 @@ import (
 // restored sibling behave differently from its running source. It runs once
 // per plan, after the source is running again.
 func FixupDump(imagesDir string) error {
-	return errors.Join(markThawed(imagesDir), rearmTimerfds(imagesDir))
+	return errors.Join(markThawed(imagesDir), rearmTimerfds(imagesDir), giveBackForeground(imagesDir))
 }
 
 // markThawed rewrites the freezer state recorded in the cgroup image to
@@ -61,6 +63,40 @@ func rearmTimerfds(imagesDir string) error {
 			return false
 		}
 		t.Vsec, t.Vnsec = proto.Uint64(t.GetIsec()), proto.Uint64(t.GetInsec())
+		return true
+	})
+}
+
+// giveBackForeground hands a terminal whose foreground process group has no
+// process left to its session leader. A shell's terminal is in that state
+// between reaping a foreground job and taking the terminal back; CRIU records
+// the empty group as it is, and then fails the restore, because a terminal's
+// foreground can only be given to a group that exists ("Failed to set group
+// N": No such process). The session leader is the one the foreground goes
+// back to in the source too, an instant later.
+func giveBackForeground(imagesDir string) error {
+	tree, err := decodeImage(filepath.Join(imagesDir, "pstree.img"), &pstree.PstreeEntry{})
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	groups, leaders := map[uint32]bool{}, map[uint32]bool{}
+	for _, e := range tree.Entries {
+		if p, ok := e.Message.(*pstree.PstreeEntry); ok {
+			groups[p.GetPgid()] = true
+			leaders[p.GetSid()] = leaders[p.GetSid()] || p.GetPid() == p.GetSid()
+		}
+	}
+	return rewriteImage(filepath.Join(imagesDir, "tty-info.img"), &tty.TtyInfoEntry{}, func(m proto.Message) bool {
+		t := m.(*tty.TtyInfoEntry)
+		// A session whose leader is not in the images (a shell job's) is
+		// CRIU's to handle.
+		if t.GetPgrp() == 0 || groups[t.GetPgrp()] || !leaders[t.GetSid()] {
+			return false
+		}
+		t.Pgrp = proto.Uint32(t.GetSid())
 		return true
 	})
 }

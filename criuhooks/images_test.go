@@ -9,7 +9,9 @@ import (
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/cgroup"
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/fdinfo"
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/fown"
+	"github.com/checkpoint-restore/go-criu/v7/crit/images/pstree"
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/timerfd"
+	"github.com/checkpoint-restore/go-criu/v7/crit/images/tty"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/tclone/tclone/criuhooks/internal/imagetest"
@@ -109,5 +111,48 @@ func TestLogErrors(t *testing.T) {
 	got := LogErrors(log)
 	if len(got) != 2 || got[0] != "Error (criu/sk-inet.c:1): inet: Unsupported proto 262" {
 		t.Fatalf("%q", got)
+	}
+}
+
+func pstreeEntry(pid, pgid, sid uint32) *pstree.PstreeEntry {
+	return &pstree.PstreeEntry{Pid: proto.Uint32(pid), Ppid: proto.Uint32(1), Pgid: proto.Uint32(pgid), Sid: proto.Uint32(sid)}
+}
+
+func ttyEntry(id, sid, pgrp uint32) *tty.TtyInfoEntry {
+	return &tty.TtyInfoEntry{
+		Id: proto.Uint32(id), Type: tty.TtyType_PTY.Enum(), Locked: proto.Bool(false), Exclusive: proto.Bool(false),
+		PacketMode: proto.Bool(false), Sid: proto.Uint32(sid), Pgrp: proto.Uint32(pgrp), Rdev: proto.Uint32(0x8800),
+	}
+}
+
+// A terminal whose foreground group has no process in the images goes to
+// its session leader; a group that has one, a terminal that is no one's
+// controlling terminal, and a session whose leader is not in the images
+// (a shell job's) are left as CRIU saw them.
+func TestFixupGivesAnEmptyForegroundToTheSessionLeader(t *testing.T) {
+	dir := t.TempDir()
+	imagetest.Write(t, filepath.Join(dir, "pstree.img"), "PSTREE",
+		pstreeEntry(1, 1, 1),    // the container's init, a session leader
+		pstreeEntry(10, 10, 10), // a tmux pane's shell
+		pstreeEntry(11, 11, 10), // its job, in the foreground
+		pstreeEntry(20, 20, 20), // another pane's shell; its job is gone
+		pstreeEntry(30, 30, 5),  // in a session whose leader is not dumped
+	)
+	imagetest.Write(t, filepath.Join(dir, "tty-info.img"), "TTY_INFO",
+		ttyEntry(1, 10, 11), // foreground job alive: keep
+		ttyEntry(2, 20, 21), // foreground group gone: to 20
+		ttyEntry(3, 0, 0),   // no one's controlling terminal: keep
+		ttyEntry(4, 5, 31),  // leader not dumped: keep
+		ttyEntry(5, 1, 7),   // the console, foreground gone: to 1
+	)
+	if err := FixupDump(dir); err != nil {
+		t.Fatal(err)
+	}
+	want := []uint32{11, 20, 0, 31, 1}
+	for i, m := range readImage(t, filepath.Join(dir, "tty-info.img"), &tty.TtyInfoEntry{}) {
+		e := m.(*tty.TtyInfoEntry)
+		if e.GetPgrp() != want[i] || e.GetSid() != []uint32{10, 20, 0, 5, 1}[i] {
+			t.Errorf("tty %d: sid %d pgrp %d, want pgrp %d", e.GetId(), e.GetSid(), e.GetPgrp(), want[i])
+		}
 	}
 }

@@ -75,3 +75,98 @@ func TestForkKeepsTmuxSessionAlive(t *testing.T) {
 		return nil
 	})
 }
+
+// fgGonePy gives the terminal's foreground to a child in a process group of
+// its own, reaps the child, and sleeps on: the terminal's foreground group
+// then has no process left, which is what a shell's terminal holds between
+// reaping a job and taking the terminal back. It writes the terminal's
+// foreground group, the child's PID, its own PID and its session to /tmp/fg
+// once that is so.
+const fgGonePy = `import os, time
+child = os.fork()
+if child == 0:
+    os.setpgid(0, 0)
+    time.sleep(0.3)
+    os._exit(0)
+try:
+    os.setpgid(child, child)
+except OSError:
+    pass
+os.tcsetpgrp(0, child)
+os.waitpid(child, 0)
+with open("/tmp/fg.tmp", "w") as f:
+    f.write("%d %d %d %d" % (os.tcgetpgrp(0), child, os.getpid(), os.getsid(0)))
+os.rename("/tmp/fg.tmp", "/tmp/fg")
+while True:
+    time.sleep(0.2)
+    with open("/tmp/beat", "w") as f:
+        f.write(str(time.time()))
+`
+
+// A fork in the instant a terminal's foreground process group is gone
+// (a shell has reaped its job and not yet taken the terminal back) makes a
+// sibling whose terminal is its session leader's, on the container's console
+// and on a terminal of tmux's alike.
+func TestForkWhileTerminalForegroundGroupIsGone(t *testing.T) {
+	requireStack(t)
+	for _, tc := range []struct {
+		name string
+		run  []string
+	}{
+		{"console", []string{"-t", workspace, "python3", "-c", fgGonePy}},
+		{"tmux", []string{"-e", "FGPY=" + fgGonePy, workspace, "bash", "-c",
+			`tmux new-session -d -s fg -x 80 -y 20 'python3 -c "$FGPY"' && while tmux has-session -t fg 2>/dev/null; do sleep 1; done`}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			src := name(t, "fg"+tc.name)
+			podman(t, append([]string{"run", "-d", "--name", src}, tc.run...)...)
+			var fg, child, pid, sid int
+			eventually(t, 20*time.Second, "the terminal's foreground group gone", func() error {
+				out := podmanTry(t, "exec", src, "cat", "/tmp/fg")
+				if _, err := fmt.Sscan(out.stdout, &fg, &child, &pid, &sid); err != nil {
+					return fmt.Errorf("/tmp/fg: %q %s", out.stdout, out.stderr)
+				}
+				if fg != child {
+					return fmt.Errorf("the foreground group is %d, not the reaped child's %d", fg, child)
+				}
+				return nil
+			})
+			r := run(t, 3*time.Minute, podmanForkBin(), "--name", src+"-f", src)
+			if r.code != 0 {
+				t.Fatalf("fork: exit %d: %s", r.code, r.stderr)
+			}
+			// The source's terminal is left as it was; the sibling's is its
+			// session leader's.
+			if got := foregroundOf(t, src, pid); got != child {
+				t.Errorf("the source's terminal's foreground group is %d, want %d as before the fork", got, child)
+			}
+			if got := foregroundOf(t, src+"-f", pid); got != sid {
+				t.Errorf("the sibling's terminal's foreground group is %d, want the session leader's %d", got, sid)
+			}
+			for _, ctr := range []string{src, src + "-f"} {
+				a := podman(t, "exec", ctr, "cat", "/tmp/beat")
+				time.Sleep(1 * time.Second)
+				if b := podman(t, "exec", ctr, "cat", "/tmp/beat"); b == a {
+					t.Errorf("%s: the process on the terminal stopped", ctr)
+				}
+			}
+		})
+	}
+}
+
+// foregroundOf is the foreground process group of the controlling terminal
+// of process pid in container ctr (tpgid, /proc/PID/stat's eighth field).
+func foregroundOf(t *testing.T, ctr string, pid int) int {
+	t.Helper()
+	stat := podman(t, "exec", ctr, "cat", fmt.Sprintf("/proc/%d/stat", pid))
+	// The fields after the command's name: state ppid pgrp session tty_nr tpgid.
+	f := strings.Fields(stat[strings.LastIndexByte(stat, ')')+1:])
+	if len(f) < 6 {
+		t.Fatalf("%s: /proc/%d/stat: %q", ctr, pid, stat)
+	}
+	var tpgid int
+	if _, err := fmt.Sscan(f[5], &tpgid); err != nil {
+		t.Fatalf("%s: /proc/%d/stat: %q", ctr, pid, stat)
+	}
+	return tpgid
+}
