@@ -100,13 +100,16 @@ func (c Collector) Collect(ctx context.Context) (*Report, error) {
 	for _, call := range dead {
 		where := call.rec.CRI
 		r := runtimes[where]
+		if where != "" && c.CRI == nil {
+			// Not this collector's to undo, nor to warn about: its pods
+			// are only reachable through the CRI (tclone gc, kube fork).
+			errs = append(errs, call.release())
+			continue
+		}
 		if r == nil {
 			r = &runtime{rt: c.Podman}
 			if where != "" {
-				r.rt, r.err = nil, fmt.Errorf("no CRI client to roll back a Kubernetes fork through %s", where)
-				if c.CRI != nil {
-					r.rt, r.err = c.CRI(where), nil
-				}
+				r.rt = c.CRI(where)
 			}
 			if r.err == nil {
 				r.labelled, r.err = r.rt.Labelled(ctx, LabelCall)
@@ -116,7 +119,7 @@ func (c Collector) Collect(ctx context.Context) (*Report, error) {
 		if r.err != nil {
 			// Without the list, a claimed call is given back for later.
 			errs = append(errs, call.release())
-			if where != "" && c.CRI != nil {
+			if where != "" {
 				// A CRI runtime that is down runs no pod of the call's.
 				rep.Kept = append(rep.Kept, fmt.Sprintf("%s: %v", call.rec.Nonce, r.err))
 				continue
