@@ -170,3 +170,69 @@ func foregroundOf(t *testing.T, ctr string, pid int) int {
 	}
 	return tpgid
 }
+
+// A job suspended in a shell (Ctrl-Z) is a stopped process, and a twin
+// fork gives it a twin like every other. The twin is reaped from the
+// stopped process once drained, which stays stopped: fork after fork
+// works, the source keeps no twin, and the job goes on in the source and
+// in the sibling when it is continued.
+func TestForkTwiceWithASuspendedJob(t *testing.T) {
+	requireStack(t)
+	src := name(t, "suspended")
+	podman(t, "run", "-d", "--name", src, "-e", "TERM=xterm", workspace, "bash", "-c",
+		`tmux new-session -d -s job -x 80 -y 20 bash && tmux send-keys -t job "bash -c 'while :; do date +%s%N > /tmp/job; sleep 0.1; done'" Enter && `+
+			`while tmux has-session -t job 2>/dev/null; do sleep 1; done`)
+	// The states of the job's processes: those in a process group that
+	// does not lead a session (the loop's bash, and its sleep). (Not
+	// those on the pane's terminal: in a sibling, CRIU gives back the
+	// controlling terminal to the session's leader only.)
+	jobState := func(ctr string) string {
+		return strings.TrimSpace(podmanTry(t, "exec", ctr, "bash", "-c",
+			`ps -eo stat=,pgid=,sid= | awk '$2 != $3 { print substr($1, 1, 1) }' | sort -u | tr -d '\n'`).stdout)
+	}
+	eventually(t, 20*time.Second, "the job runs", func() error {
+		if out := podmanTry(t, "exec", src, "cat", "/tmp/job"); out.code != 0 {
+			return fmt.Errorf("%s", out.stderr)
+		}
+		return nil
+	})
+	podman(t, "exec", src, "tmux", "send-keys", "-t", "job", "C-z", "")
+	eventually(t, 10*time.Second, "the job suspended", func() error {
+		if s := jobState(src); !strings.Contains(s, "T") || strings.ContainsAny(s, "RS") {
+			return fmt.Errorf("job processes in states %q", s)
+		}
+		return nil
+	})
+	stopped := podman(t, "exec", src, "cat", "/tmp/job")
+	for i := 1; i <= 2; i++ {
+		sib := fmt.Sprintf("%s-f%d", src, i)
+		r := run(t, 3*time.Minute, podmanForkBin(), "--memory", "twin", "--wait-memory", "--name", sib, src)
+		if r.code != 0 {
+			t.Fatalf("fork %d: exit %d: %s", i, r.code, r.stderr)
+		}
+		eventually(t, 30*time.Second, "the twins released", func() error {
+			if tw := podmanTwins(t, src); len(tw) > 0 {
+				return fmt.Errorf("twins left in the source after fork %d: %v", i, tw)
+			}
+			return nil
+		})
+		for _, ctr := range []string{src, sib} {
+			if s := jobState(ctr); !strings.Contains(s, "T") || strings.ContainsAny(s, "RS") {
+				t.Errorf("%s: the suspended job is in states %q after fork %d, want stopped", ctr, s, i)
+			}
+			if got := podman(t, "exec", ctr, "cat", "/tmp/job"); got != stopped {
+				t.Errorf("%s: the suspended job ran after fork %d", ctr, i)
+			}
+		}
+	}
+	// fg, in the source and in a sibling: the loop goes on.
+	for _, ctr := range []string{src, src + "-f2"} {
+		podman(t, "exec", ctr, "tmux", "send-keys", "-t", "job", "fg", "Enter")
+		eventually(t, 10*time.Second, ctr+": the job continued", func() error {
+			if got := podman(t, "exec", ctr, "cat", "/tmp/job"); got == stopped {
+				return fmt.Errorf("not yet")
+			}
+			return nil
+		})
+	}
+}

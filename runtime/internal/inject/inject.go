@@ -32,9 +32,6 @@ import (
 
 // Errors a caller may want to tell apart.
 var (
-	// ErrStopped: the process is stopped (SIGSTOP, job control); running
-	// a call in it would wake it.
-	ErrStopped = errors.New("the process is stopped")
 	// ErrTraced: another tracer (a debugger) holds the thread.
 	ErrTraced = errors.New("the process is traced by another process")
 )
@@ -162,9 +159,6 @@ func seizeThread(pid int) (int, error) {
 			tids = append(tids, t)
 		}
 	}
-	if st, err := procfs.ReadStat(pid); err == nil && (st.State == 'T' || st.State == 't') {
-		return 0, fmt.Errorf("process %d: %w", pid, ErrStopped)
-	}
 	var lastErr error
 	for _, tid := range tids {
 		if err := ptrace(unix.PTRACE_SEIZE, tid, 0, unix.PTRACE_O_TRACESYSGOOD); err != nil {
@@ -176,9 +170,6 @@ func seizeThread(pid int) (int, error) {
 			continue
 		}
 		if err := interrupt(tid); err != nil {
-			if errors.Is(err, ErrStopped) {
-				return 0, err // interrupt let it go, stopped
-			}
 			detach(tid)
 			lastErr = err
 			continue
@@ -190,8 +181,11 @@ func seizeThread(pid int) (int, error) {
 
 // interrupt stops a seized thread and waits for the stop. A signal that
 // reaches it first is let through (it would have been delivered anyway). A
-// thread that stops, or is about to, for job control is let go as it is,
-// the stop signal delivered: running a call would resume it.
+// thread stopped for job control (SIGSTOP, SIGTSTP: a job suspended in a
+// shell) reports its stop and is held from it like any other: the call
+// runs, and when it is let go the kernel puts it back in the job-control
+// stop without telling its parent anything new, so it stays stopped until
+// a SIGCONT, as before.
 func interrupt(tid int) error {
 	if err := ptrace(unix.PTRACE_INTERRUPT, tid, 0, 0); err != nil {
 		return fmt.Errorf("interrupting thread %d: %w", tid, err)
@@ -201,17 +195,12 @@ func interrupt(tid int) error {
 		if err != nil {
 			return err
 		}
-		switch sig := status.StopSignal(); sig {
-		case unix.SIGSTOP, unix.SIGTSTP, unix.SIGTTIN, unix.SIGTTOU:
-			if err := ptrace(unix.PTRACE_DETACH, tid, 0, uintptr(sig)); err != nil && !errors.Is(err, unix.ESRCH) {
-				return fmt.Errorf("letting stopped thread %d go: %w", tid, err)
-			}
-			return fmt.Errorf("thread %d: %w", tid, ErrStopped)
-		}
-		if status.TrapCause() == unix.PTRACE_EVENT_STOP {
+		if stopEvent(status) == unix.PTRACE_EVENT_STOP {
+			// The interrupt's stop, or a job-control stop's report.
 			return nil
 		}
-		// A signal-delivery stop: deliver it, and wait for the interrupt.
+		// A signal-delivery stop: deliver it (a stop signal stops the
+		// thread, which then reports that stop), and wait for the stop.
 		if err := ptrace(unix.PTRACE_CONT, tid, 0, uintptr(status.StopSignal())); err != nil {
 			return fmt.Errorf("letting a signal through to thread %d: %w", tid, err)
 		}
@@ -236,7 +225,8 @@ func run(tid int, saved *unix.PtraceRegs, site uint64, nr uint64, args [6]uint64
 			return 0, err
 		}
 		switch {
-		case status.TrapCause() > 0:
+		case stopEvent(status) != 0:
+			// An event, or a job-control stop reported again: on.
 			continue
 		case status.StopSignal() == unix.SIGTRAP|0x80:
 			stops++
@@ -268,6 +258,13 @@ func resumable(r unix.PtraceRegs) unix.PtraceRegs {
 	r.Rip -= 2
 	r.Orig_rax = ^uint64(0)
 	return r
+}
+
+// stopEvent is the ptrace event of a stop, whatever its signal (a job-control
+// stop reports PTRACE_EVENT_STOP with its stop signal, where WaitStatus's
+// TrapCause only reads events of SIGTRAP stops).
+func stopEvent(status unix.WaitStatus) int {
+	return int(uint32(status) >> 16)
 }
 
 func waitStop(tid int) (unix.WaitStatus, error) {

@@ -143,9 +143,18 @@ func TestReapTakesTheZombieAndLeavesTheParentAsItWas(t *testing.T) {
 	}
 }
 
-func TestReapOfAStoppedParentIsRefused(t *testing.T) {
+// A parent stopped for job control (a suspended job) has its zombie reaped
+// and stays stopped, running nothing of its own, with no new stop reported
+// to its own parent; after a SIGCONT it goes on.
+func TestReapOfAStoppedParentLeavesItStopped(t *testing.T) {
 	requireRoot(t)
-	parent, child, _ := startHelper(t)
+	parent, child, out := startHelper(t)
+	lines := make(chan string, 16)
+	go func() {
+		for out.Scan() {
+			lines <- out.Text()
+		}
+	}()
 	st, err := procfs.ReadStat(child)
 	if err != nil {
 		t.Fatal(err)
@@ -155,15 +164,62 @@ func TestReapOfAStoppedParentIsRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer unix.Kill(parent, unix.SIGCONT)
-	for state(t, parent) != 'T' {
+	// The helper is this test's child: its stop is reported here, once.
+	var ws unix.WaitStatus
+	if _, err := unix.Wait4(parent, &ws, unix.WUNTRACED, nil); err != nil || !ws.Stopped() {
+		t.Fatalf("the helper did not stop: %v %v", ws, err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for state(t, child) != 'Z' {
+		if time.Now().After(deadline) {
+			t.Fatalf("child %d did not become a zombie (state %q)", child, state(t, child))
+		}
 		time.Sleep(time.Millisecond)
 	}
-	err = Reap(parent, child, st.StartTime)
-	if err == nil || !strings.Contains(err.Error(), ErrStopped.Error()) {
-		t.Fatalf("Reap of a stopped parent: %v, want %v", err, ErrStopped)
+	if err := Reap(parent, child, st.StartTime); err != nil {
+		t.Fatalf("Reap of a stopped parent: %v", err)
 	}
-	if s := state(t, parent); s != 'T' {
-		t.Fatalf("the stopped parent is in state %q after a refused Reap, want it still stopped", s)
+	if s := state(t, child); s != 0 {
+		t.Fatalf("child %d is still there (state %q) after Reap", child, s)
+	}
+	// Let go, the parent runs for an instant on its way back into the
+	// stop, and then stays there.
+	for deadline := time.Now().Add(2 * time.Second); state(t, parent) != 'T'; {
+		if time.Now().After(deadline) {
+			t.Fatalf("the stopped parent is in state %q after Reap, want it stopped again", state(t, parent))
+		}
+		time.Sleep(time.Millisecond)
+	}
+	for i := 0; i < 20; i++ {
+		if s := state(t, parent); s != 'T' {
+			t.Fatalf("the stopped parent is in state %q after Reap, want it still stopped", s)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if w, err := unix.Wait4(parent, &ws, unix.WUNTRACED|unix.WNOHANG, nil); w != 0 || err != nil {
+		t.Fatalf("the helper's parent was told of something after Reap: %d %v %v", w, ws, err)
+	}
+	select {
+	case l := <-lines:
+		t.Fatalf("the stopped parent ran: %s", l)
+	default:
+	}
+	// Continued, it runs on. (What its sleeps say is not looked at here:
+	// SIGCONT alone interrupts some of a Go program's.)
+	if err := unix.Kill(parent, unix.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); state(t, parent) == 'T'; {
+		if time.Now().After(deadline) {
+			t.Fatal("the parent did not go on after SIGCONT")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	for i := 0; i < 10; i++ {
+		if s := state(t, parent); s != 'S' && s != 'R' {
+			t.Fatalf("the parent is in state %q after SIGCONT", s)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
 
