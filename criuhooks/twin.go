@@ -376,14 +376,16 @@ func openTwinMem(t *Twin) (*os.File, error) {
 // madvise flags CRIU records in a VMA's madv (1 << MADV_x).
 const (
 	madvDontFork   = 1 << 10 // MADV_DONTFORK
-	madvWipeOnFork = 1 << 18 // MADV_WIPEONFORK
 	vmaAnonPrivate = 1 << 9  // VMA_ANON_PRIVATE in a VMA's status
 )
 
 // CheckTwinnable refuses a twin capture whose memory a twin got wrong: a
 // private anonymous area the dump recorded as not copied by fork()
-// (MADV_DONTFORK: the twin lacks it) or wiped by it (MADV_WIPEONFORK: the
-// twin reads zeros there). tasks are the dumped tree's, in imagesDir.
+// (MADV_DONTFORK: the twin lacks it). An area fork() wipes
+// (MADV_WIPEONFORK) is zeros in the twin, and so in the siblings, as in a
+// child of fork(): that is what its owner asked for (glibc's getrandom()
+// state, a fork-detection flag), so that a copy never reuses the source's
+// secrets. tasks are the dumped tree's, in imagesDir.
 func CheckTwinnable(imagesDir string, tasks []Task) error {
 	for _, t := range tasks {
 		img, err := decodeImage(filepath.Join(imagesDir, fmt.Sprintf("mm-%d.img", t.ImagePid)), &mm.MmEntry{})
@@ -400,11 +402,8 @@ func CheckTwinnable(imagesDir string, tasks []Task) error {
 			if v.GetStatus()&vmaAnonPrivate == 0 {
 				continue
 			}
-			switch {
-			case v.GetMadv()&madvDontFork != 0:
+			if v.GetMadv()&madvDontFork != 0 {
 				return fmt.Errorf("process %d has private memory at %#x-%#x that fork() does not copy (MADV_DONTFORK), which a twin lacks", t.HostPid, v.GetStart(), v.GetEnd())
-			case v.GetMadv()&madvWipeOnFork != 0:
-				return fmt.Errorf("process %d has private memory at %#x-%#x that fork() wipes (MADV_WIPEONFORK), which a twin reads as zeros", t.HostPid, v.GetStart(), v.GetEnd())
 			}
 		}
 	}

@@ -26,7 +26,7 @@
  * it.
  *
  * What a twin cannot hold is tclone's to find, outside the pause: memory
- * fork() does not copy (MADV_DONTFORK) or wipes (MADV_WIPEONFORK), which
+ * fork() does not copy (MADV_DONTFORK), which
  * CRIU records in the images, and memory registered with a userfaultfd,
  * whose reader might be told of, and hold, the clone (/proc/PID/smaps, read
  * before the dump: reading it here would walk every page table again while

@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"math/rand"
@@ -402,4 +403,80 @@ func TestTwinCaptureAfterCRIUKilledAtTheTrampoline(t *testing.T) {
 		t.Fatalf("the twin capture after the killed one: exit %d: %s", r.code, r.stderr)
 	}
 	requireSourceRuns(t, n)
+}
+
+// wipeOnForkPy keeps a marker in a page it marked MADV_WIPEONFORK, beside
+// glibc's own such pages (its getrandom() state), and on each /tmp/go
+// writes to /tmp/wf what that page holds and fresh random bytes from
+// glibc's getrandom().
+const wipeOnForkPy = `import ctypes, os, time
+libc = ctypes.CDLL("libc.so.6", use_errno=True)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+addr = libc.mmap(None, 4096, 3, 0x22, -1, 0)  # PROT_READ|PROT_WRITE, MAP_PRIVATE|MAP_ANONYMOUS
+if libc.madvise(addr, 4096, 18) != 0:  # MADV_WIPEONFORK
+    raise OSError(ctypes.get_errno(), "madvise")
+ctypes.memmove(addr, b"marker", 6)
+buf = ctypes.create_string_buffer(16)
+def rnd():
+    n = libc.getrandom(buf, 16, 0)
+    return buf.raw[:n].hex() if n == 16 else "getrandom failed: %d" % ctypes.get_errno()
+rnd()
+while True:
+    if os.path.exists("/tmp/go"):
+        os.remove("/tmp/go")
+        with open("/tmp/wf.tmp", "w") as f:
+            f.write("%s %s" % (ctypes.string_at(addr, 6).hex(), rnd()))
+        os.rename("/tmp/wf.tmp", "/tmp/wf")
+    time.sleep(0.02)
+`
+
+// Memory fork() wipes (MADV_WIPEONFORK) does not keep a source from a twin
+// fork: the sibling finds it zeroed, as a child of fork() does, and the
+// source keeps it; glibc's getrandom() state, kept in such memory, is
+// seeded again in the sibling.
+func TestTwinForkZeroesWipeOnForkMemory(t *testing.T) {
+	requireStack(t)
+	src := name(t, "wipeonfork")
+	podman(t, "run", "-d", "--name", src, "-e", "WFPY="+wipeOnForkPy, workspace, "bash", "-c", `exec python3 -c "$WFPY"`)
+	read := func(ctr string) (page, random string) {
+		t.Helper()
+		podman(t, "exec", ctr, "rm", "-f", "/tmp/wf")
+		podman(t, "exec", ctr, "touch", "/tmp/go")
+		var out string
+		eventually(t, 10*time.Second, ctr+": /tmp/wf", func() error {
+			r := podmanTry(t, "exec", ctr, "cat", "/tmp/wf")
+			out = r.stdout
+			if r.code != 0 {
+				return fmt.Errorf("%s", r.stderr)
+			}
+			return nil
+		})
+		f := strings.Fields(out)
+		if len(f) != 2 {
+			t.Fatalf("%s: /tmp/wf holds %q", ctr, out)
+		}
+		return f[0], f[1]
+	}
+	marker := hex.EncodeToString([]byte("marker"))
+	if page, _ := read(src); page != marker {
+		t.Fatalf("the source's page holds %s before the fork", page)
+	}
+	sib := src + "-f"
+	r := run(t, 3*time.Minute, podmanForkBin(), "--memory", "twin", "--wait-memory", "--name", sib, src)
+	if r.code != 0 {
+		t.Fatalf("fork --memory twin: exit %d: %s", r.code, r.stderr)
+	}
+	srcPage, srcRand := read(src)
+	sibPage, sibRand := read(sib)
+	if srcPage != marker {
+		t.Errorf("the source's page holds %s after the fork, want %s", srcPage, marker)
+	}
+	if sibPage != strings.Repeat("0", len(marker)) {
+		t.Errorf("the sibling's page holds %s, want zeros", sibPage)
+	}
+	if len(srcRand) != 32 || len(sibRand) != 32 || srcRand == sibRand {
+		t.Errorf("getrandom() after the fork: source %s, sibling %s", srcRand, sibRand)
+	}
 }
