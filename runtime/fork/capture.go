@@ -632,6 +632,8 @@ func explainDumpError(id string, err error, timeout time.Duration) error {
 		return fmt.Errorf("capturing %s: %w; a socket uses Multipath TCP, which CRIU cannot dump (Go 1.24 and later listen with it by default: run such servers with GODEBUG=multipathtcp=0)", id, err)
 	case strings.Contains(msg, "Can't dump that handle"):
 		return fmt.Errorf("capturing %s: %w; a process has an inotify or fanotify watch on a file without a name (deleted while still open, or moved while the fork began): on an overlay root CRIU cannot reopen a watched file by its handle, only find it by its path; end that watch (restart the watching program) before forking", id, err)
+	case strings.Contains(msg, "Can't dump ghost file"):
+		return fmt.Errorf("capturing %s: %w; a process holds open a deleted file (a temporary file) larger than the ghost limit: fork with a larger --ghost-limit (the file is copied while the source is held), or have the program close it", id, err)
 	case strings.Contains(msg, "external unix") || strings.Contains(msg, "unix socket"):
 		return fmt.Errorf("capturing %s: %w; a unix socket connects outside the container: fork with --ext-unix-sk if its peer may be shared", id, err)
 	}

@@ -182,4 +182,7 @@ func setDumpOpts(o *rpc.CriuOpts, d forkopts.Dumped) {
 	o.FileLocks = proto.Bool(d.FileLocks)
 	o.ExtUnixSk = proto.Bool(d.ExtUnixSk)
 	o.ShellJob = proto.Bool(d.ShellJob)
+	if d.GhostLimit > 0 {
+		o.GhostLimit = proto.Uint32(d.GhostLimit)
+	}
 }

@@ -12,6 +12,9 @@ type Dumped struct {
 	FileLocks bool `json:"file_locks"`
 	ExtUnixSk bool `json:"ext_unix_sk"`
 	ShellJob  bool `json:"shell_job"`
+	// GhostLimit is CRIU's ghost_limit, in bytes (0: CRIU's default); a
+	// restore needs nothing of it.
+	GhostLimit uint32 `json:"ghost_limit,omitempty"`
 }
 
 // Dump decides the dump's options. Close dumps with tcp_close: the
@@ -21,6 +24,9 @@ type Dumped struct {
 // network namespace has a connection at all.
 func (c Capture) Dump(connected func() (bool, error)) (Dumped, error) {
 	d := Dumped{FileLocks: c.FileLocks, ExtUnixSk: c.ExtUnixSk, ShellJob: c.ShellJob}
+	if c.GhostLimit > 0 && c.GhostLimit <= maxGhostLimit {
+		d.GhostLimit = uint32(c.GhostLimit)
+	}
 	if c.TCP.OrClose() == TCPClose {
 		d.TCPClose = true
 		return d, nil

@@ -102,7 +102,20 @@ type Capture struct {
 	ExtUnixSk bool `json:"ext_unix_sk,omitempty" flag:"ext-unix-sk" group:"capture" usage:"allow unix sockets connected outside the container"`
 	// ShellJob allows a tree attached to an outside terminal session.
 	ShellJob bool `json:"shell_job,omitempty" flag:"shell-job" group:"capture" usage:"allow a tree attached to an outside terminal session"`
+	// GhostLimit is the largest file the source holds open after it was
+	// deleted (a temporary file) that the dump copies; a larger one fails
+	// the capture. 0 means DefaultGhostLimit.
+	GhostLimit Size `json:"ghost_limit,omitempty" flag:"ghost-limit" group:"capture" usage:"largest deleted file still open in the source (a temporary file) that the capture copies, while the source is held (k, M or G; default 64M)"`
 }
+
+// DefaultGhostLimit is the ghost limit of a capture that names none. CRIU's
+// own, 1M, fails the fork of a workspace whose test runner or editor holds
+// a larger temporary file open; copying 64M holds the source for tens of
+// milliseconds more.
+const DefaultGhostLimit = 64 * MiB
+
+// maxGhostLimit is the largest CRIU takes (its option is 32 bits).
+const maxGhostLimit = Size(1<<32 - 1)
 
 // Normalize checks every option and fills the defaults. Each way in calls
 // it before anything is made, so a bad option never leaves anything behind.
@@ -133,6 +146,12 @@ func (f *Fork) Normalize() error {
 		f.TTL = DefaultPlanTTL
 	case f.TTL < 0:
 		return fmt.Errorf("plan TTL %s is negative: give how long an unused plan is kept, such as 10m", f.TTL)
+	}
+	switch {
+	case f.GhostLimit == 0:
+		f.GhostLimit = DefaultGhostLimit
+	case f.GhostLimit < 0 || f.GhostLimit > maxGhostLimit:
+		return fmt.Errorf("ghost limit %s: give a size below 4G", f.GhostLimit)
 	}
 	switch {
 	case f.CaptureTimeout == 0:

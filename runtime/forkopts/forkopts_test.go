@@ -30,14 +30,14 @@ func TestTCPFromFlags(t *testing.T) {
 	}
 }
 
-// The zero Fork is one sibling, unique, TCP closed, with the default TTL and
-// capture timeout.
+// The zero Fork is one sibling, unique, TCP closed, with the default TTL,
+// capture timeout and ghost limit.
 func TestNormalizeFillsDefaults(t *testing.T) {
 	var f Fork
 	if err := f.Normalize(); err != nil {
 		t.Fatal(err)
 	}
-	want := Fork{Capture: Capture{TCP: TCPClose}, Identity: IdentityUnique, Uses: 1, TTL: DefaultPlanTTL, CaptureTimeout: DefaultCaptureTimeout}
+	want := Fork{Capture: Capture{TCP: TCPClose, GhostLimit: DefaultGhostLimit}, Identity: IdentityUnique, Uses: 1, TTL: DefaultPlanTTL, CaptureTimeout: DefaultCaptureTimeout}
 	if !reflect.DeepEqual(f, want) {
 		t.Fatalf("normalized zero Fork = %+v, want %+v", f, want)
 	}
@@ -58,6 +58,8 @@ func TestNormalizeRefusals(t *testing.T) {
 		{Fork{Uses: -2}, "uses -2"},
 		{Fork{TTL: -time.Second}, "TTL"},
 		{Fork{CaptureTimeout: -time.Second}, "capture timeout"},
+		{Fork{Capture: Capture{GhostLimit: -1}}, "ghost limit"},
+		{Fork{Capture: Capture{GhostLimit: 4 * GiB}}, "ghost limit 4G"},
 	} {
 		f := c.f
 		err := f.Normalize()
@@ -84,8 +86,8 @@ func TestDumpAndRestore(t *testing.T) {
 		args      []string
 		tcpClose  bool
 	}{
-		{"close", Capture{TCP: TCPClose, FileLocks: true}, some, TCPClose,
-			Dumped{TCPClose: true, FileLocks: true}, []string{"--file-locks"}, true},
+		{"close", Capture{TCP: TCPClose, FileLocks: true, GhostLimit: 64 * MiB}, some, TCPClose,
+			Dumped{TCPClose: true, FileLocks: true, GhostLimit: 64 << 20}, []string{"--file-locks"}, true},
 		{"keep without connections", Capture{TCP: TCPKeep}, none, TCPKeep,
 			Dumped{}, nil, false},
 		{"keep", Capture{TCP: TCPKeep, ShellJob: true}, some, TCPKeep,

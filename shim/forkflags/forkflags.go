@@ -28,14 +28,17 @@ func Defaults() forkopts.Fork {
 func For(keep flagtable.Keep) []cli.Flag { return flagtable.Flags(Defaults(), keep) }
 
 // CrunCapture is the capture flags crun itself has, for the verbs tclone
-// hands to crun (an ordinary checkpoint): the capture's, less --tcp-close.
+// hands to crun (an ordinary checkpoint): the capture's, less --tcp-close
+// and --ghost-limit.
 func CrunCapture() []cli.Flag {
+	var d forkopts.Fork
+	ghost := flagtable.NameOf(&d, &d.GhostLimit)
 	return For(func(f flagtable.Field) bool {
-		return f.Group == forkopts.GroupCapture && f.Choice != string(forkopts.TCPClose)
+		return f.Group == forkopts.GroupCapture && f.Choice != string(forkopts.TCPClose) && f.Name != ghost
 	})
 }
 
-// Capture is every capture flag: crun's, and --tcp-close.
+// Capture is every capture flag: crun's, --tcp-close and --ghost-limit.
 func Capture() []cli.Flag { return For(flagtable.InGroups(forkopts.GroupCapture)) }
 
 // Sibling is the flags of how siblings differ from the source and get its

@@ -302,3 +302,67 @@ func rewriteWorkload(a []string) []string {
 	}
 	return a
 }
+
+// ghostPy writes 10 MiB to a temporary file, deletes it and keeps it open,
+// as a test runner's captured output or an editor's swap file may; on each
+// /tmp/go it writes to /tmp/ghost the size and a hash of what it reads back.
+const ghostPy = `import hashlib, os, time
+f = open("/var/tmp/scratch", "wb+")
+f.write(bytes(range(256)) * (40 << 10))
+f.flush()
+os.unlink("/var/tmp/scratch")
+while True:
+    if os.path.exists("/tmp/go"):
+        os.remove("/tmp/go")
+        f.seek(0)
+        data = f.read()
+        with open("/tmp/ghost.tmp", "w") as out:
+            out.write("%d %s" % (len(data), hashlib.sha256(data).hexdigest()))
+        os.rename("/tmp/ghost.tmp", "/tmp/ghost")
+    time.sleep(0.02)
+`
+
+// A deleted file a process still holds open goes with the fork up to the
+// ghost limit (64M by default, where CRIU's own 1M failed such forks); above
+// it the fork fails saying which flag to give, and leaves nothing behind.
+func TestForkDeletedOpenFile(t *testing.T) {
+	requireStack(t)
+	src := name(t, "ghost")
+	podman(t, "run", "-d", "--name", src, "-e", "GHOSTPY="+ghostPy, workspace, "bash", "-c", `exec python3 -c "$GHOSTPY"`)
+	read := func(ctr string) string {
+		t.Helper()
+		podman(t, "exec", ctr, "rm", "-f", "/tmp/ghost")
+		podman(t, "exec", ctr, "touch", "/tmp/go")
+		var out string
+		eventually(t, 10*time.Second, ctr+": /tmp/ghost", func() error {
+			r := podmanTry(t, "exec", ctr, "cat", "/tmp/ghost")
+			out = r.stdout
+			if r.code != 0 {
+				return fmt.Errorf("%s", r.stderr)
+			}
+			return nil
+		})
+		return out
+	}
+	want := read(src)
+	if !strings.HasPrefix(want, "10485760 ") {
+		t.Fatalf("the source reads %q from its deleted file", want)
+	}
+	r := run(t, 3*time.Minute, podmanForkBin(), "--ghost-limit", "1M", "--name", src+"-small", src)
+	if r.code == 0 || !strings.Contains(r.stderr, "--ghost-limit") {
+		t.Fatalf("fork with --ghost-limit 1M: exit %d: %s; want a failure naming --ghost-limit", r.code, r.stderr)
+	}
+	if out := podmanTry(t, "container", "exists", src+"-small"); out.code == 0 {
+		t.Errorf("the failed fork left its sibling")
+	}
+	r = run(t, 3*time.Minute, podmanForkBin(), "--name", src+"-f", src)
+	if r.code != 0 {
+		t.Fatalf("fork: exit %d: %s", r.code, r.stderr)
+	}
+	if got := read(src + "-f"); got != want {
+		t.Errorf("the sibling reads %q from the deleted file, want %q as the source", got, want)
+	}
+	if got := read(src); got != want {
+		t.Errorf("the source reads %q after the fork, want %q", got, want)
+	}
+}
