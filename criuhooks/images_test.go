@@ -1,8 +1,11 @@
 package criuhooks
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
 
 	"github.com/checkpoint-restore/go-criu/v7/crit"
@@ -111,6 +114,22 @@ func TestLogErrors(t *testing.T) {
 	got := LogErrors(log)
 	if len(got) != 2 || got[0] != "Error (criu/sk-inet.c:1): inet: Unsupported proto 262" {
 		t.Fatalf("%q", got)
+	}
+	// Repeats once; the first error and the last five of a long cascade.
+	var b strings.Builder
+	for i := 0; i < 5; i++ {
+		fmt.Fprintf(&b, "(00.%06d) Error (compel/src/lib/infect.c:262): Unseizable non-zombie 42 found\n", i)
+	}
+	for i := 0; i < 8; i++ {
+		fmt.Fprintf(&b, "(01.%06d) Error (criu/x.c:%d): step %d failed\n", i, i, i)
+	}
+	os.WriteFile(log, []byte(b.String()), 0o644)
+	got = LogErrors(log)
+	want := []string{"Error (compel/src/lib/infect.c:262): Unseizable non-zombie 42 found",
+		"Error (criu/x.c:3): step 3 failed", "Error (criu/x.c:4): step 4 failed", "Error (criu/x.c:5): step 5 failed",
+		"Error (criu/x.c:6): step 6 failed", "Error (criu/x.c:7): step 7 failed"}
+	if !slices.Equal(got, want) {
+		t.Fatalf("%q\nwant %q", got, want)
 	}
 }
 

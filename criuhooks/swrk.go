@@ -13,6 +13,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -417,11 +418,16 @@ func LogErrors(path string) []string {
 		if i := strings.Index(line, ") "); strings.HasPrefix(line, "(") && i > 0 {
 			line = line[i+2:]
 		}
-		lines = append(lines, strings.TrimSpace(line))
+		// CRIU repeats an error as it tries again, or for each thread.
+		if line = strings.TrimSpace(line); !slices.Contains(lines, line) {
+			lines = append(lines, line)
+		}
 	}
+	// The first error is most often the cause, and the last ones what it
+	// failed: both are kept.
 	const keep = 6
 	if len(lines) > keep {
-		lines = lines[len(lines)-keep:]
+		lines = append(lines[:1], lines[len(lines)-keep+1:]...)
 	}
 	return lines
 }

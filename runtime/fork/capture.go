@@ -632,12 +632,35 @@ func explainDumpError(id string, err error, timeout time.Duration) error {
 		return fmt.Errorf("capturing %s: %w; a socket uses Multipath TCP, which CRIU cannot dump (Go 1.24 and later listen with it by default: run such servers with GODEBUG=multipathtcp=0)", id, err)
 	case strings.Contains(msg, "Can't dump that handle"):
 		return fmt.Errorf("capturing %s: %w; a process has an inotify or fanotify watch on a file without a name (deleted while still open, or moved while the fork began): on an overlay root CRIU cannot reopen a watched file by its handle, only find it by its path; end that watch (restart the watching program) before forking", id, err)
+	case strings.Contains(msg, "Unseizable non-zombie"):
+		return fmt.Errorf("capturing %s: %w; %s", id, err, unseizable(msg))
 	case strings.Contains(msg, "Can't dump ghost file"):
 		return fmt.Errorf("capturing %s: %w; a process holds open a deleted file (a temporary file) larger than the ghost limit: fork with a larger --ghost-limit (the file is copied while the source is held), or have the program close it", id, err)
 	case strings.Contains(msg, "external unix") || strings.Contains(msg, "unix socket"):
 		return fmt.Errorf("capturing %s: %w; a unix socket connects outside the container: fork with --ext-unix-sk if its peer may be shared", id, err)
 	}
 	return fmt.Errorf("capturing %s: %w", id, err)
+}
+
+// unseizable says why CRIU could not seize the process its error names: a
+// process another one traces (a debugger, strace) cannot be traced by CRIU
+// too.
+func unseizable(msg string) string {
+	const what = "a process of the container could not be seized: fork again; if it fails again, a debugger (gdb, strace) is likely attached to one of its processes, and the fork must wait until it detaches"
+	var pid int
+	i := strings.Index(msg, "Unseizable non-zombie ")
+	if _, err := fmt.Sscan(msg[i+len("Unseizable non-zombie "):], &pid); err != nil || pid <= 0 {
+		return what
+	}
+	st, err := procfs.ReadStatus(pid)
+	if err != nil || st.TracerPid == 0 {
+		return what
+	}
+	tracer := "process " + fmt.Sprint(st.TracerPid)
+	if ts, err := procfs.ReadStatus(st.TracerPid); err == nil {
+		tracer = fmt.Sprintf("%s (%s)", tracer, ts.Name)
+	}
+	return fmt.Sprintf("process %d (%s) is traced by %s, a debugger or tracer, and CRIU cannot trace it too: detach it (quit the debugger, stop strace) and fork again", pid, st.Name, tracer)
 }
 
 // summarizeTree reads the captured process tree from CRIU's images.

@@ -1,7 +1,13 @@
 package fork
 
 import (
+	"fmt"
 	"math"
+	"os"
+	"os/exec"
+	"runtime"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -24,5 +30,28 @@ func TestPauseTimingsAddUp(t *testing.T) {
 	}
 	if sum := got.FreezeMs + got.DumpMs + got.SnapshotMs + got.ThawMs; math.Abs(sum-got.SourcePauseMs) > 0.01 {
 		t.Fatalf("parts add up to %.2f, pause %.2f", sum, got.SourcePauseMs)
+	}
+}
+
+// A dump that failed on a traced process names the process and its tracer
+// and says what to do; one whose process is gone still says what to do.
+func TestUnseizableNamesTheTracer(t *testing.T) {
+	cmd := exec.Command("sleep", "100")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Ptrace: true}
+	// ptrace requests come from the thread that started the tracee.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { cmd.Process.Kill(); cmd.Wait() }()
+	msg := fmt.Sprintf("Error (compel/src/lib/infect.c:262): Unseizable non-zombie %d found, state t, err -1/10", cmd.Process.Pid)
+	got := unseizable(msg)
+	want := fmt.Sprintf("process %d (sleep) is traced by process %d (", cmd.Process.Pid, os.Getpid())
+	if !strings.Contains(got, want) || !strings.Contains(got, "fork again") {
+		t.Errorf("%q, want it to say %q and what to do", got, want)
+	}
+	if got := unseizable("Error: Unseizable non-zombie 0 found"); !strings.Contains(got, "debugger") {
+		t.Errorf("without a process: %q", got)
 	}
 }

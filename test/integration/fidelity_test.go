@@ -366,3 +366,47 @@ func TestForkDeletedOpenFile(t *testing.T) {
 		t.Errorf("the source reads %q after the fork, want %q", got, want)
 	}
 }
+
+// tracedPy is a process traced by its parent, as under a debugger.
+const tracedPy = `import ctypes, os, signal, time
+libc = ctypes.CDLL("libc.so.6")
+pid = os.fork()
+if pid == 0:
+    libc.ptrace(0, 0, 0, 0)  # PTRACE_TRACEME
+    os.kill(os.getpid(), signal.SIGSTOP)
+    while True:
+        time.sleep(0.1)
+os.waitpid(pid, os.WUNTRACED)
+libc.ptrace(7, pid, 0, 0)  # PTRACE_CONT
+open("/tmp/traced", "w").write(str(pid))
+while True:
+    time.sleep(0.1)
+`
+
+// A process under a debugger cannot be captured: the fork fails naming it
+// and its tracer and saying what to do, and the source runs on, with no
+// sibling left.
+func TestForkOfATracedProcessSaysWhy(t *testing.T) {
+	requireStack(t)
+	src := name(t, "traced")
+	podman(t, "run", "-d", "--name", src, "-e", "TRACEDPY="+tracedPy, workspace, "bash", "-c", `exec python3 -c "$TRACEDPY"`)
+	eventually(t, 10*time.Second, "the traced process", func() error {
+		if r := podmanTry(t, "exec", src, "cat", "/tmp/traced"); r.code != 0 {
+			return fmt.Errorf("%s", r.stderr)
+		}
+		return nil
+	})
+	r := run(t, 3*time.Minute, podmanForkBin(), "--name", src+"-f", src)
+	if r.code == 0 || !strings.Contains(r.stderr, "is traced by process") || !strings.Contains(r.stderr, "(python3)") {
+		t.Fatalf("fork of a traced process: exit %d: %s; want a failure naming the process and its tracer", r.code, r.stderr)
+	}
+	if podmanTry(t, "container", "exists", src+"-f").code == 0 {
+		t.Error("the failed fork left its sibling")
+	}
+	if st := podman(t, "inspect", "--format", "{{.State.Status}}", src); st != "running" {
+		t.Errorf("the source is %s after the failed fork", st)
+	}
+	if r := podmanTry(t, "exec", src, "true"); r.code != 0 {
+		t.Errorf("the source does not run commands after the failed fork: %s", r.stderr)
+	}
+}
