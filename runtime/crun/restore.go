@@ -22,6 +22,12 @@ import (
 // cgroup path then cannot start; so a failed restore's cgroup is removed
 // here, unless crun kept a container under that ID.
 func (r *Runtime) RestoreCheckpoint(ctx context.Context, id, bundle string, args []string, env []string) error {
+	if bundle == "" {
+		bundle = "." // crun's default
+	}
+	if err := ResolveBindSources(bundle); err != nil {
+		return fmt.Errorf("restoring %s: %w", id, err)
+	}
 	cmd := r.Command(ctx, "restore", append(args, id)...)
 	cmd.Env = append(os.Environ(), env...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr

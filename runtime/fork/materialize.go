@@ -479,6 +479,9 @@ func (op *materializeOp) crunRestore(ctx context.Context, images, work string) e
 			return err
 		}
 	}
+	if err := crun.ResolveBindSources(op.sib.bundle); err != nil {
+		return fmt.Errorf("restoring sibling %s: %w", req.ID, err)
+	}
 	ctx, cancel := context.WithTimeout(ctx, e.criuTimeout())
 	defer cancel()
 	cmd := e.Crun.Command(ctx, "restore", args...)

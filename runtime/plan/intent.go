@@ -258,6 +258,15 @@ func WriteReference(checkpointDir string, ref Reference) error {
 	return atomicfile.WriteJSON(filepath.Join(checkpointDir, ReferenceFile), ref, 0o600)
 }
 
+// RemoveReference removes a reference from a checkpoint directory, if it
+// holds one: an ordinary checkpoint written there is no fork plan's.
+func RemoveReference(checkpointDir string) error {
+	if err := os.Remove(filepath.Join(checkpointDir, ReferenceFile)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("removing an earlier fork's plan reference from %s: %w", checkpointDir, err)
+	}
+	return nil
+}
+
 // ReadReference loads a reference from a checkpoint directory. It returns
 // nil when the directory holds an ordinary checkpoint.
 func ReadReference(checkpointDir string) (*Reference, error) {

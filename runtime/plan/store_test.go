@@ -194,6 +194,15 @@ func TestReferenceRoundTrip(t *testing.T) {
 	if err != nil || ref.PlanDir != "/run/tclone/plans/p" {
 		t.Fatalf("%+v %v", ref, err)
 	}
+	// Removed, twice: the directory is an ordinary checkpoint's again.
+	for i := 0; i < 2; i++ {
+		if err := RemoveReference(dir); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if ref, err := ReadReference(dir); ref != nil || err != nil {
+		t.Fatalf("a removed reference read back: %v %v", ref, err)
+	}
 }
 
 func TestEnsureTmpfsMountsWhereNeeded(t *testing.T) {

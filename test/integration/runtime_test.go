@@ -289,3 +289,37 @@ func runEnv(t *testing.T, env []string, name string, args ...string) result {
 	}
 	return run(t, time.Minute, name, args...)
 }
+
+// A container run with --init (Podman binds its catatonit at
+// /run/podman-init, a symbolic link on Debian) forks, and an ordinary
+// checkpoint of it restores through tclone: CRIU cannot take a bind mount
+// whose source is a link, so tclone gives crun the link's target. The
+// ordinary checkpoint is taken after the fork, in the checkpoint directory
+// where the fork left its plan's reference: it must not read as a fork's.
+func TestInitContainerForksAndRestores(t *testing.T) {
+	requireStack(t)
+	src := name(t, "init")
+	dst := name(t, "initimp")
+	podman(t, "run", "--runtime", "tclone", "--init", "-d", "--name", src, busybox, "sh", "-c", counterScript)
+	before := readCounter(t, src)
+	r := run(t, 3*time.Minute, podmanForkBin(), "--name", src+"-f", src)
+	if r.code != 0 {
+		t.Fatalf("fork of an --init container: exit %d: %s", r.code, r.stderr)
+	}
+	archive := filepath.Join(t.TempDir(), "cp.tar")
+	podman(t, "container", "checkpoint", "--leave-running", "--export", archive, src)
+	podman(t, "container", "restore", "--import", archive, "--name", dst)
+	for _, ctr := range []string{src + "-f", dst} {
+		if got := readCounter(t, ctr); got < before {
+			t.Errorf("%s: counter %d is behind the source's %d", ctr, got, before)
+		}
+		a := readCounter(t, ctr)
+		time.Sleep(500 * time.Millisecond)
+		if b := readCounter(t, ctr); b <= a {
+			t.Errorf("%s: the counter stopped: %d then %d", ctr, a, b)
+		}
+		if comm := podman(t, "exec", ctr, "cat", "/proc/1/comm"); comm != "podman-init" {
+			t.Errorf("%s: process 1 is %q, want Podman's init", ctr, comm)
+		}
+	}
+}

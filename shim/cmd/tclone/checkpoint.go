@@ -8,6 +8,7 @@ import (
 
 	"github.com/tclone/tclone/runtime/crun"
 	"github.com/tclone/tclone/runtime/forkopts"
+	"github.com/tclone/tclone/runtime/plan"
 	"github.com/tclone/tclone/shim/forkflags"
 )
 
@@ -55,6 +56,14 @@ var checkpointCommand = &cli.Command{
 		}
 		if err := eng.WaitTwinsGone(c.Context, id); err != nil {
 			return err
+		}
+		// An earlier fork of the container left its plan's reference in
+		// Podman's checkpoint directory, which these images now fill: left
+		// there, it would make them a fork plan's to a restore.
+		if dir := c.String("image-path"); dir != "" {
+			if err := plan.RemoveReference(dir); err != nil {
+				return err
+			}
 		}
 		// crun's CRIU inherits the environment CRIU needs here.
 		return eng.Crun.Exec("checkpoint", append(crunCheckpointArgs(c, capture), id), check.Env())
