@@ -25,7 +25,7 @@ func (r *Runtime) RestoreCheckpoint(ctx context.Context, id, bundle string, args
 	if bundle == "" {
 		bundle = "." // crun's default
 	}
-	if err := ResolveBindSources(bundle); err != nil {
+	if err := PrepareRestore(bundle); err != nil {
 		return fmt.Errorf("restoring %s: %w", id, err)
 	}
 	cmd := r.Command(ctx, "restore", append(args, id)...)

@@ -479,7 +479,7 @@ func (op *materializeOp) crunRestore(ctx context.Context, images, work string) e
 			return err
 		}
 	}
-	if err := crun.ResolveBindSources(op.sib.bundle); err != nil {
+	if err := crun.PrepareRestore(op.sib.bundle); err != nil {
 		return fmt.Errorf("restoring sibling %s: %w", req.ID, err)
 	}
 	ctx, cancel := context.WithTimeout(ctx, e.criuTimeout())

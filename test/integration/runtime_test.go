@@ -323,3 +323,27 @@ func TestInitContainerForksAndRestores(t *testing.T) {
 		}
 	}
 }
+
+// A container given a Podman secret (a file bind-mounted inside the bind
+// mount of /run/secrets) forks, and the sibling reads the secret: the
+// mountpoint crun made in the source's directory is made in the sibling's.
+func TestSecretContainerForks(t *testing.T) {
+	requireStack(t)
+	secret := uniqueName("secret")
+	value := filepath.Join(t.TempDir(), "value")
+	if err := os.WriteFile(value, []byte("s3cr3t-value"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	podman(t, "secret", "create", secret, value)
+	t.Cleanup(func() { podmanTry(t, "secret", "rm", secret) })
+	src := name(t, "secret")
+	podman(t, "run", "-d", "--name", src, "--secret", secret, busybox, "sh", "-c", counterScript)
+	if r := run(t, 3*time.Minute, podmanForkBin(), "--name", src+"-f", src); r.code != 0 {
+		t.Fatalf("fork of a container with a secret: exit %d: %s", r.code, r.stderr)
+	}
+	for _, ctr := range []string{src, src + "-f"} {
+		if got := podman(t, "exec", ctr, "cat", "/run/secrets/"+secret); got != "s3cr3t-value" {
+			t.Errorf("%s reads %q from its secret", ctr, got)
+		}
+	}
+}

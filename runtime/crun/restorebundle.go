@@ -9,6 +9,16 @@ import (
 	"slices"
 )
 
+// PrepareRestore readies a bundle for crun's restore of a checkpoint
+// into it: what crun makes when it creates a container, and CRIU cannot
+// do without at a restore (ResolveBindSources, MakeNestedMountpoints).
+func PrepareRestore(bundle string) error {
+	if err := ResolveBindSources(bundle); err != nil {
+		return err
+	}
+	return MakeNestedMountpoints(bundle)
+}
+
 // ResolveBindSources rewrites the bundle's config.json so that no bind
 // mount's source is a symbolic link: each such source is replaced by the
 // path it leads to, which is what the mount binds anyway. A restore needs
