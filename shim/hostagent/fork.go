@@ -79,12 +79,32 @@ func prepareSource(ctx context.Context, store plan.Store, source string, opts *p
 	if err != nil {
 		return nil, nil, err
 	}
+	if err := checkOwnPIDNamespace(src); err != nil {
+		return nil, nil, podmanfork.WithKind(podmanfork.ErrConflict, err)
+	}
 	copies, uses, err := planVolumes(src, opts.VolumeModes)
 	if err != nil {
 		return nil, nil, podmanfork.WithKind(podmanfork.ErrInvalidOption, err)
 	}
 	opts.Fork.Volumes = copies
 	return src, uses, nil
+}
+
+// checkOwnPIDNamespace refuses a source that shares a PID namespace (Podman's
+// --pid=host, --pid=container:NAME, --pid=ns:PATH): a sibling Podman makes
+// of it shares the same one, where its processes' PIDs are the source's
+// own, still in use, so CRIU could never rebuild them there. It says so
+// before the source is held.
+func checkOwnPIDNamespace(src *define.InspectContainerData) error {
+	if src.HostConfig == nil {
+		return nil
+	}
+	switch mode := src.HostConfig.PidMode; {
+	case mode == "" || mode == "private":
+		return nil
+	default:
+		return fmt.Errorf("cannot fork %s: it shares a PID namespace (--pid=%s), and so would its siblings, where its processes' PIDs are still the source's; fork a container run with its own PID namespace", src.Name, mode)
+	}
 }
 
 // collectDeadCalls rolls back the calls of fork clients that died. It is

@@ -35,3 +35,18 @@ func TestCheckIdentity(t *testing.T) {
 		t.Errorf("preserve refused: %v", err)
 	}
 }
+
+// A source sharing a PID namespace is refused, naming the mode; one with
+// its own is not.
+func TestCheckOwnPIDNamespace(t *testing.T) {
+	for mode, refused := range map[string]bool{"": false, "private": false, "host": true, "container:abc": true, "ns:/proc/1/ns/pid": true} {
+		src := &define.InspectContainerData{Name: "ws", HostConfig: &define.InspectContainerHostConfig{PidMode: mode}}
+		err := checkOwnPIDNamespace(src)
+		if refused != (err != nil) || (refused && !strings.Contains(err.Error(), "--pid="+mode)) {
+			t.Errorf("--pid=%q: %v", mode, err)
+		}
+	}
+	if err := checkOwnPIDNamespace(&define.InspectContainerData{Name: "ws"}); err != nil {
+		t.Errorf("no host config: %v", err)
+	}
+}

@@ -347,3 +347,24 @@ func TestSecretContainerForks(t *testing.T) {
 		}
 	}
 }
+
+// A container sharing the host's PID namespace cannot be forked by Podman
+// (its sibling would share it too, where the source's PIDs are taken): the
+// fork says so before the source is held, and makes nothing.
+func TestForkOfHostPIDContainerRefused(t *testing.T) {
+	requireStack(t)
+	src := name(t, "hostpid")
+	podman(t, "run", "-d", "--name", src, "--pid", "host", busybox, "sh", "-c", counterScript)
+	r := run(t, 3*time.Minute, podmanForkBin(), "--name", src+"-f", src)
+	if r.code == 0 || !strings.Contains(r.stderr, "--pid=host") {
+		t.Fatalf("fork of a --pid=host container: exit %d: %s; want a refusal naming --pid=host", r.code, r.stderr)
+	}
+	if podmanTry(t, "container", "exists", src+"-f").code == 0 {
+		t.Error("the refused fork made a sibling")
+	}
+	a := readCounter(t, src)
+	time.Sleep(500 * time.Millisecond)
+	if b := readCounter(t, src); b <= a {
+		t.Errorf("the source stopped counting after the refusal: %d then %d", a, b)
+	}
+}
