@@ -329,21 +329,7 @@ func TestForkDeletedOpenFile(t *testing.T) {
 	requireStack(t)
 	src := name(t, "ghost")
 	podman(t, "run", "-d", "--name", src, "-e", "GHOSTPY="+ghostPy, workspace, "bash", "-c", `exec python3 -c "$GHOSTPY"`)
-	read := func(ctr string) string {
-		t.Helper()
-		podman(t, "exec", ctr, "rm", "-f", "/tmp/ghost")
-		podman(t, "exec", ctr, "touch", "/tmp/go")
-		var out string
-		eventually(t, 10*time.Second, ctr+": /tmp/ghost", func() error {
-			r := podmanTry(t, "exec", ctr, "cat", "/tmp/ghost")
-			out = r.stdout
-			if r.code != 0 {
-				return fmt.Errorf("%s", r.stderr)
-			}
-			return nil
-		})
-		return out
-	}
+	read := func(ctr string) string { return poke(t, ctr, "/tmp/ghost") }
 	want := read(src)
 	if !strings.HasPrefix(want, "10485760 ") {
 		t.Fatalf("the source reads %q from its deleted file", want)

@@ -263,3 +263,22 @@ func stackTool(line string) bool {
 	}
 	return false
 }
+
+// poke asks a test program in container ctr for a report: it removes the
+// last one, at path, creates /tmp/go, which the program waits for, and
+// returns what the program writes at path.
+func poke(t *testing.T, ctr, path string) string {
+	t.Helper()
+	podman(t, "exec", ctr, "rm", "-f", path)
+	podman(t, "exec", ctr, "touch", "/tmp/go")
+	var out string
+	eventually(t, 10*time.Second, ctr+": "+path, func() error {
+		r := podmanTry(t, "exec", ctr, "cat", path)
+		out = r.stdout
+		if r.code != 0 {
+			return fmt.Errorf("%s", r.stderr)
+		}
+		return nil
+	})
+	return out
+}

@@ -442,17 +442,7 @@ func TestTwinForkZeroesWipeOnForkMemory(t *testing.T) {
 	podman(t, "run", "-d", "--name", src, "-e", "WFPY="+wipeOnForkPy, workspace, "bash", "-c", `exec python3 -c "$WFPY"`)
 	read := func(ctr string) (page, random string) {
 		t.Helper()
-		podman(t, "exec", ctr, "rm", "-f", "/tmp/wf")
-		podman(t, "exec", ctr, "touch", "/tmp/go")
-		var out string
-		eventually(t, 10*time.Second, ctr+": /tmp/wf", func() error {
-			r := podmanTry(t, "exec", ctr, "cat", "/tmp/wf")
-			out = r.stdout
-			if r.code != 0 {
-				return fmt.Errorf("%s", r.stderr)
-			}
-			return nil
-		})
+		out := poke(t, ctr, "/tmp/wf")
 		f := strings.Fields(out)
 		if len(f) != 2 {
 			t.Fatalf("%s: /tmp/wf holds %q", ctr, out)
