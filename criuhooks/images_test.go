@@ -168,7 +168,11 @@ func TestFixupGivesAnEmptyForegroundToTheSessionLeader(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []uint32{11, 20, 0, 31, 1}
-	for i, m := range readImage(t, filepath.Join(dir, "tty-info.img"), &tty.TtyInfoEntry{}) {
+	got := readImage(t, filepath.Join(dir, "tty-info.img"), &tty.TtyInfoEntry{})
+	if len(got) != len(want) {
+		t.Fatalf("%d terminals read back, want %d", len(got), len(want))
+	}
+	for i, m := range got {
 		e := m.(*tty.TtyInfoEntry)
 		if e.GetPgrp() != want[i] || e.GetSid() != []uint32{10, 20, 0, 5, 1}[i] {
 			t.Errorf("tty %d: sid %d pgrp %d, want pgrp %d", e.GetId(), e.GetSid(), e.GetPgrp(), want[i])

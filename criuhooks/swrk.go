@@ -40,8 +40,8 @@ func (e *Error) Error() string {
 	// A hook of tclone's that failed is the reason; CRIU's log then only
 	// says that a script failed. Otherwise CRIU's log says why; CRIU's
 	// answer repeats its first error line, which is usually a harmless
-	// warning, so it is shown only when the log has nothing, or when
-	// tclone itself ended the call.
+	// warning (RLIMIT_NOFILE, which LogErrors leaves out), so it is shown
+	// only when the log has nothing, or when tclone itself ended the call.
 	var hook *HookError
 	if errors.As(e.Err, &hook) || len(e.Reasons) == 0 || errors.Is(e.Err, ErrTimeout) {
 		fmt.Fprintf(&b, ": %v", e.Err)

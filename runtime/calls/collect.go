@@ -111,9 +111,7 @@ func (c Collector) Collect(ctx context.Context) (*Report, error) {
 			if where != "" {
 				r.rt = c.CRI(where)
 			}
-			if r.err == nil {
-				r.labelled, r.err = r.rt.Labelled(ctx, LabelCall)
-			}
+			r.labelled, r.err = r.rt.Labelled(ctx, LabelCall)
 			runtimes[where] = r
 		}
 		if r.err != nil {

@@ -19,9 +19,10 @@ import (
 // mount's source directory, where it is missing. crun makes it when it
 // creates a container, and it is in the source container's directory; a
 // restored container's directory is new, and CRIU fails on the missing
-// mountpoint ("Can't stat mountpoint .../NAME"). The mountpoint is made
-// beneath the outer source only, following no symbolic link, as an empty
-// directory or file after the inner mount's source.
+// mountpoint ("Can't stat mountpoint .../NAME"). A missing mountpoint is
+// made beneath the outer source only, following no symbolic link, as an
+// empty directory or file after the inner mount's source; what is there is
+// left as it is. Every mount is tried; the errors are returned together.
 func MakeNestedMountpoints(bundle string) error {
 	data, err := os.ReadFile(filepath.Join(bundle, "config.json"))
 	if errors.Is(err, os.ErrNotExist) {
@@ -34,6 +35,7 @@ func MakeNestedMountpoints(bundle string) error {
 	if err := json.Unmarshal(data, &spec); err != nil {
 		return fmt.Errorf("reading %s/config.json: %w", bundle, err)
 	}
+	var errs []error
 	for _, m := range spec.Mounts {
 		if !bindMount(m) {
 			continue
@@ -50,16 +52,22 @@ func MakeNestedMountpoints(bundle string) error {
 		if outer == nil || !bindMount(*outer) || !filepath.IsAbs(outer.Source) {
 			continue
 		}
+		rel := strings.TrimPrefix(filepath.Clean(m.Destination), strings.TrimSuffix(filepath.Clean(outer.Destination), "/")+"/")
+		// Whatever is there already, even behind a link, is left for CRIU
+		// to judge: it is never opened, nor made again.
+		if _, err := os.Lstat(filepath.Join(outer.Source, rel)); err == nil {
+			continue
+		}
 		st, err := os.Stat(m.Source)
 		if err != nil {
-			return fmt.Errorf("bind mount source %s: %w", m.Source, err)
+			errs = append(errs, fmt.Errorf("bind mount source %s: %w", m.Source, err))
+			continue
 		}
-		rel := strings.TrimPrefix(filepath.Clean(m.Destination), strings.TrimSuffix(filepath.Clean(outer.Destination), "/")+"/")
 		if err := makeMountpoint(outer.Source, rel, st.IsDir()); err != nil {
-			return fmt.Errorf("making the mountpoint of %s in %s: %w", m.Destination, outer.Source, err)
+			errs = append(errs, fmt.Errorf("making the mountpoint of %s in %s: %w", m.Destination, outer.Source, err))
 		}
 	}
-	return nil
+	return errors.Join(errs...)
 }
 
 // isBelow tells whether path dest lies strictly inside directory dir.
@@ -73,9 +81,11 @@ func bindMount(m specs.Mount) bool {
 }
 
 // makeMountpoint makes rel beneath root, missing directories included, as
-// a directory or an empty file; what is there already is left as it is.
+// a directory or an empty file. It follows no symbolic link (one on the way
+// is an error: what it leads to is not root's), and opens nothing that was
+// there: a file is made with O_EXCL, and one made meanwhile is left.
 func makeMountpoint(root, rel string, dir bool) error {
-	beneath := &unix.OpenHow{Flags: unix.O_PATH | unix.O_DIRECTORY | unix.O_CLOEXEC, Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS}
+	beneath := uint64(unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS)
 	fd, err := unix.Openat2(unix.AT_FDCWD, root, &unix.OpenHow{Flags: unix.O_PATH | unix.O_DIRECTORY | unix.O_CLOEXEC})
 	if err != nil {
 		return err
@@ -87,10 +97,10 @@ func makeMountpoint(root, rel string, dir bool) error {
 			return fmt.Errorf("%q is not a plain path", rel)
 		}
 		if i == len(parts)-1 && !dir {
-			f, err := unix.Openat2(fd, p, &unix.OpenHow{Flags: unix.O_CREAT | unix.O_WRONLY | unix.O_CLOEXEC | unix.O_NONBLOCK, Mode: 0o644, Resolve: beneath.Resolve})
+			f, err := unix.Openat2(fd, p, &unix.OpenHow{Flags: unix.O_CREAT | unix.O_EXCL | unix.O_WRONLY | unix.O_CLOEXEC, Mode: 0o644, Resolve: beneath})
 			unix.Close(fd)
-			if errors.Is(err, unix.EISDIR) {
-				return nil // a directory there: CRIU says if it minds
+			if errors.Is(err, unix.EEXIST) {
+				return nil
 			}
 			if err != nil {
 				return err
@@ -101,8 +111,11 @@ func makeMountpoint(root, rel string, dir bool) error {
 			unix.Close(fd)
 			return err
 		}
-		next, err := unix.Openat2(fd, p, beneath)
+		next, err := unix.Openat2(fd, p, &unix.OpenHow{Flags: unix.O_PATH | unix.O_DIRECTORY | unix.O_CLOEXEC, Resolve: beneath})
 		unix.Close(fd)
+		if errors.Is(err, unix.ELOOP) {
+			return fmt.Errorf("%s is a symbolic link, which is not followed", filepath.Join(append([]string{root}, parts[:i+1]...)...))
+		}
 		if err != nil {
 			return err
 		}

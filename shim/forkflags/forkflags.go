@@ -38,6 +38,14 @@ func CrunCapture() []cli.Flag {
 	})
 }
 
+// RestoreCapture is the capture flags a restore declares: every one but
+// --ghost-limit, which only a dump uses.
+func RestoreCapture() []cli.Flag {
+	var d forkopts.Fork
+	ghost := flagtable.NameOf(&d, &d.GhostLimit)
+	return For(func(f flagtable.Field) bool { return f.Group == forkopts.GroupCapture && f.Name != ghost })
+}
+
 // Capture is every capture flag: crun's, --tcp-close and --ghost-limit.
 func Capture() []cli.Flag { return For(flagtable.InGroups(forkopts.GroupCapture)) }
 

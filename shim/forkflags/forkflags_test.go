@@ -116,6 +116,13 @@ func TestCrunCaptureIsCrunsFlags(t *testing.T) {
 	if want := []string{"tcp-established", "tcp-close", "file-locks", "ext-unix-sk", "shell-job", "ghost-limit"}; !slices.Equal(all, want) {
 		t.Errorf("Capture() is %v, want %v", all, want)
 	}
+	var restore []string
+	for _, f := range RestoreCapture() {
+		restore = append(restore, f.Names()[0])
+	}
+	if want := []string{"tcp-established", "tcp-close", "file-locks", "ext-unix-sk", "shell-job"}; !slices.Equal(restore, want) {
+		t.Errorf("RestoreCapture() is %v, want %v (a restore has no use for --ghost-limit)", restore, want)
+	}
 }
 
 // What a flag alone can get wrong is refused, saying which flag and what

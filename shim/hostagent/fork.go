@@ -79,7 +79,7 @@ func prepareSource(ctx context.Context, store plan.Store, source string, opts *p
 	if err != nil {
 		return nil, nil, err
 	}
-	if err := checkOwnPIDNamespace(src); err != nil {
+	if err := checkOwnPIDNamespace(src, opts.Fork.FilesOnly); err != nil {
 		return nil, nil, podmanfork.WithKind(podmanfork.ErrConflict, err)
 	}
 	copies, uses, err := planVolumes(src, opts.VolumeModes)
@@ -94,16 +94,17 @@ func prepareSource(ctx context.Context, store plan.Store, source string, opts *p
 // --pid=host, --pid=container:NAME, --pid=ns:PATH): a sibling Podman makes
 // of it shares the same one, where its processes' PIDs are the source's
 // own, still in use, so CRIU could never rebuild them there. It says so
-// before the source is held.
-func checkOwnPIDNamespace(src *define.InspectContainerData) error {
-	if src.HostConfig == nil {
+// before the source is held. A files-only fork rebuilds no process, and is
+// let through.
+func checkOwnPIDNamespace(src *define.InspectContainerData, filesOnly bool) error {
+	if src.HostConfig == nil || filesOnly {
 		return nil
 	}
 	switch mode := src.HostConfig.PidMode; {
 	case mode == "" || mode == "private":
 		return nil
 	default:
-		return fmt.Errorf("cannot fork %s: it shares a PID namespace (--pid=%s), and so would its siblings, where its processes' PIDs are still the source's; fork a container run with its own PID namespace", src.Name, mode)
+		return fmt.Errorf("cannot fork %s: it shares a PID namespace (--pid=%s), and so would its siblings, where its processes' PIDs are still the source's; fork a container run with its own PID namespace, or fork its files only (--files-only)", src.Name, mode)
 	}
 }
 

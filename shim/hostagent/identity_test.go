@@ -36,17 +36,20 @@ func TestCheckIdentity(t *testing.T) {
 	}
 }
 
-// A source sharing a PID namespace is refused, naming the mode; one with
-// its own is not.
+// A source sharing a PID namespace is refused, naming the mode, unless only
+// its files are forked; one with its own is not.
 func TestCheckOwnPIDNamespace(t *testing.T) {
 	for mode, refused := range map[string]bool{"": false, "private": false, "host": true, "container:abc": true, "ns:/proc/1/ns/pid": true} {
 		src := &define.InspectContainerData{Name: "ws", HostConfig: &define.InspectContainerHostConfig{PidMode: mode}}
-		err := checkOwnPIDNamespace(src)
+		err := checkOwnPIDNamespace(src, false)
 		if refused != (err != nil) || (refused && !strings.Contains(err.Error(), "--pid="+mode)) {
 			t.Errorf("--pid=%q: %v", mode, err)
 		}
+		if err := checkOwnPIDNamespace(src, true); err != nil {
+			t.Errorf("--pid=%q, files only: %v", mode, err)
+		}
 	}
-	if err := checkOwnPIDNamespace(&define.InspectContainerData{Name: "ws"}); err != nil {
+	if err := checkOwnPIDNamespace(&define.InspectContainerData{Name: "ws"}, false); err != nil {
 		t.Errorf("no host config: %v", err)
 	}
 }

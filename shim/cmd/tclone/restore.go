@@ -29,7 +29,7 @@ var restoreFlags = slices.Concat([]cli.Flag{
 	&cli.StringFlag{Name: "lsm-profile", Usage: "LSM profile for the restored tree, TYPE:NAME"},
 	&cli.StringFlag{Name: "lsm-mount-context", Usage: "LSM mount context for the restored tree"},
 	&cli.BoolFlag{Name: "print-stats", Usage: "print fork timings as JSON (fork plans only)"},
-}, forkflags.Capture(), []cli.Flag{forkflags.MemoryFlag()}, runcRestoreFlags)
+}, forkflags.RestoreCapture(), []cli.Flag{forkflags.MemoryFlag()}, runcRestoreFlags)
 
 var restoreCommand = &cli.Command{
 	Name:      "restore",
