@@ -1,7 +1,6 @@
 package crun
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -13,30 +12,19 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// MakeNestedMountpoints creates, for each bind mount of the bundle's
-// config.json that lies inside another bind mount (Podman's secret
-// /run/secrets/NAME inside /run/secrets), its mountpoint in the outer
-// mount's source directory, where it is missing. crun makes it when it
-// creates a container, and it is in the source container's directory; a
-// restored container's directory is new, and CRIU fails on the missing
-// mountpoint ("Can't stat mountpoint .../NAME"). A missing mountpoint is
-// made beneath the outer source only, following no symbolic link, as an
-// empty directory or file after the inner mount's source; what is there is
-// left as it is. Every mount is tried; the errors are returned together.
-func MakeNestedMountpoints(bundle string) error {
-	data, err := os.ReadFile(filepath.Join(bundle, "config.json"))
-	if errors.Is(err, os.ErrNotExist) {
-		return nil // crun says what is wrong with the bundle
-	}
-	if err != nil {
-		return err
-	}
-	var spec specs.Spec
-	if err := json.Unmarshal(data, &spec); err != nil {
-		return fmt.Errorf("reading %s/config.json: %w", bundle, err)
-	}
+// makeNestedMountpoints creates, for each bind mount that lies inside
+// another bind mount (Podman's secret /run/secrets/NAME inside
+// /run/secrets), its mountpoint in the outer mount's source directory,
+// where it is missing. crun makes it when it creates a container, and it is
+// in the source container's directory; a restored container's directory is
+// new, and CRIU fails on the missing mountpoint ("Can't stat mountpoint
+// .../NAME"). A missing mountpoint is made beneath the outer source only,
+// following no symbolic link, as an empty directory or file after the inner
+// mount's source; what is there is left as it is. Every mount is tried; the
+// errors are returned together.
+func makeNestedMountpoints(mounts []specs.Mount) error {
 	var errs []error
-	for _, m := range spec.Mounts {
+	for _, m := range mounts {
 		if !bindMount(m) {
 			continue
 		}
@@ -44,9 +32,9 @@ func MakeNestedMountpoints(bundle string) error {
 		// ancestor, wherever it is listed (Podman lists its own mounts,
 		// /run/secrets among them, after the user's at a restore).
 		var outer *specs.Mount
-		for i, o := range spec.Mounts {
+		for i, o := range mounts {
 			if isBelow(m.Destination, o.Destination) && (outer == nil || isBelow(o.Destination, outer.Destination)) {
-				outer = &spec.Mounts[i]
+				outer = &mounts[i]
 			}
 		}
 		if outer == nil || !bindMount(*outer) || !filepath.IsAbs(outer.Source) {
@@ -114,7 +102,7 @@ func makeMountpoint(root, rel string, dir bool) error {
 		next, err := unix.Openat2(fd, p, &unix.OpenHow{Flags: unix.O_PATH | unix.O_DIRECTORY | unix.O_CLOEXEC, Resolve: beneath})
 		unix.Close(fd)
 		if errors.Is(err, unix.ELOOP) {
-			return fmt.Errorf("%s is a symbolic link, which is not followed", filepath.Join(append([]string{root}, parts[:i+1]...)...))
+			return fmt.Errorf("%s is a symbolic link, which is not followed: make the mountpoint there by hand, or remove the link", filepath.Join(append([]string{root}, parts[:i+1]...)...))
 		}
 		if err != nil {
 			return err

@@ -43,7 +43,7 @@ func TestMakeNestedMountpoints(t *testing.T) {
 		`{"destination":"/run/secrets/deep/cache","type":"bind","source":"` + cache + `","options":["rbind"]},` +
 		`{"destination":"/proc/x","type":"bind","source":"` + secret + `","options":["bind"]}]}`
 	os.WriteFile(filepath.Join(bundle, "config.json"), []byte(config), 0o600)
-	err := MakeNestedMountpoints(bundle)
+	err := PrepareRestore(bundle)
 	if err == nil || !strings.Contains(err.Error(), "symbolic link") {
 		t.Errorf("a mountpoint through a planted link: %v, want an error naming the link", err)
 	}
@@ -71,19 +71,19 @@ func TestMakeNestedMountpoints(t *testing.T) {
 		`{"destination":"/s/sub/x","type":"bind","source":"` + secret + `","options":["bind"]}]}`
 	os.WriteFile(filepath.Join(bundle, "config.json"), []byte(there), 0o600)
 	done := make(chan error, 1)
-	go func() { done <- MakeNestedMountpoints(bundle) }()
+	go func() { done <- PrepareRestore(bundle) }()
 	select {
 	case err := <-done:
 		if err != nil {
 			t.Errorf("mountpoints there already: %v", err)
 		}
 	case <-time.After(5 * time.Second):
-		t.Fatal("MakeNestedMountpoints blocked on a fifo that was there")
+		t.Fatal("PrepareRestore blocked on a fifo that was there")
 	}
 	// Made already: left as it is, and no error.
 	os.WriteFile(filepath.Join(secrets, "tsec"), []byte("kept"), 0o600)
 	os.WriteFile(filepath.Join(bundle, "config.json"), []byte(strings.Replace(config, `{"destination":"/l/evil/f","type":"bind","source":"`+secret+`","options":["bind"]},`, "", 1)), 0o600)
-	if err := MakeNestedMountpoints(bundle); err != nil {
+	if err := PrepareRestore(bundle); err != nil {
 		t.Fatal(err)
 	}
 	if b, _ := os.ReadFile(filepath.Join(secrets, "tsec")); string(b) != "kept" {

@@ -11,7 +11,7 @@ import (
 // A bind mount's source that is a link is replaced by where it leads; other
 // mounts, and every other field, are left as written; a config.json
 // without such a source is not rewritten.
-func TestResolveBindSources(t *testing.T) {
+func TestPrepareRestore(t *testing.T) {
 	dir := t.TempDir()
 	real := filepath.Join(dir, "bin", "catatonit")
 	os.MkdirAll(filepath.Dir(real), 0o755)
@@ -31,7 +31,7 @@ func TestResolveBindSources(t *testing.T) {
 		`{"destination":"/tmp/l","type":"tmpfs","source":"` + link + `","options":["nosuid"]}]}`
 	path := filepath.Join(bundle, "config.json")
 	os.WriteFile(path, []byte(config), 0o600)
-	if err := ResolveBindSources(bundle); err != nil {
+	if err := PrepareRestore(bundle); err != nil {
 		t.Fatal(err)
 	}
 	var got struct {
@@ -59,13 +59,13 @@ func TestResolveBindSources(t *testing.T) {
 	// Nothing left to resolve: the file is not written again.
 	old := time.Now().Add(-time.Hour)
 	os.Chtimes(path, old, old)
-	if err := ResolveBindSources(bundle); err != nil {
+	if err := PrepareRestore(bundle); err != nil {
 		t.Fatal(err)
 	}
 	if st, _ := os.Stat(path); !st.ModTime().Equal(old) {
 		t.Error("a config.json with nothing to resolve was rewritten")
 	}
-	if err := ResolveBindSources(dir); err != nil {
+	if err := PrepareRestore(dir); err != nil {
 		t.Errorf("a bundle without config.json: %v, want it left to crun", err)
 	}
 }

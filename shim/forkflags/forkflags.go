@@ -31,19 +31,21 @@ func For(keep flagtable.Keep) []cli.Flag { return flagtable.Flags(Defaults(), ke
 // hands to crun (an ordinary checkpoint): the capture's, less --tcp-close
 // and --ghost-limit.
 func CrunCapture() []cli.Flag {
-	var d forkopts.Fork
-	ghost := flagtable.NameOf(&d, &d.GhostLimit)
 	return For(func(f flagtable.Field) bool {
-		return f.Group == forkopts.GroupCapture && f.Choice != string(forkopts.TCPClose) && f.Name != ghost
+		return f.Group == forkopts.GroupCapture && f.Choice != string(forkopts.TCPClose) && !dumpOnly(f)
 	})
 }
 
 // RestoreCapture is the capture flags a restore declares: every one but
 // --ghost-limit, which only a dump uses.
 func RestoreCapture() []cli.Flag {
+	return For(func(f flagtable.Field) bool { return f.Group == forkopts.GroupCapture && !dumpOnly(f) })
+}
+
+// dumpOnly tells the capture flags only tclone's dump reads: --ghost-limit.
+func dumpOnly(f flagtable.Field) bool {
 	var d forkopts.Fork
-	ghost := flagtable.NameOf(&d, &d.GhostLimit)
-	return For(func(f flagtable.Field) bool { return f.Group == forkopts.GroupCapture && f.Name != ghost })
+	return f.Name == flagtable.NameOf(&d, &d.GhostLimit)
 }
 
 // Capture is every capture flag: crun's, --tcp-close and --ghost-limit.
