@@ -226,9 +226,9 @@ func (im *Images) drainTask(cfg *Drain, pid int32) (int64, error) {
 	// or the new ones, never a mix.
 	head.PagesId = &newID
 	for i, e := range entries {
-		if e.flags&pageLazy != 0 && e.flags&pagePresent == 0 {
+		if e.Flags&pageLazy != 0 && e.Flags&pagePresent == 0 {
 			pe := img.Entries[i+1].Message.(*pagemap.PagemapEntry)
-			flags := e.flags | pagePresent
+			flags := e.Flags | pagePresent
 			pe.Flags = &flags
 		}
 	}
@@ -283,9 +283,9 @@ func writeDrained(path, oldPages string, entries []pagemapEntry, src snapshotPag
 	var copied int64
 	var oldOff int64
 	for _, e := range entries {
-		n := int64(e.pages * pageSize)
+		n := int64(e.Pages * pageSize)
 		switch {
-		case e.flags&pagePresent != 0:
+		case e.Flags&pagePresent != 0:
 			if old == nil {
 				return 0, fmt.Errorf("%s is missing, and its pagemap has present pages", oldPages)
 			}
@@ -293,11 +293,11 @@ func writeDrained(path, oldPages string, entries []pagemapEntry, src snapshotPag
 				return 0, fmt.Errorf("copying %s: %w", oldPages, err)
 			}
 			oldOff += n
-		case e.flags&pageLazy != 0:
+		case e.Flags&pageLazy != 0:
 			for done := int64(0); done < n; {
 				chunk := min(n-done, int64(len(buf)))
 				b := buf[:chunk]
-				data, err := src.at(&b, uint64(chunk), e.vaddr+uint64(done))
+				data, err := src.at(&b, uint64(chunk), e.Vaddr+uint64(done))
 				if err != nil {
 					return 0, err
 				}

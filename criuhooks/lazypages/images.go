@@ -10,25 +10,19 @@ import (
 
 	"github.com/checkpoint-restore/go-criu/v7/crit"
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/mm"
-	"github.com/checkpoint-restore/go-criu/v7/crit/images/pagemap"
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/vma"
 	"golang.org/x/sys/unix"
-	"google.golang.org/protobuf/encoding/protowire"
+
+	"github.com/tclone/tclone/criuhooks/internal/pagemapimg"
 	"google.golang.org/protobuf/proto"
 )
 
 // Pagemap entry flags (criu/include/pagemap.h).
 const (
-	pageInParent = 1 << 0 // PE_PARENT: the pages are in a parent dump
-	pageLazy     = 1 << 1 // PE_LAZY: restore --lazy-pages leaves them to the daemon
-	pagePresent  = 1 << 2 // PE_PRESENT: the pages are in this dump's pages image
+	pageInParent = pagemapimg.InParent
+	pageLazy     = pagemapimg.Lazy
+	pagePresent  = pagemapimg.Present
 )
-
-// pagemapNrPagesField is pagemap_entry.nr_pages, the 64-bit page count CRIU
-// 4.x writes instead of the old 32-bit field 2 (compat_nr_pages), which it
-// leaves 0. go-criu v7 only knows field 2, so field 5 is read from the
-// message's unknown fields.
-const pagemapNrPagesField = 5
 
 // taskImage is what the dump recorded of one task's lazily restorable
 // memory: the spans restore --lazy-pages leaves missing, at their dump-time
@@ -235,10 +229,7 @@ func PagesBytes(dir string) (uint64, error) {
 
 // pagemapEntry is one pagemap_entry with the page count and flags resolved
 // the way CRIU's init_compat_pagemap_entry does.
-type pagemapEntry struct {
-	vaddr, pages uint64
-	flags        uint32
-}
+type pagemapEntry = pagemapimg.Entry
 
 // loadTaskImage reads a task's lazy spans. fromSnapshot: their data is in
 // a snapshot, at their own addresses, and need not be in the pages image.
@@ -254,22 +245,22 @@ func loadTaskImage(dir string, pid int32, fromSnapshot bool) (*taskImage, error)
 	t := &taskImage{pid: pid, pagesID: pagesID}
 	var off uint64
 	for _, e := range entries {
-		n := e.pages * pageSize
-		if e.flags&pageLazy != 0 {
+		n := e.Pages * pageSize
+		if e.Flags&pageLazy != 0 {
 			src := off
 			if fromSnapshot {
-				src = e.vaddr
-			} else if e.flags&pagePresent == 0 {
+				src = e.Vaddr
+			} else if e.Flags&pagePresent == 0 {
 				return nil, fmt.Errorf("lazy pages: pagemap-%d.img has lazy pages at %#x that are not in its pages image "+
-					"(a dump made with --lazy-pages keeps them at its page server); dump without --lazy-pages", pid, e.vaddr)
+					"(a dump made with --lazy-pages keeps them at its page server); dump without --lazy-pages", pid, e.Vaddr)
 			}
-			for _, s := range splitAtVMAs(span{e.vaddr, e.vaddr + n, src}, vmas) {
+			for _, s := range splitAtVMAs(span{e.Vaddr, e.Vaddr + n, src}, vmas) {
 				t.lazy = append(t.lazy, s)
 				t.bytes += s.len()
 				t.addArea(s, vmas)
 			}
 		}
-		if e.flags&pagePresent != 0 {
+		if e.Flags&pagePresent != 0 {
 			off += n
 		}
 	}
@@ -302,77 +293,11 @@ func splitAtVMAs(s span, vmas []*vma.VmaEntry) []span {
 }
 
 func readPagemap(path string) (uint32, []pagemapEntry, error) {
-	img, err := decodeImage(path, &pagemap.PagemapEntry{})
+	im, err := pagemapimg.Read(path)
 	if err != nil {
-		return 0, nil, err
+		return 0, nil, fmt.Errorf("lazy pages: %w", err)
 	}
-	if len(img.Entries) == 0 {
-		return 0, nil, fmt.Errorf("lazy pages: %s has no pagemap head", path)
-	}
-	head, ok := img.Entries[0].Message.(*pagemap.PagemapHead)
-	if !ok {
-		return 0, nil, fmt.Errorf("lazy pages: %s does not start with a pagemap head", path)
-	}
-	var out []pagemapEntry
-	for _, e := range img.Entries[1:] {
-		pe, ok := e.Message.(*pagemap.PagemapEntry)
-		if !ok {
-			return 0, nil, fmt.Errorf("lazy pages: %s holds a %T where a pagemap entry belongs", path, e.Message)
-		}
-		entry, err := resolveEntry(pe)
-		if err != nil {
-			return 0, nil, fmt.Errorf("lazy pages: %s: %w", path, err)
-		}
-		out = append(out, entry)
-	}
-	return head.GetPagesId(), out, nil
-}
-
-func resolveEntry(pe *pagemap.PagemapEntry) (pagemapEntry, error) {
-	e := pagemapEntry{vaddr: pe.GetVaddr(), pages: uint64(pe.GetNrPages()), flags: pe.GetFlags()}
-	switch {
-	case pe.GetInParent():
-		e.flags |= pageInParent
-	case pe.Flags == nil:
-		e.flags = pagePresent
-	}
-	n, found, err := unknownVarint(pe, pagemapNrPagesField)
-	if err != nil {
-		return e, fmt.Errorf("entry at %#x: %w", e.vaddr, err)
-	}
-	if found {
-		e.pages = n
-	}
-	return e, nil
-}
-
-// unknownVarint finds a varint field that m's generated type does not
-// declare.
-func unknownVarint(m proto.Message, field protowire.Number) (uint64, bool, error) {
-	b := m.ProtoReflect().GetUnknown()
-	var val uint64
-	found := false
-	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 {
-			return 0, false, protowire.ParseError(n)
-		}
-		b = b[n:]
-		if num == field && typ == protowire.VarintType {
-			v, n := protowire.ConsumeVarint(b)
-			if n < 0 {
-				return 0, false, protowire.ParseError(n)
-			}
-			val, found, b = v, true, b[n:]
-			continue
-		}
-		n = protowire.ConsumeFieldValue(num, typ, b)
-		if n < 0 {
-			return 0, false, protowire.ParseError(n)
-		}
-		b = b[n:]
-	}
-	return val, found, nil
+	return im.PagesID, im.Entries, nil
 }
 
 func readVMAs(path string) ([]*vma.VmaEntry, error) {

@@ -11,19 +11,16 @@ import (
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/pagemap"
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/pstree"
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/vma"
-	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/tclone/tclone/criuhooks/internal/imagetest"
+	"github.com/tclone/tclone/criuhooks/internal/pagemapimg"
 )
 
 // criu4Entry is a pagemap entry as CRIU 4.x writes it: the page count in
 // field 5, the old 32-bit field left 0.
 func criu4Entry(vaddr, pages uint64, flags uint32) *pagemap.PagemapEntry {
-	e := &pagemap.PagemapEntry{Vaddr: proto.Uint64(vaddr), NrPages: proto.Uint32(0), Flags: proto.Uint32(flags)}
-	b := protowire.AppendTag(nil, pagemapNrPagesField, protowire.VarintType)
-	e.ProtoReflect().SetUnknown(protowire.AppendVarint(b, pages))
-	return e
+	return pagemapimg.Message(pagemapimg.Entry{Vaddr: vaddr, Pages: pages, Flags: flags})
 }
 
 func vmaEntry(start, end uint64) *vma.VmaEntry {
@@ -108,18 +105,6 @@ func TestLazyDumpIsRefused(t *testing.T) {
 	defer im.Close()
 	if _, _, err := im.task(7); err == nil || !strings.Contains(err.Error(), "--lazy-pages") {
 		t.Fatalf("task of a lazy dump: %v", err)
-	}
-}
-
-func TestOldPagemapEntriesAreResolvedLikeCRIU(t *testing.T) {
-	old := &pagemap.PagemapEntry{Vaddr: proto.Uint64(0x1000), NrPages: proto.Uint32(3)}
-	e, err := resolveEntry(old)
-	if err != nil || e.pages != 3 || e.flags != pagePresent {
-		t.Fatalf("entry without flags = %+v, %v; want 3 present pages", e, err)
-	}
-	old.InParent = proto.Bool(true)
-	if e, _ := resolveEntry(old); e.flags&pageInParent == 0 || e.flags&pagePresent != 0 {
-		t.Fatalf("in_parent entry = %+v", e)
 	}
 }
 

@@ -21,6 +21,7 @@ import (
 	"github.com/containers/podman/v5/pkg/domain/entities/types"
 
 	"github.com/tclone/tclone/criuhooks"
+	"github.com/tclone/tclone/criuhooks/pagedelta"
 	"github.com/tclone/tclone/runtime/branch"
 	"github.com/tclone/tclone/runtime/branch/signing"
 	"github.com/tclone/tclone/runtime/calls"
@@ -99,6 +100,9 @@ type ImageExport struct {
 	Bytes int64 `json:"bytes"`
 	// RestoreFlags are what `podman container restore` of the image needs.
 	RestoreFlags []string `json:"restore_flags,omitempty"`
+	// Delta is set on an image written over a parent image
+	// (--parent-image): Bytes are then its own layer's.
+	Delta *DeltaStats `json:"delta,omitempty"`
 	// Notes say what the image does not carry.
 	Notes  []string `json:"notes,omitempty"`
 	TookMs float64  `json:"took_ms"`
@@ -109,8 +113,12 @@ type ImageExport struct {
 // Push it with podman push; restore it with stock podman container restore
 // (with the image's RestoreFlags), or import it as a branch with
 // ImportBranchImage. Only the branch's own files go into it: the image its
-// root filesystem sits on is named, not included.
-func (a *Agent) ExportBranchImage(ctx context.Context, ref, image string) (*ImageExport, error) {
+// root filesystem sits on is named, not included. With parentImage, a
+// full checkpoint image this host exported of an earlier branch of the same
+// container, the image is that one and a layer of what changed since (see
+// checkpointdelta.go), so that a registry holding the parent stores and
+// serves only the change.
+func (a *Agent) ExportBranchImage(ctx context.Context, ref, image, parentImage string) (*ImageExport, error) {
 	start := time.Now()
 	if image == "" {
 		return nil, podmanfork.WithKind(podmanfork.ErrInvalidOption, errors.New("--image needs an image name, for example localhost:5000/workspace:b1"))
@@ -132,6 +140,13 @@ func (a *Agent) ExportBranchImage(ctx context.Context, ref, image string) (*Imag
 	case b.Plan.Rootfs != nil && b.Plan.Rootfs.Kind != rootfs.KindOverlay:
 		return nil, podmanfork.WithKind(podmanfork.ErrInvalidOption, fmt.Errorf("branch %s captured a %s root filesystem: a checkpoint image carries changes over an image (an overlay root, as Podman's containers have)", b.Name, b.Plan.Rootfs.Kind))
 	}
+	var parent *imageParent
+	if parentImage != "" {
+		if parent, err = a.openImageParent(ctx, b, parentImage); err != nil {
+			return nil, err
+		}
+		defer parent.close()
+	}
 	tmp, err := calls.MkdirTemp(a.plans(), "tclone-fork-")
 	if err != nil {
 		return nil, err
@@ -146,6 +161,18 @@ func (a *Agent) ExportBranchImage(ctx context.Context, ref, image string) (*Imag
 	if err != nil {
 		return nil, fmt.Errorf("branch %s: %w", b.Name, err)
 	}
+	files, err := layerDigests(layer)
+	if err != nil {
+		return nil, err
+	}
+	from, labels := "scratch", []string{AnnotationBranch + "=" + b.ID}
+	if parent != nil {
+		if x.Delta, err = writeDelta(layer, tmp, parent, files); err != nil {
+			return nil, fmt.Errorf("branch %s over image %s: %w", b.Name, parent.name, err)
+		}
+		from = parent.id
+		labels = append(labels, AnnotationParentImage+"="+parent.id)
+	}
 	if x.Bytes, err = dirBytes(layer); err != nil {
 		return nil, err
 	}
@@ -154,7 +181,7 @@ func (a *Agent) ExportBranchImage(ctx context.Context, ref, image string) (*Imag
 		return nil, err
 	}
 	containerfile := filepath.Join(tmp, "Containerfile")
-	if err := os.WriteFile(containerfile, []byte("FROM scratch\nCOPY . /\n"), 0o600); err != nil {
+	if err := os.WriteFile(containerfile, []byte("FROM "+from+"\nCOPY . /\n"), 0o600); err != nil {
 		return nil, err
 	}
 	var buildLog strings.Builder
@@ -163,7 +190,7 @@ func (a *Agent) ExportBranchImage(ctx context.Context, ref, image string) (*Imag
 		Output:           image,
 		OutputFormat:     define.OCIv1ImageManifest,
 		Annotations:      annotations,
-		Labels:           []string{AnnotationBranch + "=" + b.ID},
+		Labels:           labels,
 		Out:              &buildLog,
 		Err:              &buildLog,
 		ReportWriter:     &buildLog,
@@ -173,6 +200,12 @@ func (a *Agent) ExportBranchImage(ctx context.Context, ref, image string) (*Imag
 		return nil, fmt.Errorf("building checkpoint image %s: %w: %s", image, err, strings.TrimSpace(buildLog.String()))
 	}
 	x.ID = report.ID
+	if parent == nil {
+		// What a later export writes a delta over.
+		if err := a.Branches().RecordImage(b, &branch.ImageRecord{ImageID: x.ID, Files: files}); err != nil {
+			x.Notes = append(x.Notes, fmt.Sprintf("this host could not record what the image holds (%v): it cannot be the --parent-image of a later export", err))
+		}
+	}
 	x.TookMs = ms(time.Since(start))
 	return x, nil
 }
@@ -476,6 +509,9 @@ func (a *Agent) ImportBranchImage(ctx context.Context, image string, opts podman
 	if err := unpackImage(ctx, image, tmp, layer); err != nil {
 		return nil, err
 	}
+	if err := assembleDelta(layer); err != nil {
+		return nil, podmanfork.WithKind(podmanfork.ErrInvalidOption, fmt.Errorf("image %s: its memory over its parent image's: %w", image, err))
+	}
 	meta := filepath.Join(layer, imageBranchDir)
 	if _, err := os.Stat(filepath.Join(meta, "branch.json")); err != nil {
 		return nil, podmanfork.WithKind(podmanfork.ErrInvalidOption, fmt.Errorf("image %s is no checkpoint image written by podman container branch export --image (it has no %s): if it is a checkpoint image of Podman's, restore it with podman container restore", image, imageBranchDir))
@@ -487,10 +523,20 @@ func (a *Agent) ImportBranchImage(ctx context.Context, image string, opts podman
 	return b, nil
 }
 
-// unpackImage extracts the one layer of image into layer (which must not
-// exist), through tmp. A checkpoint image has one layer of regular files;
-// anything else in it is refused.
+// unpackImage extracts the layer of image into layer (which must not
+// exist), through tmp: its one layer, or the union of the two of a delta
+// checkpoint image (labelled AnnotationParentImage). A checkpoint image has
+// regular files only, but for the links to its parent's pages images a
+// delta's CRIU images have (pagedelta); anything else in it is refused.
 func unpackImage(ctx context.Context, image, tmp, layer string) error {
+	data, err := images.GetImage(ctx, image, nil)
+	if err != nil {
+		return fmt.Errorf("reading image %s: %w", image, err)
+	}
+	want := 1
+	if data.Labels[AnnotationParentImage] != "" {
+		want = 2
+	}
 	saved := filepath.Join(tmp, "image.tar")
 	f, err := os.OpenFile(saved, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
@@ -529,30 +575,81 @@ func unpackImage(ctx context.Context, image, tmp, layer string) error {
 			layers[path.Clean(h.Name)] = [2]int64{off, h.Size}
 		}
 	}
-	if len(manifest) != 1 || len(manifest[0].Layers) != 1 {
+	if len(manifest) != 1 || len(manifest[0].Layers) != want {
 		n := 0
 		for _, m := range manifest {
 			n += len(m.Layers)
 		}
-		return podmanfork.WithKind(podmanfork.ErrInvalidOption, fmt.Errorf("image %s is no checkpoint image written by podman container branch export --image: it has %d layers, where those have one", image, n))
+		return podmanfork.WithKind(podmanfork.ErrInvalidOption, fmt.Errorf("image %s is no checkpoint image written by podman container branch export --image: it has %d layers, where those have %d", image, n, want))
 	}
-	at, ok := layers[path.Clean(manifest[0].Layers[0])]
-	if !ok {
-		return fmt.Errorf("image %s: its layer %s is missing", image, manifest[0].Layers[0])
+	for i, name := range manifest[0].Layers {
+		at, ok := layers[path.Clean(name)]
+		if !ok {
+			return fmt.Errorf("image %s: its layer %s is missing", image, name)
+		}
+		dst := layer
+		if i > 0 {
+			dst = fmt.Sprintf("%s.%d", layer, i)
+		}
+		if err := rootfs.LayerFromDiff(io.NewSectionReader(f, at[0], at[1]), nil, dst); err != nil {
+			return podmanfork.WithKind(podmanfork.ErrInvalidOption, fmt.Errorf("image %s: %w", image, err))
+		}
+		if err := checkLayerFiles(image, dst); err != nil {
+			return err
+		}
+		if i > 0 {
+			if err := mergeLayer(dst, layer); err != nil {
+				return fmt.Errorf("image %s: %w", image, err)
+			}
+		}
 	}
-	if err := rootfs.LayerFromDiff(io.NewSectionReader(f, at[0], at[1]), nil, layer); err != nil {
-		return podmanfork.WithKind(podmanfork.ErrInvalidOption, fmt.Errorf("image %s: %w", image, err))
-	}
-	// Only directories and regular files: a symlink would have the import
-	// read what it points to, outside the layer.
+	return nil
+}
+
+// checkLayerFiles refuses what no checkpoint image's layer holds: anything
+// but directories, regular files, and a delta's links to its parent's pages
+// images. A link of another kind would have the import read what it
+// points to, outside the layer.
+func checkLayerFiles(image, layer string) error {
 	return filepath.WalkDir(layer, func(p string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() || d.Type().IsRegular() {
+			return err
+		}
+		rel, _ := filepath.Rel(layer, p)
+		if d.Type()&os.ModeSymlink != 0 {
+			if target, err := os.Readlink(p); err == nil && pagedelta.CheckParentLink(checkpointDir, filepath.ToSlash(rel), target) {
+				return nil
+			}
+		}
+		return podmanfork.WithKind(podmanfork.ErrInvalidOption, fmt.Errorf("image %s holds %s, which is neither a directory nor a regular file: no checkpoint image does", image, rel))
+	})
+}
+
+// mergeLayer moves the files of layer top over those of lower: the union
+// of two layers that hold no whiteouts (a build's COPY writes none).
+func mergeLayer(top, lower string) error {
+	err := filepath.WalkDir(top, func(p string, d os.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
-		if !d.IsDir() && !d.Type().IsRegular() {
-			rel, _ := filepath.Rel(layer, p)
-			return podmanfork.WithKind(podmanfork.ErrInvalidOption, fmt.Errorf("image %s holds %s, which is neither a directory nor a regular file: no checkpoint image does", image, rel))
+		rel, err := filepath.Rel(top, p)
+		if err != nil || rel == "." {
+			return err
 		}
-		return nil
+		dst := filepath.Join(lower, rel)
+		if d.IsDir() {
+			if fi, err := os.Lstat(dst); err == nil && !fi.IsDir() {
+				return fmt.Errorf("%s is a directory in its top layer and a file below", rel)
+			}
+			return os.MkdirAll(dst, 0o700)
+		}
+		if fi, err := os.Lstat(dst); err == nil && fi.IsDir() {
+			return fmt.Errorf("%s is a file in its top layer and a directory below", rel)
+		}
+		return os.Rename(p, dst)
 	})
+	if err != nil {
+		return err
+	}
+	return os.RemoveAll(top)
 }

@@ -137,6 +137,7 @@ func TestBranchCheckpointImage(t *testing.T) {
 	t.Cleanup(func() { exec.Command("/usr/bin/podman", "rmi", "-f", image).Run() })
 	src, _, srcExec := startWorkloadSource(t, "cksrc", image, 32)
 	srcExec(t, "sh", "-c", "mkdir -p /var/tmp/workload; echo before > /var/tmp/workload/before; rm /etc/to-delete; echo changed > /etc/from-image; rm -r /opaque; mkdir /opaque; echo new > /opaque/new")
+	srcExec(t, "sh", "-c", "sleep 1000001 </dev/null >/dev/null 2>&1 & echo $! > /var/tmp/workload/sleeper")
 	at := workloadCmd(t, srcExec, "probe", "--hash")
 	branchOK(t, "create", "--file-locks", src, "b")
 	srcExec(t, "sh", "-c", "echo after > /var/tmp/workload/after")
@@ -157,6 +158,43 @@ func TestBranchCheckpointImage(t *testing.T) {
 		t.Errorf("the image's annotations: %+v", inspect)
 	}
 	podman(t, "push", "--tls-verify=false", ref)
+	var full struct{ Bytes int64 }
+	if err := json.Unmarshal([]byte(branchOK(t, "export", "--image", ref+"-again", "--format", "json", "b")), &full); err != nil || full.Bytes <= 0 {
+		t.Fatalf("export --format json: %v %+v", err, full)
+	}
+	podman(t, "rmi", ref+"-again")
+
+	// A later branch of the source, written as a layer over the first
+	// image: the memory pages and files that changed. A process that
+	// was there at the first branch has exited since.
+	srcExec(t, "sh", "-c", "kill $(cat /var/tmp/workload/sleeper)")
+	workloadCmd(t, srcExec, "mutate", "--tag", "second", "--mem")
+	at2 := workloadCmd(t, srcExec, "probe", "--hash")
+	branchOK(t, "create", "--file-locks", src, "b2")
+	ref2 := registry + "/" + uniqueName("ckpt") + ":b2"
+	t.Cleanup(func() { exec.Command("/usr/bin/podman", "rmi", "-f", ref2).Run() })
+	var delta struct {
+		Bytes int64
+		Delta *struct {
+			ParentImage   string `json:"parent_image"`
+			Pages         int64
+			PagesInParent int64 `json:"pages_in_parent"`
+			FilesInParent int   `json:"files_in_parent"`
+		}
+	}
+	if err := json.Unmarshal([]byte(branchOK(t, "export", "--image", ref2, "--parent-image", ref, "--format", "json", "b2")), &delta); err != nil || delta.Delta == nil {
+		t.Fatalf("export --parent-image --format json: %v %+v", err, delta)
+	}
+	d := delta.Delta
+	t.Logf("delta over %s: a layer of %d bytes (the full image's: %d), %d of %d pages and %d files left to the parent", d.ParentImage, delta.Bytes, full.Bytes, d.PagesInParent, d.Pages, d.FilesInParent)
+	if d.ParentImage != ref || d.Pages < 32<<20/4096 || d.PagesInParent < d.Pages*9/10 || d.FilesInParent == 0 || delta.Bytes > full.Bytes/4 {
+		t.Errorf("the delta leaves too little to its parent: %+v, %d bytes against the full image's %d", d, delta.Bytes, full.Bytes)
+	}
+	branchFails(t, "is itself a delta over image", "export", "--image", ref2+"x", "--parent-image", ref2, "b2")
+	branchFails(t, "is no checkpoint image written by podman container branch export --image", "export", "--image", ref2+"x", "--parent-image", image, "b2")
+	branchFails(t, "no such image on this host", "export", "--image", ref2+"x", "--parent-image", "localhost/no-such-image:1", "b2")
+	branchFails(t, "--parent-image goes with --image", "export", "--parent-image", ref, "b2", filepath.Join(t.TempDir(), "b2.tar"))
+	podman(t, "push", "--tls-verify=false", ref2)
 
 	// The other host restores it with stock Podman.
 	h := newOtherHost(t)
@@ -170,15 +208,30 @@ func TestBranchCheckpointImage(t *testing.T) {
 	if rt := h.podman(t, "inspect", "--format", "{{.OCIRuntime}}", restored); rt != "crun" {
 		t.Errorf("the other host restored it with runtime %q, want its default crun", rt)
 	}
+	h.podman(t, "pull", "--tls-verify=false", ref2)
+	restored2 := uniqueName("ckrest")
+	h.podman(t, "container", "restore", "--file-locks", "--name", restored2, ref2)
+	requireState(t, h.exec(restored2), "the delta image restored by stock Podman", at2)
+	if r := h.try(t, "exec", restored2, "ps"); r.code != 0 || strings.Contains(r.stdout, "sleep 1000001") {
+		t.Errorf("the delta image's restore has the process that exited before its branch (exit %d):\n%s", r.code, r.stdout)
+	}
+	h.podman(t, "rm", "-f", "-t", "0", restored2)
 
 	// This host, its branch store emptied, imports it from the registry.
 	branchStore(t)
+	podman(t, "rmi", ref2)
 	podman(t, "rmi", ref)
 	branchFails(t, "HTTP", "import", "--image", ref, "--name", "from-image")
 	branchOK(t, "import", "--image", ref, "--tls-verify=false", "--name", "from-image")
 	started := name(t, "ckstart")
 	branchOK(t, "start", "--name", started, "from-image")
 	requireState(t, execIn(started), "started from the imported branch", at)
+	branchOK(t, "import", "--image", ref2, "--tls-verify=false", "--name", "from-delta")
+	started2 := name(t, "ckstart")
+	branchOK(t, "start", "--name", started2, "from-delta")
+	requireState(t, execIn(started2), "started from the imported delta image", at2)
+	podman(t, "rm", "-f", "-v", "-t", "0", started2)
+	branchOK(t, "rm", "from-delta")
 	if l := branchList(t); len(l) != 1 || l[0].Name != "from-image" {
 		t.Errorf("branches after the import: %+v", l)
 	}

@@ -151,9 +151,17 @@ restore needs; they are also printed), or import it as a branch there with
 podman container branch import --image IMAGE. The image holds the branch's
 processes, memory, root filesystem changes, /dev/shm and copied volumes;
 the image the container ran from must be on the restoring host, or
-pullable by its name.`,
+pullable by its name.
+
+With --parent-image PARENT, a checkpoint image this host exported (without
+--parent-image) from an earlier branch of the same container, the new image
+is PARENT plus one layer holding only what changed since: the memory pages
+that differ, and the files that do. A registry that has PARENT stores and
+serves only that layer; stock podman container restore and branch import
+read the image as a whole, as any other.`,
 				Flags: []cli.Flag{
 					&cli.StringFlag{Name: "image", Usage: "write a checkpoint image of this name instead of a file"},
+					&cli.StringFlag{Name: "parent-image", Usage: "with --image: write only what changed since this checkpoint image, exported here from an earlier branch of the same container, as a layer over it"},
 					&cli.StringFlag{Name: "format", Usage: "with --image: json prints what was written (image, ID, layer size, restore flags, notes, time) as JSON"},
 					debug},
 				Action: branchExport,
@@ -439,6 +447,9 @@ func branchExport(c *cli.Context) error {
 	if c.IsSet("image") {
 		return branchExportImage(c)
 	}
+	if c.IsSet("parent-image") {
+		return fmt.Errorf("--parent-image goes with --image: a delta is a layer over a checkpoint image; see --help")
+	}
 	if c.NArg() != 2 {
 		return fmt.Errorf("podman container branch export takes a branch NAME and a FILE; see --help")
 	}
@@ -459,7 +470,7 @@ func branchExportImage(c *cli.Context) error {
 		return err
 	}
 	defer stop()
-	x, err := agentOf(c).ExportBranchImage(ctx, c.Args().First(), c.String("image"))
+	x, err := agentOf(c).ExportBranchImage(ctx, c.Args().First(), c.String("image"), c.String("parent-image"))
 	if err != nil {
 		return err
 	}
@@ -468,6 +479,10 @@ func branchExportImage(c *cli.Context) error {
 	}
 	for _, n := range x.Notes {
 		fmt.Fprintf(os.Stderr, "note: %s\n", n)
+	}
+	if d := x.Delta; d != nil {
+		fmt.Fprintf(os.Stderr, "a layer of %s over image %s: %d of %d memory pages and %d files left to it\n",
+			humanBytes(x.Bytes), d.ParentImage, d.PagesInParent, d.Pages, d.FilesInParent)
 	}
 	fmt.Fprintf(os.Stderr, "restore it with: podman container restore %s\n", strings.Join(append(x.RestoreFlags, x.Image), " "))
 	_, err = fmt.Println(x.ID)
