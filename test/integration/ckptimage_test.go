@@ -135,7 +135,7 @@ func TestBranchCheckpointImage(t *testing.T) {
 	podman(t, "cp", workloadBin(), base+":/workload")
 	podman(t, "commit", "-q", base, image)
 	t.Cleanup(func() { exec.Command("/usr/bin/podman", "rmi", "-f", image).Run() })
-	src, _, srcExec := startWorkloadSource(t, "cksrc", image, 32)
+	src, vol, srcExec := startWorkloadSource(t, "cksrc", image, 32)
 	srcExec(t, "sh", "-c", "mkdir -p /var/tmp/workload; echo before > /var/tmp/workload/before; rm /etc/to-delete; echo changed > /etc/from-image; rm -r /opaque; mkdir /opaque; echo new > /opaque/new")
 	srcExec(t, "sh", "-c", "sleep 1000001 </dev/null >/dev/null 2>&1 & echo $! > /var/tmp/workload/sleeper")
 	at := workloadCmd(t, srcExec, "probe", "--hash")
@@ -167,7 +167,7 @@ func TestBranchCheckpointImage(t *testing.T) {
 	// A later branch of the source, written as a layer over the first
 	// image: the memory pages and files that changed. A process that
 	// was there at the first branch has exited since.
-	srcExec(t, "sh", "-c", "kill $(cat /var/tmp/workload/sleeper)")
+	srcExec(t, "sh", "-c", "kill $(cat /var/tmp/workload/sleeper); rm /var/tmp/workload/after")
 	workloadCmd(t, srcExec, "mutate", "--tag", "second", "--mem")
 	at2 := workloadCmd(t, srcExec, "probe", "--hash")
 	branchOK(t, "create", "--file-locks", src, "b2")
@@ -208,6 +208,9 @@ func TestBranchCheckpointImage(t *testing.T) {
 	if rt := h.podman(t, "inspect", "--format", "{{.OCIRuntime}}", restored); rt != "crun" {
 		t.Errorf("the other host restored it with runtime %q, want its default crun", rt)
 	}
+	// The second restore brings the volume back with the delta's copy.
+	h.podman(t, "rm", "-f", "-t", "0", restored)
+	h.podman(t, "volume", "rm", vol)
 	h.podman(t, "pull", "--tls-verify=false", ref2)
 	restored2 := uniqueName("ckrest")
 	h.podman(t, "container", "restore", "--file-locks", "--name", restored2, ref2)

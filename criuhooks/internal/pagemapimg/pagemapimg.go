@@ -24,6 +24,11 @@ const (
 // PageSize is the size of the pages a pagemap counts.
 const PageSize = 4096
 
+// maxAddr bounds the addresses a pagemap may describe (57-bit virtual
+// addresses, x86-64's widest), so that no count read from an image
+// overflows.
+const maxAddr = 1 << 57
+
 // NrPagesField is pagemap_entry.nr_pages, the 64-bit page count CRIU 4.x
 // writes instead of the old 32-bit field 2 (compat_nr_pages), which it
 // leaves 0. go-criu v7 only knows field 2, so field 5 is read from, and
@@ -73,6 +78,9 @@ func Read(path string) (*Image, error) {
 		entry, err := Resolve(pe)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", path, err)
+		}
+		if entry.Vaddr > maxAddr || entry.Pages > (maxAddr-entry.Vaddr)/PageSize {
+			return nil, fmt.Errorf("%s: an entry of %d pages at %#x leaves the address space", path, entry.Pages, entry.Vaddr)
 		}
 		out.Entries = append(out.Entries, entry)
 	}

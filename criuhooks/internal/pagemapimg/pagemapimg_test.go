@@ -42,6 +42,13 @@ func TestWriteReadsBack(t *testing.T) {
 	if err := Write(path, want); err == nil {
 		t.Fatal("Write replaced an existing image")
 	}
+	huge := filepath.Join(filepath.Dir(path), "pagemap-8.img")
+	if err := Write(huge, &Image{PagesID: 1, Entries: []Entry{{Vaddr: 0x1000, Pages: 1 << 52, Flags: Present}}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Read(huge); err == nil {
+		t.Fatal("an entry past the address space was read")
+	}
 	if e := want.Entries[0]; e.End() != 0x2000 {
 		t.Fatalf("End of %+v = %#x", e, e.End())
 	}
