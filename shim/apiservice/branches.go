@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/url"
 	"regexp"
+	"strconv"
 	"time"
 
 	"github.com/sirupsen/logrus"
@@ -26,7 +28,9 @@ import (
 //	DELETE /libpod/branches/{branch}                               rm
 //	POST   /libpod/branches/prune?keep-last=N&older-than=D&yes=true prune
 //	GET    /libpod/branches/{branch}/export                        export (the archive)
+//	POST   /libpod/branches/{branch}/export?image=I&parent-image=P export --image (a checkpoint image)
 //	POST   /libpod/branches/import?name=N&trust=KEY&insecure-unsigned=true
+//	POST   /libpod/branches/import?image=I&tls-verify=false&name=N  import --image
 //	                                                               import (the archive as body)
 var (
 	branchCreatePath = regexp.MustCompile(`^(?:/v\d[\d.]*)?/libpod/containers/([^/]+)/branches$`)
@@ -77,17 +81,42 @@ func (s *Service) routeBranches(w http.ResponseWriter, r *http.Request) bool {
 			return store.Prune(rule, time.Now(), yes)
 		})
 	case ref == "import" && verb == "" && r.Method == http.MethodPost:
-		opts, err := podmanflags.ImportFromQuery(r.URL.Query())
+		q := r.URL.Query()
+		image, skipTLS, err := imageQuery(q, "tls-verify")
+		var opts podmanfork.ImportOptions
+		if err == nil {
+			opts, err = podmanflags.ImportFromQuery(q)
+		}
 		if err != nil {
 			writeError(w, http.StatusBadRequest, err)
 			break
 		}
+		opts.SkipTLSVerify = skipTLS
 		s.long(w, r, "import of a branch", func(ctx context.Context) (any, error) {
 			conn, err := s.connect(ctx)
 			if err != nil {
 				return nil, err
 			}
+			if image != "" {
+				return s.agent.ImportBranchImage(conn, image, opts)
+			}
 			return s.agent.ImportBranchFrom(conn, r.Body, "the request's body", opts)
+		})
+	case verb == "export" && r.Method == http.MethodPost:
+		q := r.URL.Query()
+		image, parent := q.Get("image"), q.Get("parent-image")
+		q.Del("image")
+		q.Del("parent-image")
+		if image == "" || len(q) > 0 {
+			writeError(w, http.StatusBadRequest, errors.New("POST .../export writes a checkpoint image: give ?image=NAME, and ?parent-image=IMAGE for a delta over it (GET .../export sends the archive)"))
+			break
+		}
+		s.long(w, r, "checkpoint image of branch "+ref, func(ctx context.Context) (any, error) {
+			conn, err := s.connect(ctx)
+			if err != nil {
+				return nil, err
+			}
+			return s.agent.ExportBranchImage(conn, ref, image, parent)
 		})
 	case verb == "export":
 		if !allow(w, r, http.MethodGet) {
@@ -144,6 +173,22 @@ func (s *Service) routeBranches(w http.ResponseWriter, r *http.Request) bool {
 		}
 	}
 	return true
+}
+
+// imageQuery takes an import's image parameters out of q: the image, and
+// whether tlsParam (true by default) asks to pull it without TLS checks.
+func imageQuery(q url.Values, tlsParam string) (image string, skipTLS bool, err error) {
+	image = q.Get("image")
+	q.Del("image")
+	if v := q.Get(tlsParam); v != "" {
+		verify, perr := strconv.ParseBool(v)
+		if perr != nil || image == "" {
+			return "", false, fmt.Errorf("%s=%q: give true or false, with image=NAME", tlsParam, v)
+		}
+		skipTLS = !verify
+	}
+	q.Del(tlsParam)
+	return image, skipTLS, nil
 }
 
 // allow answers 405 unless r is a method.

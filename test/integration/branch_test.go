@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/tclone/tclone/runtime/branch"
+	"github.com/tclone/tclone/shim/hostagent"
 	"github.com/tclone/tclone/shim/podmanfork"
 )
 
@@ -502,6 +503,29 @@ func TestRESTBranches(t *testing.T) {
 		t.Errorf("import of garbage: %d, want 400", status)
 	}
 	expect("DELETE", base+"/rb-imp", 200)
+
+	// Checkpoint images through the service: a full one, a delta over it,
+	// and the delta imported as a branch.
+	full, delta := "localhost/"+uniqueName("rbimg")+":rb", "localhost/"+uniqueName("rbimg")+":rb2"
+	t.Cleanup(func() { exec.Command("/usr/bin/podman", "rmi", "-f", delta, full).Run() })
+	var x hostagent.ImageExport
+	json.Unmarshal([]byte(expect("POST", base+"/rb/export?image="+full, 200)), &x)
+	if x.ID == "" || x.Bytes <= 0 || x.Delta != nil {
+		t.Fatalf("export of a full image: %+v", x)
+	}
+	x = hostagent.ImageExport{}
+	json.Unmarshal([]byte(expect("POST", base+"/rb/export?image="+delta+"&parent-image="+full, 200)), &x)
+	if x.Delta == nil || x.Delta.Pages == 0 || x.Delta.PagesInParent != x.Delta.Pages {
+		t.Fatalf("export of a delta of the same branch over its own image: %+v", x)
+	}
+	expect("POST", base+"/rb/export", 400)
+	expect("POST", base+"/rb/export?image="+delta+"x&parent-image=localhost/no-such-image:1", 400)
+	expect("POST", base+"/nope/export?image="+delta+"x", 404)
+	expect("POST", base+"/import?image="+delta+"&tls-verify=maybe", 400)
+	if body := expect("POST", base+"/import?image="+delta+"&name=rb-img", 200); !strings.Contains(body, `"rb-img"`) {
+		t.Fatalf("import of the delta image: %s", body)
+	}
+	expect("DELETE", base+"/rb-img", 200)
 
 	expect("POST", base+"/prune", 400)
 	if body := expect("POST", base+"/prune?keep-last=0", 200); !strings.Contains(body, `"rb"`) || len(branchList(t)) != 1 {
