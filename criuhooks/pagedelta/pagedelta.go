@@ -11,8 +11,8 @@
 // "../pages-<id>.img": the layout of a checkpoint image layer over the
 // parent's layer, where the union holds the parent's pages images beside
 // the delta's (which get ids of their own, so that none hides one of the
-// parent's). Stock CRIU restores such a directory as it is; Assemble writes
-// a task's full pages image back from it.
+// parent's). Stock CRIU restores such a directory as it is; AssembleAll
+// writes the tasks' full pages images back from it.
 package pagedelta
 
 import (
@@ -120,7 +120,61 @@ func Delta(dir, parent string) (*Stats, error) {
 			return nil, err
 		}
 	}
+	// A pages image left in dir under one of the parent's names would
+	// hide the parent's in the union.
+	left, err := pagesImages(dir)
+	if err != nil {
+		return nil, err
+	}
+	for id, name := range left {
+		if parentIDs[id] {
+			return nil, fmt.Errorf("%s holds %s, which no pagemap of its names, under a name of its parent's: move it out first (Unreferenced)", dir, name)
+		}
+	}
 	return st, writeParent(dir, parent, parentMaps)
+}
+
+// Unreferenced lists the pages images of the images directory dir that none
+// of its pagemaps names (a drained capture leaves CRIU's own ones behind).
+func Unreferenced(dir string) ([]string, error) {
+	all, err := pagesImages(dir)
+	if err != nil {
+		return nil, err
+	}
+	maps, err := pagemaps(dir, anyPagemapRE)
+	if err != nil {
+		return nil, err
+	}
+	for _, name := range maps {
+		im, err := pagemapimg.Read(filepath.Join(dir, name))
+		if err != nil {
+			return nil, err
+		}
+		delete(all, im.PagesID)
+	}
+	var out []string
+	for _, name := range all {
+		out = append(out, name)
+	}
+	slices.Sort(out)
+	return out, nil
+}
+
+// pagesImages are the pages images of dir, by id.
+func pagesImages(dir string) (map[uint32]string, error) {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	out := map[uint32]string{}
+	for _, e := range ents {
+		if m := pagesRE.FindStringSubmatch(e.Name()); m != nil {
+			if id, err := strconv.ParseUint(m[1], 10, 32); err == nil {
+				out[uint32(id)] = e.Name()
+			}
+		}
+	}
+	return out, nil
 }
 
 // deltaOf writes the delta pages image of pagemap name (im) as pages image
@@ -160,10 +214,6 @@ func deltaOf(dir, parent, name string, im, base *pagemapimg.Image, id uint32, st
 	}
 	var off uint64
 	for _, e := range im.Entries {
-		if e.Flags&pagemapimg.Present == 0 {
-			add(e)
-			continue
-		}
 		for p := uint64(0); p < e.Pages; p++ {
 			page := cur[off : off+pageSize]
 			off += pageSize
@@ -172,7 +222,10 @@ func deltaOf(dir, parent, name string, im, base *pagemapimg.Image, id uint32, st
 			if at != nil {
 				if o, ok := at.find(vaddr); ok && bytes.Equal(old[o:o+pageSize], page) {
 					st.InParent++
-					add(pagemapimg.Entry{Vaddr: vaddr, Pages: 1, Flags: e.Flags&^pagemapimg.Present | pagemapimg.InParent})
+					// As CRIU marks a page of its parent's: PE_PARENT
+					// alone (its lazy-pages daemon cannot serve a lazy
+					// one from a parent).
+					add(pagemapimg.Entry{Vaddr: vaddr, Pages: 1, Flags: pagemapimg.InParent})
 					continue
 				}
 			}
@@ -219,29 +272,49 @@ func CheckParentLink(images, rel, target string) bool {
 	return ok && pagesRE.MatchString(name) && target == "../"+name
 }
 
-// Assemble writes to out the full pages image of pagemap name in the delta
-// images directory dir: each page from dir's pages image where the pagemap
-// has it present, else from dir/parent (as CRIU's restore reads it). The
-// bytes are those of the pages image the dump had before Delta. out must not
-// exist.
-func Assemble(dir, name, out string) error {
+// AssembleAll writes into kept the full pages image of each pagemap kept
+// there (a task's own, as its dump wrote it), from the pagemap of the same
+// name in the delta images directory dir: each page from dir's pages image
+// where that pagemap has it present, else from dir/parent, as CRIU's
+// restore reads it. The bytes are those of the pages image the dump had
+// before Delta. Each of the parent's pages images serves one pagemap at
+// most, and each page at most once (pagemapimg.Read refuses overlapping
+// entries): what is written is never more than what dir holds, whatever
+// an untrusted image's pagemaps say.
+func AssembleAll(dir, kept string) error {
+	maps, err := pagemaps(kept, anyPagemapRE)
+	if err != nil {
+		return err
+	}
+	used := map[uint32]bool{}
+	for _, name := range maps {
+		orig, err := pagemapimg.Read(filepath.Join(kept, name))
+		if err != nil {
+			return fmt.Errorf("the dump's own %s: %w", name, err)
+		}
+		if err := assemble(dir, name, filepath.Join(kept, pagesName(orig.PagesID)), used); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func assemble(dir, name, out string, used map[uint32]bool) error {
 	im, err := pagemapimg.Read(filepath.Join(dir, name))
 	if err != nil {
 		return err
 	}
-	var own int64
 	var fromParent bool
 	for _, e := range im.Entries {
 		switch {
 		case e.Flags&pagemapimg.Present != 0:
-			own += int64(e.Pages) * pageSize
 		case e.Flags&pagemapimg.InParent != 0:
 			fromParent = true
 		default:
 			return fmt.Errorf("%s: the pages at %#x are neither present nor in the parent", name, e.Vaddr)
 		}
 	}
-	cur, err := mapFile(pagesPath(dir, im.PagesID), own)
+	cur, err := mapFile(pagesPath(dir, im.PagesID), pagesBytes(im))
 	if err != nil {
 		return err
 	}
@@ -254,6 +327,10 @@ func Assemble(dir, name, out string) error {
 		if err != nil {
 			return fmt.Errorf("its parent: %w", err)
 		}
+		if used[base.PagesID] {
+			return fmt.Errorf("its parent's %s serves another pagemap too", pagesName(base.PagesID))
+		}
+		used[base.PagesID] = true
 		if old, err = mapFile(pagesPath(pdir, base.PagesID), pagesBytes(base)); err != nil {
 			return fmt.Errorf("its parent: %w", err)
 		}
@@ -290,15 +367,6 @@ func Assemble(dir, name, out string) error {
 		return err
 	}
 	return f.Close()
-}
-
-// OriginalPagesName is the pages image name a pagemap image names.
-func OriginalPagesName(pagemapPath string) (string, error) {
-	im, err := pagemapimg.Read(pagemapPath)
-	if err != nil {
-		return "", err
-	}
-	return pagesName(im.PagesID), nil
 }
 
 // Pagemaps lists the pagemap images of dir (tasks' and shared memory's).
@@ -343,8 +411,8 @@ func readFull(path string) (*pagemapimg.Image, error) {
 		if e.Flags&pagemapimg.InParent != 0 {
 			return nil, fmt.Errorf("%s has pages in a parent dump: it is a delta, not a full dump", path)
 		}
-		if e.Flags&pagemapimg.Lazy != 0 && e.Flags&pagemapimg.Present == 0 {
-			return nil, fmt.Errorf("%s has lazy pages that are not in its pages image", path)
+		if e.Flags&pagemapimg.Present == 0 {
+			return nil, fmt.Errorf("%s has pages at %#x that are not in its pages image", path, e.Vaddr)
 		}
 	}
 	return im, nil

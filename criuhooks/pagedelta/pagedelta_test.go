@@ -58,7 +58,7 @@ func TestDeltaKeepsOnlyChangedPagesAndAssemblesBack(t *testing.T) {
 		}
 		return 1
 	}
-	e7 := []pagemapimg.Entry{present(0x10000, 8), present(0x50000, 1), {Vaddr: 0x60000, Pages: 2, Flags: pagemapimg.Lazy | pagemapimg.Present}}
+	e7 := []pagemapimg.Entry{{Vaddr: 0x10000, Pages: 8, Flags: pagemapimg.Lazy | pagemapimg.Present}, present(0x50000, 1), {Vaddr: 0x60000, Pages: 2, Flags: pagemapimg.Lazy | pagemapimg.Present}}
 	dump(t, dir, "pagemap-7.img", 1, e7, changed)
 	dump(t, dir, "pagemap-8.img", 2, []pagemapimg.Entry{present(0x10000, 3)}, func(uint64) int { return 1 })
 	dump(t, dir, "pagemap-shmem-5.img", 3, []pagemapimg.Entry{present(0, 4)}, func(uint64) int { return 1 })
@@ -71,6 +71,10 @@ func TestDeltaKeepsOnlyChangedPagesAndAssemblesBack(t *testing.T) {
 		originals[pagesName(id)] = data
 	}
 
+	ownMaps := map[string][]byte{}
+	for _, name := range []string{"pagemap-7.img", "pagemap-8.img", "pagemap-shmem-5.img"} {
+		ownMaps[name], _ = os.ReadFile(filepath.Join(dir, name))
+	}
 	st, err := Delta(dir, parent)
 	if err != nil {
 		t.Fatal(err)
@@ -85,9 +89,10 @@ func TestDeltaKeepsOnlyChangedPagesAndAssemblesBack(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// A lazy page of the parent's is PE_PARENT alone, as CRIU marks it.
 	want := []pagemapimg.Entry{
 		{Vaddr: 0x10000, Pages: 2, Flags: pagemapimg.InParent},
-		present(0x12000, 2),
+		{Vaddr: 0x12000, Pages: 2, Flags: pagemapimg.Lazy | pagemapimg.Present},
 		{Vaddr: 0x14000, Pages: 4, Flags: pagemapimg.InParent},
 		present(0x50000, 1),
 		{Vaddr: 0x60000, Pages: 2, Flags: pagemapimg.Lazy | pagemapimg.Present},
@@ -130,15 +135,63 @@ func TestDeltaKeepsOnlyChangedPagesAndAssemblesBack(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	for name, orig := range map[string]string{"pagemap-7.img": pagesName(1), "pagemap-8.img": pagesName(2), "pagemap-shmem-5.img": pagesName(3)} {
-		out := filepath.Join(t.TempDir(), orig)
-		if err := Assemble(dir, name, out); err != nil {
-			t.Fatalf("Assemble %s: %v", name, err)
+	kept := t.TempDir()
+	for name, data := range ownMaps {
+		os.WriteFile(filepath.Join(kept, name), data, 0o600)
+	}
+	if err := AssembleAll(dir, kept); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []uint32{1, 2, 3} {
+		got, _ := os.ReadFile(pagesPath(kept, id))
+		if !bytes.Equal(got, originals[pagesName(id)]) {
+			t.Fatalf("%s assembled to %d bytes that differ from the dump's %d", pagesName(id), len(got), len(originals[pagesName(id)]))
 		}
-		got, _ := os.ReadFile(out)
-		if !bytes.Equal(got, originals[orig]) {
-			t.Fatalf("%s assembled to %d bytes that differ from the dump's %d", name, len(got), len(originals[orig]))
+	}
+}
+
+// A drained capture keeps CRIU's first pages images, which no pagemap
+// names: under a name of the parent's, one would hide the parent's.
+func TestDeltaRefusesAPagesImageThatWouldHideTheParents(t *testing.T) {
+	parent, dir := t.TempDir(), t.TempDir()
+	dump(t, parent, "pagemap-7.img", 1, []pagemapimg.Entry{present(0x10000, 2)}, func(uint64) int { return 1 })
+	dump(t, dir, "pagemap-7.img", 1<<30|7, []pagemapimg.Entry{present(0x10000, 2)}, func(uint64) int { return 1 })
+	os.WriteFile(pagesPath(dir, 1), page(0x10000, 0), 0o600)
+	if left, err := Unreferenced(dir); err != nil || len(left) != 1 || left[0] != pagesName(1) {
+		t.Fatalf("Unreferenced: %v, %v", left, err)
+	}
+	if _, err := Delta(dir, parent); err == nil || !strings.Contains(err.Error(), "under a name of its parent's") {
+		t.Fatalf("Delta with a stale pages-1.img: %v", err)
+	}
+	os.RemoveAll(filepath.Join(dir, ParentDir))
+	dir2 := t.TempDir()
+	dump(t, dir2, "pagemap-7.img", 1<<30|7, []pagemapimg.Entry{present(0x10000, 2)}, func(uint64) int { return 1 })
+	if st, err := Delta(dir2, parent); err != nil || st.InParent != 2 {
+		t.Fatalf("Delta without it: %+v, %v", st, err)
+	}
+}
+
+// An untrusted delta cannot make the assembly write more than its images
+// hold: a parent pages image serves one pagemap at most.
+func TestAssembleAllRefusesAParentServingTwice(t *testing.T) {
+	dir, kept := t.TempDir(), t.TempDir()
+	pdir := filepath.Join(dir, ParentDir)
+	os.Mkdir(pdir, 0o700)
+	dump(t, pdir, "pagemap-7.img", 1, []pagemapimg.Entry{present(0x10000, 4)}, func(uint64) int { return 1 })
+	dump(t, pdir, "pagemap-8.img", 1, []pagemapimg.Entry{present(0x10000, 4)}, func(uint64) int { return 1 })
+	for i, name := range []string{"pagemap-7.img", "pagemap-8.img"} {
+		im := &pagemapimg.Image{PagesID: uint32(deltaIDBase + 1 + i), Entries: []pagemapimg.Entry{{Vaddr: 0x10000, Pages: 4, Flags: pagemapimg.InParent}}}
+		if err := pagemapimg.Write(filepath.Join(dir, name), im); err != nil {
+			t.Fatal(err)
 		}
+		os.WriteFile(pagesPath(dir, im.PagesID), nil, 0o600)
+		im.PagesID = uint32(10 + i)
+		if err := pagemapimg.Write(filepath.Join(kept, name), im); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := AssembleAll(dir, kept); err == nil || !strings.Contains(err.Error(), "serves another pagemap too") {
+		t.Fatalf("two pagemaps over one parent pages image: %v", err)
 	}
 }
 

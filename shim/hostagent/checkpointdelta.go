@@ -34,7 +34,12 @@ import (
 //     (criuhooks/pagedelta);
 //   - a file of the parent's layer that the branch does not have is
 //     hidden by an empty stand-in (a CRIU image with no entries, an empty
-//     tar or list), since a layer written by a build cannot delete;
+//     tar or list), since a layer written by a build cannot delete. A
+//     stand-in is a file, not a missing one: where the branch's images
+//     name an optional image its dump left out for having nothing to say,
+//     CRIU reads no entries from the stand-in, as from a missing one,
+//     instead of the parent's; a raw image (a tar) is never left out of a
+//     dump that names it;
 //   - a file the branch has with the parent's exact bytes is left to the
 //     parent's layer.
 //
@@ -191,10 +196,21 @@ func writeDelta(layer, scratch string, p *imageParent, files map[string]string) 
 		}
 	}
 	// tclone's import reads the branch's own pagemaps; CRIU reads the
-	// delta's.
+	// delta's. Pages images no pagemap names (a drained capture's first
+	// ones) move there too: under CRIU's numbering, they would hide the
+	// parent's of the same name in the union.
 	kept := filepath.Join(layer, imagePlanDir, "images")
 	for _, name := range maps {
 		if err := copyRegular(filepath.Join(images, name), filepath.Join(kept, name)); err != nil {
+			return nil, err
+		}
+	}
+	unused, err := pagedelta.Unreferenced(images)
+	if err != nil {
+		return nil, err
+	}
+	for _, name := range unused {
+		if err := os.Rename(filepath.Join(images, name), filepath.Join(kept, name)); err != nil {
 			return nil, err
 		}
 	}
@@ -269,19 +285,5 @@ func assembleDelta(layer string) error {
 	if _, err := os.Lstat(filepath.Join(images, pagedelta.ParentDir)); errors.Is(err, os.ErrNotExist) {
 		return nil
 	}
-	kept := filepath.Join(layer, imagePlanDir, "images")
-	maps, err := pagedelta.Pagemaps(kept)
-	if err != nil {
-		return err
-	}
-	for _, name := range maps {
-		pages, err := pagedelta.OriginalPagesName(filepath.Join(kept, name))
-		if err != nil {
-			return fmt.Errorf("the branch's own %s: %w", name, err)
-		}
-		if err := pagedelta.Assemble(images, name, filepath.Join(kept, pages)); err != nil {
-			return err
-		}
-	}
-	return nil
+	return pagedelta.AssembleAll(images, filepath.Join(layer, imagePlanDir, "images"))
 }

@@ -29,6 +29,9 @@ const PageSize = 4096
 // overflows.
 const maxAddr = 1 << 57
 
+// maxImageBytes bounds a pagemap image's file (some 20 bytes an entry).
+const maxImageBytes = 256 << 20
+
 // NrPagesField is pagemap_entry.nr_pages, the 64-bit page count CRIU 4.x
 // writes instead of the old 32-bit field 2 (compat_nr_pages), which it
 // leaves 0. go-criu v7 only knows field 2, so field 5 is read from, and
@@ -58,6 +61,11 @@ func Read(path string) (*Image, error) {
 		return nil, err
 	}
 	defer f.Close()
+	if fi, err := f.Stat(); err != nil {
+		return nil, err
+	} else if fi.Size() > maxImageBytes {
+		return nil, fmt.Errorf("%s holds %d bytes: no pagemap is that large", path, fi.Size())
+	}
 	img, err := crit.New(f, nil, "", false, false).Decode(&pagemap.PagemapEntry{})
 	if err != nil {
 		return nil, fmt.Errorf("decode %s: %w", path, err)
@@ -81,6 +89,15 @@ func Read(path string) (*Image, error) {
 		}
 		if entry.Vaddr > maxAddr || entry.Pages > (maxAddr-entry.Vaddr)/PageSize {
 			return nil, fmt.Errorf("%s: an entry of %d pages at %#x leaves the address space", path, entry.Pages, entry.Vaddr)
+		}
+		if entry.Vaddr%PageSize != 0 {
+			return nil, fmt.Errorf("%s: an entry at %#x is not page-aligned", path, entry.Vaddr)
+		}
+		// CRIU writes entries in address order, apart: so are the
+		// offsets of their pages in the pages image, and no image
+		// names a page twice.
+		if n := len(out.Entries); n > 0 && entry.Vaddr < out.Entries[n-1].End() {
+			return nil, fmt.Errorf("%s: the entry at %#x overlaps or precedes the one before it, at %#x", path, entry.Vaddr, out.Entries[n-1].Vaddr)
 		}
 		out.Entries = append(out.Entries, entry)
 	}

@@ -1,6 +1,7 @@
 package pagemapimg
 
 import (
+	"fmt"
 	"path/filepath"
 	"reflect"
 	"testing"
@@ -48,6 +49,20 @@ func TestWriteReadsBack(t *testing.T) {
 	}
 	if _, err := Read(huge); err == nil {
 		t.Fatal("an entry past the address space was read")
+	}
+	for i, entries := range [][]Entry{
+		{{Vaddr: 0x3000, Pages: 1, Flags: Present}, {Vaddr: 0x1000, Pages: 1, Flags: Present}},   // out of order
+		{{Vaddr: 0x1000, Pages: 4, Flags: Present}, {Vaddr: 0x3000, Pages: 1, Flags: InParent}},  // overlapping
+		{{Vaddr: 0x1000, Pages: 1, Flags: InParent}, {Vaddr: 0x1000, Pages: 1, Flags: InParent}}, // the same twice
+		{{Vaddr: 0x1001, Pages: 1, Flags: Present}},                                              // not page-aligned
+	} {
+		bad := filepath.Join(filepath.Dir(path), fmt.Sprintf("pagemap-bad-%d.img", i))
+		if err := Write(bad, &Image{PagesID: 1, Entries: entries}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := Read(bad); err == nil {
+			t.Errorf("entries %+v were read", entries)
+		}
 	}
 	if e := want.Entries[0]; e.End() != 0x2000 {
 		t.Fatalf("End of %+v = %#x", e, e.End())
