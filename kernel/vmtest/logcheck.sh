@@ -51,3 +51,16 @@ vcp_selection_missing() {
 		exit !missing
 	}' "$2"
 }
+
+# vcp_recap V CONSOLE RECAP: after a failed run of kernel V, each Go stage's
+# failed tests with the last lines they logged (RECAP: hack/test-recap.sh),
+# so that the end of the output says which test failed and why, however
+# much of the middle a reader (or CI's summary) leaves out.
+vcp_recap() {
+	local stage out
+	for stage in criu stack; do
+		out=$(sed -n "s/^  $stage: //p" "$2" | "$3" /dev/stdin)
+		[ -n "$out" ] && printf '%s\n' "$out" | sed "/^\$/d; s/^/kernel-test: [$1] $stage: /"
+	done
+	return 0
+}

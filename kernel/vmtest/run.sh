@@ -346,19 +346,6 @@ run_one() {
 	log "$v: PASS in ${took}s ($accel)"
 }
 
-# recap V CONSOLE: after a failed run, each Go stage's failed tests with
-# the last lines they logged (hack/test-recap.sh), so that the end of the
-# output says which test failed and why, however much of the middle a
-# reader (or CI's summary) leaves out.
-recap() {
-	local v=$1 console=$2 stage out
-	for stage in criu stack; do
-		out=$(sed -n "s/^  $stage: //p" "$console" | "$top/hack/test-recap.sh" /dev/stdin)
-		[ -n "$out" ] && printf '%s\n' "$out" | sed "/^$/d; s/^/kernel-test: [$v] $stage: /"
-	done
-	return 0
-}
-
 failed=0 recaps=
 for v in $KVERS; do
 	if ! run_one "$v"; then
@@ -367,7 +354,7 @@ for v in $KVERS; do
 	fi
 done
 for v in $recaps; do
-	recap "$v" "$build/$v/console.log.txt"
+	vcp_recap "$v" "$build/$v/console.log.txt" "$top/hack/test-recap.sh"
 done
 total=$(echo $KVERS | wc -w)
 echo "kernel-test: $((total - failed)) passed, $failed failed"

@@ -6,7 +6,8 @@
 #   ok-*       nothing missing: the stage passes;
 #   missing-*  exactly the listed alternatives: the stage fails.
 # With busybox on the host, the check also runs under busybox's sh and awk,
-# as in the guest. Exits non-zero on any output judged otherwise.
+# as in the guest. Then vcp_recap, which ends a failed kernel-test, on a
+# made-up failed stack stage. Exits non-zero on any output judged otherwise.
 #
 #   kernel/vmtest/selection-test.sh [OUTPUT...]
 set -euo pipefail
@@ -53,5 +54,24 @@ for f in "${outputs[@]}"; do
 	done
 done
 [ "$n" -gt 0 ] || { echo "selection-test: no outputs" >&2; exit 1; }
+
+# A failed run's recap (vcp_recap) names the stack stage's failed test and
+# what it logged, and nothing of the stages that passed.
+console=$(mktemp)
+trap 'rm -f "$console"' EXIT
+printf '%s\n' "  criu: === RUN   TestCRIUCowRestore" "  criu: --- PASS: TestCRIUCowRestore (1.00s)" \
+	"  stack: === RUN   TestBundleForkCowKilled" "  stack:     cow_test.go:300: sibling died: boom" \
+	"  stack: --- FAIL: TestBundleForkCowKilled (9.87s)" "  stack: FAIL" >"$console"
+got=$(vcp_recap 7.3.4 "$console" "$here/../../hack/test-recap.sh")
+want="kernel-test: [7.3.4] stack: 1 failed tests, with the last lines each logged (up to 12):
+kernel-test: [7.3.4] stack: --- TestBundleForkCowKilled
+kernel-test: [7.3.4] stack:     cow_test.go:300: sibling died: boom"
+n=$((n + 1))
+if [ "$got" = "$want" ]; then
+	echo "ok   recap of a failed stack stage"
+else
+	echo "FAIL recap of a failed stack stage: got [$got]" >&2
+	bad=$((bad + 1))
+fi
 echo "selection-test: $((n - bad)) of $n checks as named"
 [ "$bad" = 0 ]

@@ -82,7 +82,7 @@ func (s *Service) routeBranches(w http.ResponseWriter, r *http.Request) bool {
 		})
 	case ref == "import" && verb == "" && r.Method == http.MethodPost:
 		q := r.URL.Query()
-		image, skipTLS, err := imageQuery(q, "tls-verify")
+		image, skipTLS, err := imageQuery(q)
 		var opts podmanfork.ImportOptions
 		if err == nil {
 			opts, err = podmanflags.ImportFromQuery(q)
@@ -176,18 +176,18 @@ func (s *Service) routeBranches(w http.ResponseWriter, r *http.Request) bool {
 }
 
 // imageQuery takes an import's image parameters out of q: the image, and
-// whether tlsParam (true by default) asks to pull it without TLS checks.
-func imageQuery(q url.Values, tlsParam string) (image string, skipTLS bool, err error) {
+// whether tls-verify=false asks to pull it without TLS checks.
+func imageQuery(q url.Values) (image string, skipTLS bool, err error) {
 	image = q.Get("image")
-	q.Del("image")
-	if v := q.Get(tlsParam); v != "" {
+	if v := q.Get("tls-verify"); v != "" {
 		verify, perr := strconv.ParseBool(v)
 		if perr != nil || image == "" {
-			return "", false, fmt.Errorf("%s=%q: give true or false, with image=NAME", tlsParam, v)
+			return "", false, fmt.Errorf("tls-verify=%q: give true or false, with image=NAME", v)
 		}
 		skipTLS = !verify
 	}
-	q.Del(tlsParam)
+	q.Del("image")
+	q.Del("tls-verify")
 	return image, skipTLS, nil
 }
 

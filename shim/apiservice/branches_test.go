@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -54,5 +55,23 @@ func TestBranchNamedLikeAnEndpoint(t *testing.T) {
 	}
 	if infos, _ := store.List(); len(infos) != 0 {
 		t.Errorf("left: %+v", infos)
+	}
+}
+
+// An import's image parameters are taken out of the query before the
+// import's own flags read it; tls-verify goes with image only.
+func TestImageQuery(t *testing.T) {
+	q := url.Values{"image": {"localhost:5000/ws:b"}, "tls-verify": {"false"}, "name": {"b"}}
+	image, skip, err := imageQuery(q)
+	if err != nil || image != "localhost:5000/ws:b" || !skip || len(q) != 1 || q.Get("name") != "b" {
+		t.Fatalf("imageQuery: %q %v %v, left %v", image, skip, err, q)
+	}
+	if _, skip, err := imageQuery(url.Values{"image": {"i"}}); err != nil || skip {
+		t.Fatalf("without tls-verify: %v %v", skip, err)
+	}
+	for _, bad := range []url.Values{{"tls-verify": {"false"}}, {"image": {"i"}, "tls-verify": {"maybe"}}} {
+		if _, _, err := imageQuery(bad); err == nil {
+			t.Errorf("imageQuery(%v) took it", bad)
+		}
 	}
 }
