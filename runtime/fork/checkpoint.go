@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/sirupsen/logrus"
 	"golang.org/x/sys/unix"
 
 	"github.com/tclone/tclone/runtime/internal/copyfile"
@@ -62,6 +63,11 @@ func (e *Engine) checkpointForIntent(ctx context.Context, intent *plan.Intent, i
 			err = fmt.Errorf("%w (%w)", err, cause)
 		}
 		return nil, err
+	}
+	// The client may start on what needs only the plan while this
+	// checkpoint's caller finishes its own work.
+	if err := e.Store.MarkIntentReleased(intent); err != nil {
+		logrus.Warnf("telling the fork client of %s that its capture is done: %v", id, err)
 	}
 	if err := writeCheckpointDir(c, imagePath, workPath); err != nil {
 		e.Store.Remove(c.Dir)

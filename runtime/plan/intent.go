@@ -33,9 +33,12 @@ type Intent struct {
 	// Fork is the fork asked for, normalized by the client.
 	Fork forkopts.Fork `json:"fork"`
 	// CallerPaused says that the caller of the checkpoint pauses the source
-	// around it and resumes it after: containerd's CRI checkpoint does. The
-	// capture then takes the source frozen and leaves it frozen; a paused
-	// source is refused otherwise.
+	// around it and resumes it after: containerd's CRI checkpoint does. A
+	// paused source is refused otherwise. The caller's pause is this
+	// fork's own (ClaimCallerPause), which tclone's pause verb does not
+	// freeze: the capture holds the source for its instant, as it holds a
+	// running one; a source frozen all the same (its pause was claimed by
+	// another call) is captured frozen and left frozen.
 	CallerPaused bool `json:"caller_paused,omitempty"`
 	// Client is the process that asked for the fork, by PID and start time
 	// (WriteIntent records the caller). The plan's uses are held for it:
@@ -91,9 +94,81 @@ func (s Store) TakeIntent(containerID string) (*Intent, error) {
 	return &in, nil
 }
 
+// ClaimCallerPause takes, for the caller of a fork's checkpoint that pauses
+// the source around it (Intent.CallerPaused: containerd's CRI checkpoint),
+// the one pause of the container's intent: it reports true once per intent,
+// for its first pause. That pause needs no freeze: the fork's capture holds
+// the source itself, for less time than the caller's pause would last (the
+// caller keeps its pause until it has archived the container's filesystem,
+// which a fork's plan holds already). Any other pause, or one with no such
+// intent, is an ordinary one.
+func (s Store) ClaimCallerPause(containerID string) (bool, error) {
+	var in Intent
+	err := atomicfile.ReadJSON(s.intentPath(containerID), &in)
+	if errors.Is(err, os.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil || in.ContainerID != containerID || !in.CallerPaused || time.Now().After(in.ExpiresAt) {
+		return false, err
+	}
+	path, err := s.pauseClaimPath(containerID, in.Nonce)
+	if err != nil {
+		return false, err
+	}
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if errors.Is(err, os.ErrExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("claiming the pause of the fork of %s: %w", containerID, err)
+	}
+	return true, f.Close()
+}
+
+func (s Store) pauseClaimPath(containerID, nonce string) (string, error) {
+	return s.intentFile(containerID, nonce, ".pause")
+}
+
+// intentFile is the file of suffix that goes with the intent of this nonce
+// (its result, cancellation, pause claim or release).
+func (s Store) intentFile(containerID, nonce, suffix string) (string, error) {
+	path, err := s.intentResultPath(containerID, nonce)
+	return strings.TrimSuffix(path, ".result.json") + suffix, err
+}
+
+// MarkIntentReleased tells the client of intent that its capture is done:
+// the source runs on and the plan is written, while the caller of the
+// checkpoint may still be at work (containerd archives the container's
+// filesystem before its call returns). The client can start what does not
+// depend on the caller's answer: a Kubernetes fork makes its sibling pods.
+func (s Store) MarkIntentReleased(in *Intent) error {
+	path, err := s.intentFile(in.ContainerID, in.Nonce, ".released")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, nil, 0o600)
+}
+
+// IntentReleased reports whether the capture of the intent with this nonce
+// is done (MarkIntentReleased).
+func (s Store) IntentReleased(containerID, nonce string) bool {
+	path, err := s.intentFile(containerID, nonce, ".released")
+	if err != nil {
+		return false
+	}
+	_, err = os.Stat(path)
+	return err == nil
+}
+
 // RemoveIntent withdraws an intent that was not consumed, if it is still the
-// one with this nonce (another fork may have replaced it).
+// one with this nonce (another fork may have replaced it), and what went
+// with it: the claim on its caller's pause, the mark of its release.
 func (s Store) RemoveIntent(containerID, nonce string) error {
+	for _, suffix := range []string{".pause", ".released"} {
+		if path, err := s.intentFile(containerID, nonce, suffix); err == nil {
+			os.Remove(path)
+		}
+	}
 	path := s.intentPath(containerID)
 	var in Intent
 	err := atomicfile.ReadJSON(path, &in)
@@ -162,12 +237,15 @@ func (s Store) TakeIntentResult(containerID, nonce string) (string, error) {
 	return r.Error, nil
 }
 
-// removeStaleResults removes results and cancellations older than
-// IntentTTL, and results whose client has died.
+// removeStaleResults removes results, cancellations, pause claims and
+// releases older than IntentTTL, and results whose client has died.
 func (s Store) removeStaleResults() {
-	results, _ := filepath.Glob(filepath.Join(s.IntentsDir(), "*.result.json"))
-	cancels, _ := filepath.Glob(filepath.Join(s.IntentsDir(), "*.cancel"))
-	for _, path := range append(results, cancels...) {
+	var paths []string
+	for _, suffix := range []string{".result.json", ".cancel", ".pause", ".released"} {
+		m, _ := filepath.Glob(filepath.Join(s.IntentsDir(), "*"+suffix))
+		paths = append(paths, m...)
+	}
+	for _, path := range paths {
 		if st, err := os.Stat(path); err == nil && time.Since(st.ModTime()) > IntentTTL {
 			os.Remove(path)
 			continue
@@ -180,8 +258,7 @@ func (s Store) removeStaleResults() {
 }
 
 func (s Store) intentCancelPath(containerID, nonce string) (string, error) {
-	path, err := s.intentResultPath(containerID, nonce)
-	return strings.TrimSuffix(path, ".result.json") + ".cancel", err
+	return s.intentFile(containerID, nonce, ".cancel")
 }
 
 // CancelIntent tells the capture of the intent with this nonce that its

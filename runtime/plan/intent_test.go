@@ -91,3 +91,79 @@ func TestCollectIntentsKeepsOnlyWantedOnes(t *testing.T) {
 		t.Error("the result for a live client was removed")
 	}
 }
+
+// The pause of a fork's checkpoint caller is claimed once per intent, only
+// for an intent whose caller pauses (containerd's); the claim and the mark
+// of the capture's release go with the intent's removal or, left behind,
+// once they are stale.
+func TestClaimCallerPause(t *testing.T) {
+	s := testStore(t)
+	claim := func(id string) bool {
+		t.Helper()
+		ok, err := s.ClaimCallerPause(id)
+		if err != nil {
+			t.Fatalf("claiming the pause of %s: %v", id, err)
+		}
+		return ok
+	}
+	if claim("none") {
+		t.Error("a pause claimed with no intent")
+	}
+	for _, in := range []Intent{
+		{ContainerID: "cri", Nonce: "a", CallerPaused: true},
+		{ContainerID: "podman", Nonce: "b"},
+		{ContainerID: "expired", Nonce: "c", CallerPaused: true, ExpiresAt: time.Now().Add(-time.Second)},
+	} {
+		if err := s.WriteIntent(in); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !claim("cri") {
+		t.Fatal("the first pause of a caller-paused intent was not the fork's")
+	}
+	if claim("cri") {
+		t.Error("a second pause of the same intent was the fork's too (it must freeze)")
+	}
+	if claim("podman") || claim("expired") {
+		t.Error("a pause claimed for an intent whose caller does not pause, or an expired one")
+	}
+	// A later intent of the same container has a pause of its own.
+	if err := s.WriteIntent(Intent{ContainerID: "cri", Nonce: "d", CallerPaused: true}); err != nil {
+		t.Fatal(err)
+	}
+	if !claim("cri") {
+		t.Error("a later intent's pause was not claimed")
+	}
+	// The capture tells its client it is done.
+	if s.IntentReleased("cri", "a") {
+		t.Error("an intent released before its capture said so")
+	}
+	if err := s.MarkIntentReleased(&Intent{ContainerID: "cri", Nonce: "a"}); err != nil {
+		t.Fatal(err)
+	}
+	if !s.IntentReleased("cri", "a") || s.IntentReleased("cri", "d") {
+		t.Error("the release of one intent's capture is not its own")
+	}
+	if err := s.RemoveIntent("cri", "a"); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"cri.a.pause", "cri.a.released"} {
+		if _, err := os.Stat(filepath.Join(s.IntentsDir(), f)); !os.IsNotExist(err) {
+			t.Errorf("%s of a removed intent is left: %v", f, err)
+		}
+	}
+	// The intent taken by its checkpoint, and its client killed before it
+	// removed it: the claim goes once stale.
+	if in, err := s.TakeIntent("cri"); err != nil || in == nil || in.Nonce != "d" {
+		t.Fatalf("taking the intent: %+v, %v", in, err)
+	}
+	left := filepath.Join(s.IntentsDir(), "cri.d.pause")
+	old := time.Now().Add(-2 * IntentTTL)
+	os.Chtimes(left, old, old)
+	if _, err := s.CollectIntents(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(left); !os.IsNotExist(err) {
+		t.Errorf("a stale claim is left: %v", err)
+	}
+}

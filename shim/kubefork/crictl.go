@@ -132,11 +132,16 @@ type containerItem struct {
 	State string `json:"state"`
 }
 
+// containers lists the containers of pod (of every pod when empty).
 func (c crictl) containers(ctx context.Context, pod string) ([]containerItem, error) {
 	var out struct {
 		Containers []containerItem `json:"containers"`
 	}
-	return out.Containers, c.json(ctx, &out, "ps", "-a", "-o", "json", "--pod", pod)
+	args := []string{"ps", "-a", "-o", "json"}
+	if pod != "" {
+		args = append(args, "--pod", pod)
+	}
+	return out.Containers, c.json(ctx, &out, args...)
 }
 
 // podInspect is what `crictl inspectp` gives of a pod: the configuration

@@ -23,7 +23,10 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sirupsen/logrus"
@@ -58,14 +61,18 @@ type Options struct {
 
 // Pod is a source or sibling pod and its forked container.
 type Pod struct {
-	Name        string  `json:"name"`
-	Namespace   string  `json:"namespace"`
-	PodID       string  `json:"pod_id"`
-	Container   string  `json:"container"`
-	ContainerID string  `json:"container_id"`
-	Hostname    string  `json:"hostname,omitempty"`
-	IP          string  `json:"ip,omitempty"`
-	RestoreMs   float64 `json:"restore_ms,omitempty"`
+	Name        string `json:"name"`
+	Namespace   string `json:"namespace"`
+	PodID       string `json:"pod_id"`
+	Container   string `json:"container"`
+	ContainerID string `json:"container_id"`
+	Hostname    string `json:"hostname,omitempty"`
+	IP          string `json:"ip,omitempty"`
+	// RestoreMs is the sibling pod's run, and its container's restore
+	// and start (not the wait between them, for the checkpoint's end).
+	RestoreMs float64 `json:"restore_ms,omitempty"`
+	// uid and podFile are a sibling pod's, for its container's restore.
+	uid, podFile string
 }
 
 // Result is a fork done: the source, the siblings, and where time went.
@@ -120,10 +127,15 @@ type forker struct {
 	src   Pod
 	// srcPod and srcCtr are the source's CRI configurations.
 	srcPod, srcCtr map[string]any
-	handler        string
-	planDir        string
-	made           []Pod
-	res            Result
+	// pods are the namespace's pods when the source was found.
+	pods    []podItem
+	handler string
+	planDir string
+	// made are the sibling pods made so far, in order; a pod maker adds
+	// to them while the checkpoint's caller finishes (podMaker).
+	mu   sync.Mutex
+	made []*Pod
+	res  Result
 	// record is this call's, for a collector to undo it should this
 	// process die (calls.Collect, run by the next fork and tclone gc).
 	record *calls.Call
@@ -145,7 +157,7 @@ func Fork(ctx context.Context, target string, opts Options) (*Result, error) {
 	if err := f.findSource(ctx, target); err != nil {
 		return nil, err
 	}
-	names, err := f.names(ctx)
+	names, err := f.names()
 	if err != nil {
 		return nil, err
 	}
@@ -165,23 +177,84 @@ func Fork(ctx context.Context, target string, opts Options) (*Result, error) {
 	if err := f.record.End(); err != nil {
 		return nil, errors.Join(fmt.Errorf("closing the record of this fork call: %w", err), f.rollback())
 	}
-	f.res.Source, f.res.Call, f.res.Siblings = f.src, f.call, f.made
+	f.res.Source, f.res.Call = f.src, f.call
+	for _, p := range f.made {
+		f.res.Siblings = append(f.res.Siblings, *p)
+	}
 	f.res.TotalMs = ms(time.Since(f.start))
 	return &f.res, nil
 }
 
-// run checkpoints the source and makes the siblings.
+// run checkpoints the source and makes the siblings. Their pods are made
+// as soon as the capture has let the source go, while containerd finishes
+// its checkpoint call (it archives the container's filesystem, which the
+// plan holds already); their containers are restored once the call is
+// over and its archive written.
 func (f *forker) run(ctx context.Context, names []string) error {
-	archive, err := f.checkpoint(ctx)
+	pods := &podMaker{f: f, ctx: ctx, names: names, out: make(chan podMade, len(names)), done: make(chan struct{})}
+	// Whatever happens, no pod is being made once run returns: the
+	// rollback must see them all.
+	defer pods.wait()
+	archive, err := f.checkpoint(ctx, pods.start)
 	if err != nil {
 		return err
 	}
-	for _, n := range names {
-		if err := f.makeSibling(ctx, n, archive); err != nil {
+	pods.start()
+	for range names {
+		made := <-pods.out
+		if made.err != nil {
+			return made.err
+		}
+		if err := f.restoreInto(ctx, made.pod, archive); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// podMaker makes the siblings' pods, one after the other, from when start
+// is first called.
+type podMaker struct {
+	f     *forker
+	ctx   context.Context
+	names []string
+	once  sync.Once
+	out   chan podMade
+	done  chan struct{}
+	// stop ends the making after the pod under way.
+	stop atomic.Bool
+}
+
+type podMade struct {
+	pod *Pod
+	err error
+}
+
+func (m *podMaker) start() {
+	m.once.Do(func() {
+		go func() {
+			defer close(m.done)
+			for _, n := range m.names {
+				if m.stop.Load() {
+					return
+				}
+				p, err := m.f.makePod(m.ctx, n)
+				m.out <- podMade{p, err}
+				if err != nil {
+					return
+				}
+			}
+		}()
+	})
+}
+
+// wait stops the making and returns once no pod is being made (at once if
+// none was started). A pod under way is made: a crictl cut short could
+// leave containerd making it after the rollback looked.
+func (m *podMaker) wait() {
+	m.stop.Store(true)
+	m.once.Do(func() { close(m.done) })
+	<-m.done
 }
 
 // findSource resolves target to a running container of a ready pod that
@@ -191,10 +264,19 @@ func (f *forker) findSource(ctx context.Context, target string) error {
 	if podName == "" {
 		return fmt.Errorf("no pod given: fork POD/CONTAINER (or POD, for a pod with one container)")
 	}
+	// The node's containers are listed with its pods, at once.
+	var ctrs []containerItem
+	listed := make(chan error, 1)
+	go func() {
+		var err error
+		ctrs, err = f.cri.containers(ctx, "")
+		listed <- err
+	}()
 	pods, err := f.cri.pods(ctx, f.opts.Namespace)
-	if err != nil {
+	if err := errors.Join(err, <-listed); err != nil {
 		return err
 	}
+	f.pods = pods
 	var pod *podItem
 	for i := range pods {
 		p := &pods[i]
@@ -205,13 +287,9 @@ func (f *forker) findSource(ctx context.Context, target string) error {
 	if pod == nil {
 		return fmt.Errorf("no ready pod %s in namespace %s on this node (crictl pods --namespace %s lists them)", podName, f.opts.Namespace, f.opts.Namespace)
 	}
-	ctrs, err := f.cri.containers(ctx, pod.ID)
-	if err != nil {
-		return err
-	}
 	var running []containerItem
 	for _, c := range ctrs {
-		if c.State == "CONTAINER_RUNNING" && (ctrName == "" || c.Metadata.Name == ctrName) {
+		if c.PodSandboxID == pod.ID && c.State == "CONTAINER_RUNNING" && (ctrName == "" || c.Metadata.Name == ctrName) {
 			running = append(running, c)
 		}
 	}
@@ -224,17 +302,13 @@ func (f *forker) findSource(ctx context.Context, target string) error {
 		return fmt.Errorf("pod %s runs %d containers: name the one to fork, %s/CONTAINER", podName, len(running), podName)
 	}
 	ctr := running[0]
-	var ci containerInspect
-	if err := f.cri.json(ctx, &ci, "inspect", "-o", "json", ctr.ID); err != nil {
+	ci, pi, err := f.inspect(ctx, ctr.ID, pod.ID)
+	if err != nil {
 		return err
 	}
 	if bin := ci.Info.RuntimeOptions.BinaryName; ci.Info.RuntimeType != "io.containerd.runc.v2" || filepath.Base(bin) != "tclone" {
 		return fmt.Errorf("container %s/%s is not run by tclone (runtime %s, binary %q): run its pod with a RuntimeClass whose handler is tclone (docs/kubernetes.md)",
 			podName, ctr.Metadata.Name, ci.Info.RuntimeType, bin)
-	}
-	var pi podInspect
-	if err := f.cri.json(ctx, &pi, "inspectp", "-o", "json", pod.ID); err != nil {
-		return err
 	}
 	if ci.Info.Config == nil || pi.Info.Config == nil {
 		return fmt.Errorf("the CRI runtime gives no configuration of pod %s (crictl inspectp): a fork needs it to make sibling pods", podName)
@@ -246,14 +320,25 @@ func (f *forker) findSource(ctx context.Context, target string) error {
 	return nil
 }
 
-// names picks the siblings' pod names, refusing a taken one.
-func (f *forker) names(ctx context.Context) ([]string, error) {
-	pods, err := f.cri.pods(ctx, f.opts.Namespace)
-	if err != nil {
-		return nil, err
+// inspect reads a container's and its pod's CRI status and configuration,
+// both at once.
+func (f *forker) inspect(ctx context.Context, ctrID, podID string) (*containerInspect, *podInspect, error) {
+	var ci containerInspect
+	var pi podInspect
+	podErr := make(chan error, 1)
+	go func() { podErr <- f.cri.json(ctx, &pi, "inspectp", "-o", "json", podID) }()
+	err := f.cri.json(ctx, &ci, "inspect", "-o", "json", ctrID)
+	if err := errors.Join(err, <-podErr); err != nil {
+		return nil, nil, err
 	}
+	return &ci, &pi, nil
+}
+
+// names picks the siblings' pod names, refusing one the namespace's pods
+// had taken when the source was found.
+func (f *forker) names() ([]string, error) {
 	taken := map[string]bool{}
-	for _, p := range pods {
+	for _, p := range f.pods {
 		taken[p.Metadata.Name] = true
 	}
 	names, err := siblingNames(f.src.Name, f.opts.Name, f.opts.Count, taken)
@@ -269,10 +354,12 @@ func (f *forker) names(ctx context.Context) ([]string, error) {
 }
 
 // checkpoint leaves tclone a fork request for the source container and
-// has the CRI checkpoint it (containerd pauses it, has tclone capture a
-// fork plan, resumes it, and archives the checkpoint directory, which
-// refers to the plan). It returns the archive siblings are restored from.
-func (f *forker) checkpoint(ctx context.Context) (string, error) {
+// has the CRI checkpoint it (containerd pauses it, which tclone leaves to
+// its capture, has tclone capture a fork plan, resumes it, and archives
+// the checkpoint directory, which refers to the plan). It calls released
+// once tclone's capture is done, and returns the archive siblings are
+// restored from.
+func (f *forker) checkpoint(ctx context.Context, released func()) (string, error) {
 	id := f.src.ContainerID
 	intent := plan.Intent{ContainerID: id, Nonce: f.call, Fork: f.opts.Fork, CallerPaused: true}
 	unlock, err := f.opts.Store.LockIntents(id)
@@ -298,7 +385,15 @@ func (f *forker) checkpoint(ctx context.Context) (string, error) {
 	})
 	timeout := f.opts.Fork.CaptureTimeout + 10*time.Minute
 	began := time.Now()
+	ended := make(chan struct{})
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		f.watchRelease(id, intent.Nonce, ended, released)
+	}()
 	_, err = f.cri.runToEnd("--timeout", timeout.String(), "checkpoint", "--export", exported, id)
+	close(ended)
+	<-watched
 	f.res.CheckpointMs = ms(time.Since(began))
 	if !stop() {
 		<-cancelled
@@ -331,30 +426,46 @@ func (f *forker) checkpoint(ctx context.Context) (string, error) {
 	return archive, nil
 }
 
-// makeSibling makes one sibling pod and restores the source container into
-// it from the archive.
-func (f *forker) makeSibling(ctx context.Context, name, archive string) error {
+// releasePoll is how often a checkpoint looks whether tclone's capture is
+// done.
+const releasePoll = 5 * time.Millisecond
+
+// watchRelease calls released once tclone has marked the capture of the
+// intent with this nonce done (plan.Store.MarkIntentReleased), unless ended
+// is closed first.
+func (f *forker) watchRelease(id, nonce string, ended <-chan struct{}, released func()) {
+	tick := time.NewTicker(releasePoll)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ended:
+			return
+		case <-tick.C:
+			if f.opts.Store.IntentReleased(id, nonce) {
+				released()
+				return
+			}
+		}
+	}
+}
+
+// makePod makes the sibling pod name, whose container restoreInto
+// restores.
+func (f *forker) makePod(ctx context.Context, name string) (*Pod, error) {
 	b := make([]byte, 16)
 	rand.Read(b)
 	sib := sibling{name: name, uid: hex.EncodeToString(b)}
 	podCfg, err := siblingPodConfig(f.srcPod, sib, f.src.ContainerID, f.call)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	ctrCfg, err := siblingContainerConfig(f.srcCtr, archive, sib, f.src.ContainerID, f.call)
-	if err != nil {
-		return err
-	}
-	podFile, ctrFile := filepath.Join(f.work, name+"-pod.json"), filepath.Join(f.work, name+"-container.json")
+	podFile := filepath.Join(f.work, name+"-pod.json")
 	if err := writeJSON(podFile, podCfg); err != nil {
-		return err
-	}
-	if err := writeJSON(ctrFile, ctrCfg); err != nil {
-		return err
+		return nil, err
 	}
 	if dir, _ := podCfg["log_directory"].(string); dir != "" {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
-			return fmt.Errorf("the sibling's log directory: %w", err)
+			return nil, fmt.Errorf("the sibling's log directory: %w", err)
 		}
 	}
 	ctx, cancel := context.WithTimeout(ctx, f.opts.ReadyTimeout)
@@ -366,33 +477,55 @@ func (f *forker) makeSibling(ctx context.Context, name, archive string) error {
 	}
 	out, err := f.cri.run(ctx, append(runp, podFile)...)
 	if err != nil {
-		return fmt.Errorf("sibling pod %s: %w", name, err)
+		return nil, fmt.Errorf("sibling pod %s: %w", name, err)
 	}
-	p := Pod{Name: name, Namespace: f.opts.Namespace, PodID: strings.TrimSpace(string(out)), Container: f.src.Container, Hostname: name}
+	p := &Pod{Name: name, Namespace: f.opts.Namespace, PodID: strings.TrimSpace(string(out)), Container: f.src.Container, Hostname: name,
+		RestoreMs: ms(time.Since(began)), uid: sib.uid, podFile: podFile}
+	f.mu.Lock()
 	f.made = append(f.made, p)
+	f.mu.Unlock()
 	if err := f.record.Update(func(r *calls.Record) { r.Siblings = append(r.Siblings, p.PodID) }); err != nil {
+		return nil, err
+	}
+	// Its address is the pod's from now on (the CRI's network plugin
+	// gave it one as it made the pod).
+	var pi podInspect
+	if err := f.cri.json(ctx, &pi, "inspectp", "-o", "json", p.PodID); err != nil {
+		return nil, err
+	}
+	p.IP = pi.Status.Network.IP
+	return p, nil
+}
+
+// restoreInto restores the source container into its sibling pod p from
+// the archive, and starts it.
+func (f *forker) restoreInto(ctx context.Context, p *Pod, archive string) error {
+	ctrCfg, err := siblingContainerConfig(f.srcCtr, archive, sibling{name: p.Name, uid: p.uid}, f.src.ContainerID, f.call)
+	if err != nil {
 		return err
 	}
-	me := &f.made[len(f.made)-1]
-	out, err = f.cri.run(ctx, "create", me.PodID, ctrFile, podFile)
+	ctrFile := filepath.Join(f.work, p.Name+"-container.json")
+	if err := writeJSON(ctrFile, ctrCfg); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, f.opts.ReadyTimeout)
+	defer cancel()
+	began := time.Now()
+	out, err := f.cri.run(ctx, "create", p.PodID, ctrFile, p.podFile)
 	if err != nil {
-		return fmt.Errorf("sibling pod %s: restoring its container: %w", name, err)
+		return fmt.Errorf("sibling pod %s: restoring its container: %w", p.Name, err)
 	}
-	me.ContainerID = strings.TrimSpace(string(out))
-	if _, err := f.cri.run(ctx, "start", me.ContainerID); err != nil {
-		return fmt.Errorf("sibling pod %s: starting its restored container: %w", name, err)
+	p.ContainerID = strings.TrimSpace(string(out))
+	if _, err := f.cri.run(ctx, "start", p.ContainerID); err != nil {
+		return fmt.Errorf("sibling pod %s: starting its restored container: %w", p.Name, err)
 	}
-	me.RestoreMs = ms(time.Since(began))
+	p.RestoreMs += ms(time.Since(began))
 	var ci containerInspect
-	if err := f.cri.json(ctx, &ci, "inspect", "-o", "json", me.ContainerID); err != nil {
+	if err := f.cri.json(ctx, &ci, "inspect", "-o", "json", p.ContainerID); err != nil {
 		return err
 	}
 	if ci.Status.State != "CONTAINER_RUNNING" {
-		return fmt.Errorf("sibling pod %s: its container is %s after its restore", name, ci.Status.State)
-	}
-	var pi podInspect
-	if err := f.cri.json(ctx, &pi, "inspectp", "-o", "json", me.PodID); err == nil {
-		me.IP = pi.Status.Network.IP
+		return fmt.Errorf("sibling pod %s: its container is %s after its restore", p.Name, ci.Status.State)
 	}
 	return nil
 }
@@ -404,7 +537,10 @@ func (f *forker) rollback() error {
 	defer cancel()
 	var errs []error
 	ids := map[string]bool{}
-	for _, p := range f.made {
+	f.mu.Lock()
+	made := slices.Clone(f.made)
+	f.mu.Unlock()
+	for _, p := range made {
 		ids[p.PodID] = true
 	}
 	var labelled struct {

@@ -53,6 +53,7 @@ type Tools struct {
 	Criu       string
 	Unshare    string
 	Holder     string // static holder binary, mounted into containers
+	Crictl     string // cri-tools' crictl, found when the CRI forks run
 }
 
 func (t Tools) podman(ctx context.Context, args ...string) (string, time.Duration, error) {

@@ -72,6 +72,10 @@ type Config struct {
 	ProxyReps        int
 	BranchMemMiB     int
 	BranchReps       int
+	CRIMemMiB        int
+	CRIReps          int
+	CRIEndpoint      string
+	CRIImage         string
 	ThroughputMemMiB int
 	ThroughputReps   int
 	ThroughputWindow time.Duration
@@ -150,6 +154,10 @@ func run() int {
 	flag.DurationVar(&cfg.KSMWindow, "ksm-window", 60*time.Second, "how long the --memory ksm sibling is watched")
 	flag.IntVar(&cfg.BranchMemMiB, "branch-mem", 1024, "memory of the durable branches' source, MiB (0: skip them)")
 	flag.IntVar(&cfg.BranchReps, "branch-reps", 3, "warm rounds of fork and branch create (plus one cold)")
+	flag.IntVar(&cfg.CRIMemMiB, "cri-mem", 1024, "memory of the source forked through Podman and through containerd's CRI, MiB (0: skip it)")
+	flag.IntVar(&cfg.CRIReps, "cri-reps", 3, "warm rounds of the Podman fork and the CRI fork (plus one cold)")
+	flag.StringVar(&cfg.CRIEndpoint, "cri-endpoint", "unix:///run/tclone-containerd/containerd.sock", "the CRI socket of a containerd with the runtime handler tclone (hack/containerd.sh)")
+	flag.StringVar(&cfg.CRIImage, "cri-image", "localhost:5000/tclone-busybox:latest", "the CRI source's image (hack/registry.sh pushes it)")
 	flag.IntVar(&cfg.ThroughputMemMiB, "throughput-mem", 1024, "memory of the write-heavy and idle sources whose speed after the fork is measured, MiB (0: skip them)")
 	flag.IntVar(&cfg.ThroughputReps, "throughput-reps", 3, "forks of each throughput source per memory mode")
 	flag.DurationVar(&cfg.ThroughputWindow, "throughput-window", 6*time.Second, "how long a throughput source is watched after its fork returned")
@@ -192,6 +200,8 @@ func run() int {
 		setDefault("throughput-window", "1s")
 		setDefault("branch-mem", "16")
 		setDefault("branch-reps", "1")
+		setDefault("cri-mem", "16")
+		setDefault("cri-reps", "1")
 		setDefault("fork-ref-mib", "32")
 		setDefault("fork-ref-reps", "3")
 	}
@@ -475,7 +485,7 @@ func (b *Bench) run(ctx context.Context, holder string) (*Results, error) {
 		FanOutVariants: variantNames(b.cfg.FanOutVariants), FanOutExtraReps: b.cfg.FanOutExtraReps,
 		VolumeMiB: b.cfg.VolumeMiB, VolumeReps: b.cfg.VolumeReps, FilesOnlyMemMiB: b.cfg.FilesOnlyMemMiB,
 		KSMMemMiB: b.cfg.KSMMemMiB, KSMWindowS: b.cfg.KSMWindow.Seconds(), ProxyReps: b.cfg.ProxyReps,
-		BranchMemMiB: b.cfg.BranchMemMiB, BranchReps: b.cfg.BranchReps,
+		BranchMemMiB: b.cfg.BranchMemMiB, BranchReps: b.cfg.BranchReps, CRIMemMiB: b.cfg.CRIMemMiB, CRIReps: b.cfg.CRIReps,
 		ThroughputMemMiB: b.cfg.ThroughputMemMiB, ThroughputReps: b.cfg.ThroughputReps, ThroughputWindowS: b.cfg.ThroughputWindow.Seconds(),
 		LaterDelayS: b.cfg.LaterDelay.Seconds(), ArchiveDir: b.cfg.ArchiveDir, CriuImageDir: b.cfg.CriuDir,
 	}
@@ -555,6 +565,10 @@ func (b *Bench) run(ctx context.Context, holder string) (*Results, error) {
 	if b.cfg.BranchMemMiB > 0 && b.selected("branches") && ctx.Err() == nil {
 		b.logf("durable branches of a %d MiB source", b.cfg.BranchMemMiB)
 		b.res.Branches = b.runBranches(ctx)
+	}
+	if b.cfg.CRIMemMiB > 0 && b.selected("cri") && ctx.Err() == nil {
+		b.logf("a %d MiB source forked through Podman and through containerd's CRI", b.cfg.CRIMemMiB)
+		b.res.CRI = b.runCRI(ctx)
 	}
 	if ctx.Err() != nil {
 		b.res.Failures = append(b.res.Failures, Failure{Workload: "*", Method: "*", Rep: -1, Error: "interrupted: " + ctx.Err().Error()})

@@ -452,6 +452,7 @@ func writeMarkdown(r *Results, path, outDir string) error {
 
 	writeForkModes(r, p)
 	writeBranches(r, p)
+	writeCRI(r, p)
 	writeThroughput(r, p)
 
 	// fork() floor.

@@ -326,6 +326,55 @@ func TestBranchTargets(t *testing.T) {
 	}
 }
 
+// The CRI targets compare the two paths' warm medians, the pause by the
+// source's observer; a run missing a round or a metric fails validation,
+// and a smaller source is reported, not judged.
+func TestCRITargets(t *testing.T) {
+	round := func(rep int, podmanGap, criGap, podmanRun, criRun float64) *Sample {
+		return &Sample{Rep: rep, Cold: rep == 0, Metrics: map[string]float64{
+			"podman_pause_ms": podmanGap - 2, "podman_gap_ms": podmanGap, "podman_running_ms": podmanRun,
+			"cri_pause_ms": criGap - 2, "cri_gap_ms": criGap, "cri_running_ms": criRun, "cri_checkpoint_ms": 300, "cri_restore_ms": 400}}
+	}
+	samples := []*Sample{round(0, 900, 2000, 3000, 9000), round(1, 150, 160, 500, 700), round(2, 150, 160, 500, 700)}
+	cr := &CRIResult{MemMiB: 1024, PodmanMemory: "twin", CRIMemory: "twin", Samples: samples, Summary: summarizeWarm(samples)}
+	r := &Results{Config: RunConfig{CRIMemMiB: 1024, CRIReps: 2}, CRI: cr}
+	ts := criTargets(r)
+	if p := findTarget(t, ts, "cri_pause_over_podman"); p.Status != TargetMet || math.Abs(p.Value-160.0/150) > 1e-9 {
+		t.Errorf("pause target %+v, want met at 160/150", p)
+	}
+	if run := findTarget(t, ts, "cri_running_over_podman"); run.Status != TargetMet || math.Abs(run.Value-1.4) > 1e-9 {
+		t.Errorf("running target %+v, want met at 700/500", run)
+	}
+	if p := validateCRI(r); len(p) != 0 {
+		t.Errorf("a good run flagged: %v", p)
+	}
+	samples[1].Metrics["cri_gap_ms"], samples[2].Metrics["cri_gap_ms"] = 400, 400
+	cr.Summary = summarizeWarm(samples)
+	if p := findTarget(t, criTargets(r), "cri_pause_over_podman"); p.Status != TargetNotMet {
+		t.Errorf("a CRI pause of 400 ms against 150: %+v", p)
+	}
+	cr.MemMiB = 16
+	if p := findTarget(t, criTargets(r), "cri_pause_over_podman"); p.Status == TargetMet || p.Status == TargetNotMet {
+		t.Errorf("a 16 MiB source judged: %+v", p)
+	}
+	delete(samples[2].Metrics, "cri_restore_ms")
+	if p := strings.Join(validateCRI(r), "\n"); !strings.Contains(p, "cri round 2: cri_restore_ms") {
+		t.Errorf("a missing metric not flagged: %s", p)
+	}
+	cr.CRIMemory = ""
+	if p := strings.Join(validateCRI(r), "\n"); !strings.Contains(p, "memory modes") {
+		t.Errorf("an unknown memory mode not flagged: %s", p)
+	}
+	cr.Samples = samples[:2]
+	if p := strings.Join(validateCRI(r), "\n"); !strings.Contains(p, "2 rounds, want 3") {
+		t.Errorf("a missing round not flagged: %s", p)
+	}
+	r.CRI = nil
+	if p := strings.Join(validateCRI(r), "\n"); !strings.Contains(p, "cri: not run") {
+		t.Errorf("a missing CRI section not flagged: %s", p)
+	}
+}
+
 // The section make kernel-bench writes survives a bench run's rewrite of
 // the file, once, before the failures.
 func TestMarkdownKeepsKernelBenchSection(t *testing.T) {

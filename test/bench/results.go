@@ -53,6 +53,7 @@ type Results struct {
 	KSM       *KSMResult        `json:"ksm"`
 	Proxy     *ProxyResult      `json:"rest_proxy"`
 	Branches  *BranchResult     `json:"branches"`
+	CRI       *CRIResult        `json:"cri"`
 	// Throughput is a write-heavy source's speed after its fork, and how
 	// long an idle source's twins outlive the thaw.
 	Throughput *ThroughputResult `json:"throughput"`
@@ -99,6 +100,10 @@ type RunConfig struct {
 	ProxyReps       int      `json:"proxy_reps"`
 	BranchMemMiB    int      `json:"branch_mem_mib"`
 	BranchReps      int      `json:"branch_reps"`
+	// CRIMemMiB sizes the source forked through Podman and through
+	// containerd's CRI (0: none), CRIReps its warm rounds.
+	CRIMemMiB int `json:"cri_mem_mib"`
+	CRIReps   int `json:"cri_reps"`
 	// ThroughputMemMiB sizes the throughput sources (0: none);
 	// ThroughputReps forks each is given per memory mode, watched for
 	// ThroughputWindowS after the fork returned.

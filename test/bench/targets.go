@@ -163,7 +163,8 @@ func targets(r *Results) []Target {
 	}
 	out = append(out, twinTargets(r)...)
 	out = append(out, forkModeTargets(r)...)
-	return append(out, branchTargets(r)...)
+	out = append(out, branchTargets(r)...)
+	return append(out, criTargets(r)...)
 }
 
 // twinSweepEnds are the process counts the twin pause slope must span to

@@ -218,6 +218,7 @@ func validate(dir, markdown string, want *Results) []string {
 	problems = append(problems, validateTargets(&r)...)
 	problems = append(problems, validateForkModes(&r)...)
 	problems = append(problems, validateBranches(&r)...)
+	problems = append(problems, validateCRI(&r)...)
 	problems = append(problems, validateThroughput(&r)...)
 	// A slope may be negative on a noisy machine; it must exist.
 	if len(r.Config.ProcCounts) >= 2 && (h.TcloneMsPerProcess == 0 || h.TclonePauseMsPerProcess == 0 || h.PodmanMsPerProcess == 0) {
@@ -256,6 +257,9 @@ func validate(dir, markdown string, want *Results) []string {
 		}
 		if r.Config.BranchMemMiB > 0 {
 			sections = append(sections, "## Branches")
+		}
+		if r.Config.CRIMemMiB > 0 {
+			sections = append(sections, "## Forks through containerd's CRI")
 		}
 		if r.Config.ThroughputMemMiB > 0 {
 			sections = append(sections, "## Source speed after the fork")
@@ -475,6 +479,9 @@ func validateTargets(r *Results) []string {
 	if r.Config.BranchMemMiB > 0 {
 		want = append(want, branchTargetKeys...)
 	}
+	if r.Config.CRIMemMiB > 0 {
+		want = append(want, criTargetKeys...)
+	}
 	if len(r.Config.FanOutCounts) > 0 {
 		for _, v := range r.Config.FanOutVariants {
 			want = append(want, "fanout_marginal_over_first_"+v)
@@ -550,6 +557,8 @@ func validateTargets(r *Results) []string {
 			need = !r.Quick
 		case branchTargetKeys[0], branchTargetKeys[1], branchTargetKeys[2]:
 			need = r.Config.BranchMemMiB == 1024 && !r.Quick
+		case criTargetKeys[0], criTargetKeys[1]:
+			need = r.Config.CRIMemMiB == 1024 && !r.Quick
 		default:
 			need = slices.Contains(r.Config.FanOutCounts, 1) && slices.Contains(r.Config.FanOutCounts, 16)
 		}

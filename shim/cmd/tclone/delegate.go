@@ -7,10 +7,13 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/sirupsen/logrus"
 	"github.com/urfave/cli/v2"
 
 	"github.com/tclone/tclone/runtime/forkopts"
 	"github.com/tclone/tclone/runtime/ksm"
+	"github.com/tclone/tclone/runtime/plan"
+	"github.com/tclone/tclone/shim/cmd/internal/hostlayout"
 )
 
 // delegated lists the verbs tclone passes to crun untouched. Their flags are
@@ -53,6 +56,11 @@ func delegatedCommands() []*cli.Command {
 						return err
 					}
 				}
+				if verb == "pause" {
+					if skip, err := forkOwnsPause(c); skip || err != nil {
+						return err
+					}
+				}
 				// exec: the caller's stdio, inherited descriptors
 				// (--preserve-fds, console sockets), PID, signals and exit
 				// status are crun's own from here on.
@@ -90,4 +98,29 @@ func markIfAsked(args []string) error {
 		return fmt.Errorf("annotation %s=true: %w", forkopts.AnnotationMerge, err)
 	}
 	return ksm.MarkSelf()
+}
+
+// forkOwnsPause reports whether this pause is the one a fork's checkpoint
+// caller makes around it (plan.Store.ClaimCallerPause): containerd's CRI
+// checkpoint pauses the container first, and resumes it once it has
+// archived its filesystem. The fork's capture holds the source itself, for
+// its instant only, so this pause leaves it running; the caller's resume
+// of a running container is crun's no-op.
+func forkOwnsPause(c *cli.Context) (bool, error) {
+	args := c.Args().Slice()
+	if len(args) == 0 || strings.HasPrefix(args[len(args)-1], "-") {
+		return false, nil // crun says what is missing
+	}
+	id := args[len(args)-1]
+	claimed, err := plan.Store{Layout: hostlayout.Of(c)}.ClaimCallerPause(id)
+	if err != nil {
+		// An unreadable intent is no reason to refuse a pause: it is
+		// made as asked.
+		logrus.Warnf("pause of %s: %v", id, err)
+		return false, nil
+	}
+	if claimed {
+		logrus.Infof("pause of %s: its fork's capture holds it, for the capture only", id)
+	}
+	return claimed, nil
 }
