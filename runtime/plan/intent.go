@@ -2,6 +2,7 @@ package plan
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -122,7 +123,18 @@ func (s Store) ClaimCallerPause(containerID string) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("claiming the pause of the fork of %s: %w", containerID, err)
 	}
-	return true, f.Close()
+	// The claim names the intent's client, so that it goes once the
+	// client has died (removeStaleResults).
+	err = json.NewEncoder(f).Encode(intentMark{Version: FormatVersion, Nonce: in.Nonce, Client: in.Client})
+	return true, errors.Join(err, f.Close())
+}
+
+// intentMark is the content of a pause claim and of a release: whose they
+// are.
+type intentMark struct {
+	Version int           `json:"version"`
+	Nonce   string        `json:"nonce"`
+	Client  journal.Owner `json:"client"`
 }
 
 func (s Store) pauseClaimPath(containerID, nonce string) (string, error) {
@@ -141,12 +153,17 @@ func (s Store) intentFile(containerID, nonce, suffix string) (string, error) {
 // checkpoint may still be at work (containerd archives the container's
 // filesystem before its call returns). The client can start what does not
 // depend on the caller's answer: a Kubernetes fork makes its sibling pods.
+// Only a client whose checkpoint's caller pauses the source (CallerPaused:
+// containerd's) waits for it; for another nothing is marked.
 func (s Store) MarkIntentReleased(in *Intent) error {
+	if !in.CallerPaused {
+		return nil
+	}
 	path, err := s.intentFile(in.ContainerID, in.Nonce, ".released")
 	if err != nil {
 		return err
 	}
-	return os.WriteFile(path, nil, 0o600)
+	return atomicfile.WriteJSON(path, intentMark{Version: FormatVersion, Nonce: in.Nonce, Client: in.Client}, 0o600)
 }
 
 // IntentReleased reports whether the capture of the intent with this nonce
@@ -238,7 +255,8 @@ func (s Store) TakeIntentResult(containerID, nonce string) (string, error) {
 }
 
 // removeStaleResults removes results, cancellations, pause claims and
-// releases older than IntentTTL, and results whose client has died.
+// releases older than IntentTTL, and results, claims and releases whose
+// client has died.
 func (s Store) removeStaleResults() {
 	var paths []string
 	for _, suffix := range []string{".result.json", ".cancel", ".pause", ".released"} {
@@ -250,8 +268,11 @@ func (s Store) removeStaleResults() {
 			os.Remove(path)
 			continue
 		}
-		var r IntentResult
-		if strings.HasSuffix(path, ".result.json") && atomicfile.ReadJSON(path, &r) == nil && r.Client.Pid != 0 && !r.Client.Running() {
+		if strings.HasSuffix(path, ".cancel") {
+			continue
+		}
+		var mark intentMark
+		if atomicfile.ReadJSON(path, &mark) == nil && mark.Client.Pid != 0 && !mark.Client.Running() {
 			os.Remove(path)
 		}
 	}

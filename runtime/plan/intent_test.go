@@ -138,11 +138,16 @@ func TestClaimCallerPause(t *testing.T) {
 	if s.IntentReleased("cri", "a") {
 		t.Error("an intent released before its capture said so")
 	}
-	if err := s.MarkIntentReleased(&Intent{ContainerID: "cri", Nonce: "a"}); err != nil {
+	if err := s.MarkIntentReleased(&Intent{ContainerID: "cri", Nonce: "a", CallerPaused: true}); err != nil {
 		t.Fatal(err)
 	}
 	if !s.IntentReleased("cri", "a") || s.IntentReleased("cri", "d") {
 		t.Error("the release of one intent's capture is not its own")
+	}
+	// A client whose checkpoint's caller does not pause waits for no
+	// release: none is left for it.
+	if err := s.MarkIntentReleased(&Intent{ContainerID: "podman", Nonce: "b"}); err != nil || s.IntentReleased("podman", "b") {
+		t.Errorf("a release marked for a Podman fork (%v)", err)
 	}
 	if err := s.RemoveIntent("cri", "a"); err != nil {
 		t.Fatal(err)
@@ -165,5 +170,28 @@ func TestClaimCallerPause(t *testing.T) {
 	}
 	if _, err := os.Stat(left); !os.IsNotExist(err) {
 		t.Errorf("a stale claim is left: %v", err)
+	}
+	// A client killed with its claim and its release fresh: they go at the
+	// next collection, as its intent does.
+	dead := exec.Command("true")
+	if err := dead.Run(); err != nil {
+		t.Fatal(err)
+	}
+	gone := journal.Owner{Pid: dead.Process.Pid, StartTime: 1}
+	in := Intent{ContainerID: "killed", Nonce: "e", CallerPaused: true, Client: gone}
+	if err := s.WriteIntent(in); err != nil {
+		t.Fatal(err)
+	}
+	if !claim("killed") {
+		t.Fatal("the killed client's pause was not claimed")
+	}
+	if err := s.MarkIntentReleased(&in); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.CollectIntents(); err != nil {
+		t.Fatal(err)
+	}
+	if m, _ := filepath.Glob(filepath.Join(s.IntentsDir(), "killed*")); len(m) > 0 {
+		t.Errorf("what a killed client's intent left: %v", m)
 	}
 }
