@@ -25,8 +25,9 @@ import (
 const OwnerFile = "owner.json"
 
 // TempPrefixes are the name prefixes of the fork client's temporary
-// directories: its private Podman service's, and its checkpoint archives'.
-var TempPrefixes = []string{"podman-fork-", "tclone-fork-"}
+// directories (its private Podman service's, and its checkpoint archives'),
+// and of a Kubernetes checkpoint image's (tclone kube checkpoint).
+var TempPrefixes = []string{"podman-fork-", "tclone-fork-", "tclone-image-"}
 
 // DirOwner is the content of OwnerFile.
 type DirOwner struct {

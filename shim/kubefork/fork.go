@@ -260,78 +260,22 @@ func (m *podMaker) wait() {
 // findSource resolves target to a running container of a ready pod that
 // tclone runs, and reads their configurations.
 func (f *forker) findSource(ctx context.Context, target string) error {
-	podName, ctrName, _ := strings.Cut(target, "/")
-	if podName == "" {
-		return fmt.Errorf("no pod given: fork POD/CONTAINER (or POD, for a pod with one container)")
-	}
-	// The node's containers are listed with its pods, at once.
-	var ctrs []containerItem
-	listed := make(chan error, 1)
-	go func() {
-		var err error
-		ctrs, err = f.cri.containers(ctx, "")
-		listed <- err
-	}()
-	pods, err := f.cri.pods(ctx, f.opts.Namespace)
-	if err := errors.Join(err, <-listed); err != nil {
-		return err
-	}
-	f.pods = pods
-	var pod *podItem
-	for i := range pods {
-		p := &pods[i]
-		if p.Metadata.Name == podName && p.State == "SANDBOX_READY" && (pod == nil || p.Metadata.Attempt > pod.Metadata.Attempt) {
-			pod = p
-		}
-	}
-	if pod == nil {
-		return fmt.Errorf("no ready pod %s in namespace %s on this node (crictl pods --namespace %s lists them)", podName, f.opts.Namespace, f.opts.Namespace)
-	}
-	var running []containerItem
-	for _, c := range ctrs {
-		if c.PodSandboxID == pod.ID && c.State == "CONTAINER_RUNNING" && (ctrName == "" || c.Metadata.Name == ctrName) {
-			running = append(running, c)
-		}
-	}
-	switch {
-	case len(running) == 0 && ctrName != "":
-		return fmt.Errorf("pod %s has no running container %s", podName, ctrName)
-	case len(running) == 0:
-		return fmt.Errorf("pod %s has no running container", podName)
-	case len(running) > 1:
-		return fmt.Errorf("pod %s runs %d containers: name the one to fork, %s/CONTAINER", podName, len(running), podName)
-	}
-	ctr := running[0]
-	ci, pi, err := f.inspect(ctx, ctr.ID, pod.ID)
+	src, err := f.cri.findContainer(ctx, f.opts.Namespace, target, "fork")
 	if err != nil {
 		return err
 	}
+	f.pods = src.pods
+	podName, ci, pi := src.pod.Metadata.Name, src.ci, src.pi
 	if bin := ci.Info.RuntimeOptions.BinaryName; ci.Info.RuntimeType != "io.containerd.runc.v2" || filepath.Base(bin) != "tclone" {
 		return fmt.Errorf("container %s/%s is not run by tclone (runtime %s, binary %q): run its pod with a RuntimeClass whose handler is tclone (docs/kubernetes.md)",
-			podName, ctr.Metadata.Name, ci.Info.RuntimeType, bin)
+			podName, src.ctr.Metadata.Name, ci.Info.RuntimeType, bin)
 	}
 	if ci.Info.Config == nil || pi.Info.Config == nil {
 		return fmt.Errorf("the CRI runtime gives no configuration of pod %s (crictl inspectp): a fork needs it to make sibling pods", podName)
 	}
-	hostname, _ := pi.Info.Config["hostname"].(string)
-	f.src = Pod{Name: podName, Namespace: f.opts.Namespace, PodID: pod.ID, Container: ctr.Metadata.Name, ContainerID: ctr.ID,
-		Hostname: hostname, IP: pi.Status.Network.IP}
-	f.srcPod, f.srcCtr, f.handler = pi.Info.Config, ci.Info.Config, pod.RuntimeHandler
+	f.src = src.describe(f.opts.Namespace)
+	f.srcPod, f.srcCtr, f.handler = pi.Info.Config, ci.Info.Config, src.pod.RuntimeHandler
 	return nil
-}
-
-// inspect reads a container's and its pod's CRI status and configuration,
-// both at once.
-func (f *forker) inspect(ctx context.Context, ctrID, podID string) (*containerInspect, *podInspect, error) {
-	var ci containerInspect
-	var pi podInspect
-	podErr := make(chan error, 1)
-	go func() { podErr <- f.cri.json(ctx, &pi, "inspectp", "-o", "json", podID) }()
-	err := f.cri.json(ctx, &ci, "inspect", "-o", "json", ctrID)
-	if err := errors.Join(err, <-podErr); err != nil {
-		return nil, nil, err
-	}
-	return &ci, &pi, nil
 }
 
 // names picks the siblings' pod names, refusing one the namespace's pods

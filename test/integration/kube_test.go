@@ -3,6 +3,7 @@ package integration
 import (
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -309,20 +310,7 @@ func TestKubeForkRefusals(t *testing.T) {
 func TestKubeOrdinaryCheckpointRestores(t *testing.T) {
 	requireKube(t)
 	src := runKubePodOf(t, uniqueName("kubecp"), "tclone", []string{"sh", "-c", counterScript}, false)
-	counter := func(p kubePod) int {
-		t.Helper()
-		var n int
-		eventually(t, 30*time.Second, "the counter of "+p.name, func() error {
-			r := p.exec(t, "cat", "/tmp/c")
-			if r.code != 0 {
-				return fmt.Errorf("exit %d: %s", r.code, r.stderr)
-			}
-			_, err := fmt.Sscan(r.stdout, &n)
-			return err
-		})
-		return n
-	}
-	before := counter(src)
+	before := kubeCounter(t, src)
 	archive := filepath.Join(t.TempDir(), "checkpoint.tar")
 	crictl(t, "checkpoint", "--export", archive, src.ctrID)
 	names, err := exec.Command("tar", "tf", archive).Output()
@@ -333,13 +321,115 @@ func TestKubeOrdinaryCheckpointRestores(t *testing.T) {
 		t.Fatalf("an ordinary CRI checkpoint is not a portable one: %s", names)
 	}
 	restored := restoreKubePod(t, uniqueName("kuberest"), archive)
-	if got := counter(restored); got < before {
+	if got := kubeCounter(t, restored); got < before {
 		t.Errorf("the restored pod's counter is %d, below the source's %d before the checkpoint", got, before)
 	}
-	if after := counter(src); after <= before {
+	if after := kubeCounter(t, src); after <= before {
 		t.Errorf("the source's counter stopped at %d after its checkpoint", after)
 	}
 	requireNoKubeLeftovers(t, "")
+}
+
+// A pod's container checkpointed into a checkpoint image (tclone kube
+// checkpoint --image --push) travels through a registry: the node's copy
+// removed and the image pulled again, as another node's kubelet would pull
+// it, a container created with it as its image in a new pod starts
+// restored by containerd's CRI, from the checkpoint instant on. What cannot
+// be an image is refused, and leaves none.
+func TestKubeCheckpointImage(t *testing.T) {
+	requireKube(t)
+	registry := startRegistry(t)
+	src := runKubePodOf(t, uniqueName("kubeimg"), "tclone", []string{"sh", "-c", counterScript}, false)
+	if r := src.exec(t, "sh", "-c", "echo before > /tmp/marker"); r.code != 0 {
+		t.Fatalf("writing the marker: %s", r.stderr)
+	}
+	before := kubeCounter(t, src)
+	ref := registry + "/" + uniqueName("ckpt") + ":v1"
+	t.Cleanup(func() { crictlTry("rmi", ref) })
+	kubeCheckpoint := func(args ...string) result {
+		return run(t, 5*time.Minute, tcloneBin(), append([]string{"kube", "checkpoint", "--runtime-endpoint", kubeEndpoint}, args...)...)
+	}
+	r := kubeCheckpoint("--image", ref, "--push", "--tls-verify=false", "--format", "json", src.name)
+	if r.code != 0 {
+		t.Fatalf("tclone kube checkpoint: exit %d: %s", r.code, r.stderr)
+	}
+	var res kubefork.ImageResult
+	if err := json.Unmarshal([]byte(r.stdout), &res); err != nil {
+		t.Fatalf("tclone kube checkpoint --format json: %v: %s", err, r.stdout)
+	}
+	if res.Image.Name != ref || !res.Pushed || res.Image.LayerBytes <= 0 || res.Source.ContainerID != src.ctrID {
+		t.Fatalf("result %+v", res)
+	}
+	t.Logf("checkpoint %.0f ms, image %.0f ms (%d bytes), push %.0f ms", res.CheckpointMs, res.ImageMs, res.Image.LayerBytes, res.PushMs)
+	// The registry serves it, under the digest the call gave.
+	repo, tag, _ := strings.Cut(strings.TrimPrefix(ref, registry+"/"), ":")
+	req, _ := http.NewRequest(http.MethodHead, "http://"+registry+"/v2/"+repo+"/manifests/"+tag, nil)
+	req.Header.Set("Accept", "application/vnd.oci.image.manifest.v1+json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if got := resp.Header.Get("Docker-Content-Digest"); resp.StatusCode != http.StatusOK || got != res.Image.Digest {
+		t.Fatalf("the registry's %s: %s, digest %s; want %s", ref, resp.Status, got, res.Image.Digest)
+	}
+	// Another node has only the registry's copy.
+	crictl(t, "rmi", ref)
+	crictl(t, "pull", ref)
+	restored := restoreKubePod(t, uniqueName("kubeimgrest"), ref)
+	if got := kubeCounter(t, restored); got < before {
+		t.Errorf("the restored pod's counter is %d, below the source's %d before the checkpoint", got, before)
+	}
+	if out := restored.exec(t, "cat", "/tmp/marker"); strings.TrimSpace(out.stdout) != "before" {
+		t.Errorf("the restored pod's /tmp/marker is %q (%s), want the file written before the checkpoint", out.stdout, out.stderr)
+	}
+	if after := kubeCounter(t, src); after <= before {
+		t.Errorf("the source's counter stopped at %d after its checkpoint", after)
+	}
+
+	// Refusals, each before anything is made.
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--image", ref, src.name}, "exists on this node"},
+		{[]string{"--image", "localhost:5000/Upper", src.name}, "image name"},
+		{[]string{"--image", registry + "/" + uniqueName("none"), "no-such-pod"}, "no ready pod no-such-pod"},
+		{[]string{"--image", registry + "/" + uniqueName("none"), "--runtime-endpoint", "tcp://127.0.0.1:1", src.name}, "unix:///"},
+	} {
+		r := kubeCheckpoint(c.args...)
+		if r.code == 0 || !strings.Contains(r.stderr, c.want) {
+			t.Errorf("tclone kube checkpoint %v: exit %d, stderr %q; want a refusal saying %q", c.args, r.code, r.stderr, c.want)
+		}
+	}
+	// A push that fails leaves no image on the node.
+	unreachable := fmt.Sprintf("127.0.0.1:%d/%s:v1", freePort(t), uniqueName("nowhere"))
+	if r := kubeCheckpoint("--image", unreachable, "--push", "--tls-verify=false", src.name); r.code == 0 || !strings.Contains(r.stderr, "ctr images push") {
+		t.Errorf("a push to nowhere: exit %d, stderr %q", r.code, r.stderr)
+	}
+	if _, err := crictlTry("inspecti", unreachable); err == nil {
+		t.Errorf("the image of a failed push is left on the node")
+		crictlTry("rmi", unreachable)
+	}
+	if m, _ := filepath.Glob(filepath.Join(hostStore.TempDir(), "tclone-image-*")); len(m) > 0 {
+		t.Errorf("temporary directories left: %v", m)
+	}
+	requireNoKubeLeftovers(t, "")
+}
+
+// kubeCounter reads the counter counterScript keeps in pod p's container.
+func kubeCounter(t *testing.T, p kubePod) int {
+	t.Helper()
+	var n int
+	eventually(t, 30*time.Second, "the counter of "+p.name, func() error {
+		r := p.exec(t, "cat", "/tmp/c")
+		if r.code != 0 {
+			return fmt.Errorf("exit %d: %s", r.code, r.stderr)
+		}
+		_, err := fmt.Sscan(r.stdout, &n)
+		return err
+	})
+	return n
 }
 
 // restoreKubePod runs a pod named name whose container containerd

@@ -42,7 +42,62 @@ removes the pods it made. Runs on the node, as root, with crictl.`,
 			&cli.StringFlag{Name: "format", Usage: "json: print the fork's result as JSON (timings, the pods and their IPs) instead of the pod names"},
 		}, forkflags.Capture(), []cli.Flag{forkflags.MemoryFlag(), forkflags.Timeout()}),
 		Action: kubeFork,
+	}, {
+		Name:  "checkpoint",
+		Usage: "checkpoint a pod's running container into a checkpoint image, for new pods on any node",
+		Description: `Checkpoints the running container CONTAINER of pod POD (POD alone for a pod
+with one container) through the CRI runtime at --runtime-endpoint, as the
+kubelet's checkpoint API does (a portable CRIU checkpoint; the container is
+paused for the whole call, and runs on), and writes the CRI's archive as an
+OCI checkpoint image NAME in the node's containerd (namespace k8s.io,
+through ctr): one layer of the archive's files, annotated for containerd's
+CRI (org.criu.checkpoint.container.name) and CRI-O. With --push, the image
+goes to its registry too. A container created with the image as its image,
+in a new pod on any node that can pull it, starts restored from the
+checkpoint. All or nothing: a failure leaves no image. Runs on the node, as
+root, with crictl and ctr.`,
+		ArgsUsage: "POD[/CONTAINER]",
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "namespace", Aliases: []string{"n"}, Value: "default", Usage: "the pod's Kubernetes namespace"},
+			&cli.StringFlag{Name: "image", Required: true, Usage: "the checkpoint image's name, NAME[:TAG] (:latest when no tag is given); it must not exist on the node"},
+			&cli.BoolFlag{Name: "push", Usage: "push the image to its registry"},
+			&cli.BoolFlag{Name: "tls-verify", Value: true, Usage: "--tls-verify=false pushes over plain HTTP (a registry on loopback)"},
+			&cli.StringFlag{Name: "hosts-dir", Usage: "containerd's registry configuration directory for the push (hosts.toml per registry; /etc/containerd/certs.d on a node that uses one)"},
+			&cli.StringFlag{Name: "runtime-endpoint", Aliases: []string{"r"}, EnvVars: []string{"CONTAINER_RUNTIME_ENDPOINT"},
+				Value: "unix:///run/containerd/containerd.sock", Usage: "containerd's socket (crictl's --runtime-endpoint)"},
+			&cli.StringFlag{Name: "crictl", Value: "crictl", Usage: "cri-tools' crictl"},
+			&cli.StringFlag{Name: "ctr", Value: "ctr", Usage: "containerd's ctr"},
+			&cli.DurationFlag{Name: "timeout", Value: 10 * time.Minute, Usage: "how long the CRI's checkpoint call may take"},
+			&cli.StringFlag{Name: "format", Usage: "json: print the result as JSON (the image's name, digest and size, and timings) instead of the image's name"},
+		},
+		Action: kubeCheckpoint,
 	}},
+}
+
+func kubeCheckpoint(c *cli.Context) error {
+	target, err := oneArg(c, "POD[/CONTAINER]")
+	if err != nil {
+		return err
+	}
+	if format := c.String("format"); format != "" && format != "json" {
+		return fmt.Errorf("--format %s: only json", format)
+	}
+	ctx, stop := signalContext(c.Context)
+	defer stop()
+	res, err := kubefork.CheckpointImage(ctx, target, kubefork.ImageOptions{
+		Namespace: c.String("namespace"), Image: c.String("image"), Push: c.Bool("push"), PlainHTTP: !c.Bool("tls-verify"),
+		HostsDir: c.String("hosts-dir"), Timeout: c.Duration("timeout"),
+		Crictl: c.String("crictl"), Ctr: c.String("ctr"), Endpoint: c.String("runtime-endpoint"),
+		Store: plan.Store{Layout: hostlayout.Of(c)},
+	})
+	if err != nil {
+		return err
+	}
+	if c.String("format") == "json" {
+		return printJSON(res)
+	}
+	fmt.Fprintln(os.Stdout, res.Image.Name)
+	return nil
 }
 
 const kubeReadyTimeout = 2 * time.Minute
