@@ -11,6 +11,7 @@ import (
 	"github.com/sirupsen/logrus"
 	"golang.org/x/sys/unix"
 
+	"github.com/tclone/tclone/runtime/crun"
 	"github.com/tclone/tclone/runtime/internal/copyfile"
 	"github.com/tclone/tclone/runtime/plan"
 )
@@ -73,7 +74,32 @@ func (e *Engine) checkpointForIntent(ctx context.Context, intent *plan.Intent, i
 		e.Store.Remove(c.Dir)
 		return nil, err
 	}
+	if intent.CallerPaused {
+		e.pauseForCaller(ctx, id)
+	}
 	return c, nil
+}
+
+// pauseForCaller freezes container id, running because tclone left the
+// pause of its checkpoint's caller to the capture (plan.Store.
+// ClaimCallerPause), for what the caller does before it resumes it:
+// containerd archives the container's writable layer, which it must find
+// still (a file that goes or changes size under its walk fails its call).
+// The source is then held twice, for the capture and for that archive, and
+// never for both at once; the caller's resume thaws it, even when its call
+// fails. A container frozen already (its pause was not left to the
+// capture) is left as it is.
+func (e *Engine) pauseForCaller(ctx context.Context, id string) {
+	// Whether or not the client still waits: the caller's call goes on.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	st, err := e.Crun.State(ctx, id)
+	if err != nil || st.Status != crun.StatusRunning {
+		return
+	}
+	if _, err := e.Crun.Output(ctx, "pause", id); err != nil {
+		logrus.Warnf("pausing %s again for the rest of its checkpoint's call (its caller archives its filesystem next): %v", id, err)
+	}
 }
 
 func writeCheckpointDir(c *Captured, imagePath, workPath string) error {

@@ -38,8 +38,10 @@ type Intent struct {
 	// paused source is refused otherwise. The caller's pause is this
 	// fork's own (ClaimCallerPause), which tclone's pause verb does not
 	// freeze: the capture holds the source for its instant, as it holds a
-	// running one; a source frozen all the same (its pause was claimed by
-	// another call) is captured frozen and left frozen.
+	// running one, and tclone freezes it again once the capture is done,
+	// for what the caller does before its resume. A source paused before
+	// the request (the caller then neither pauses nor resumes it) is
+	// captured frozen and left so.
 	CallerPaused bool `json:"caller_paused,omitempty"`
 	// Client is the process that asked for the fork, by PID and start time
 	// (WriteIntent records the caller). The plan's uses are held for it:
@@ -177,15 +179,29 @@ func (s Store) IntentReleased(containerID, nonce string) bool {
 	return err == nil
 }
 
-// RemoveIntent withdraws an intent that was not consumed, if it is still the
-// one with this nonce (another fork may have replaced it), and what went
-// with it: the claim on its caller's pause, the mark of its release.
-func (s Store) RemoveIntent(containerID, nonce string) error {
-	for _, suffix := range []string{".pause", ".released"} {
-		if path, err := s.intentFile(containerID, nonce, suffix); err == nil {
-			os.Remove(path)
-		}
+// PauseClaimed reports whether the pause of the checkpoint's caller was
+// claimed for the intent with this nonce (ClaimCallerPause): the caller
+// paused a running container, and owes it a resume.
+func (s Store) PauseClaimed(containerID, nonce string) bool {
+	path, err := s.pauseClaimPath(containerID, nonce)
+	if err != nil {
+		return false
 	}
+	_, err = os.Stat(path)
+	return err == nil
+}
+
+// RemoveIntent withdraws an intent that was not consumed, if it is still the
+// one with this nonce (another fork may have replaced it), and then what
+// went with it: the claim on its caller's pause, the mark of its release.
+func (s Store) RemoveIntent(containerID, nonce string) error {
+	defer func() {
+		for _, suffix := range []string{".pause", ".released"} {
+			if path, err := s.intentFile(containerID, nonce, suffix); err == nil {
+				os.Remove(path)
+			}
+		}
+	}()
 	path := s.intentPath(containerID)
 	var in Intent
 	err := atomicfile.ReadJSON(path, &in)

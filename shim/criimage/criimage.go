@@ -1,10 +1,11 @@
-// Package criimage writes a CRI checkpoint archive (what `crictl checkpoint
-// --export` writes, and the kubelet's checkpoint API leaves on the node) as
-// an OCI checkpoint image: an image of one layer holding the archive's
-// files, annotated so that the CRI runtimes restore a container from it
-// (containerd's CRI reads org.criu.checkpoint.container.name, CRI-O
-// io.kubernetes.cri-o.annotations.checkpoint.name). It travels through any
-// registry, and a container whose image it is starts restored.
+// Package criimage writes containerd's CRI checkpoint archive (what
+// `crictl checkpoint --export` writes, and the kubelet's checkpoint API
+// leaves on the node) as an OCI checkpoint image: an image of one layer
+// holding the archive's files, annotated so that containerd's CRI restores
+// a container from it (it reads org.criu.checkpoint.container.name). It
+// travels through any registry, and a container whose image it is starts
+// restored. (CRI-O restores only archives CRI-O made: it reads its own
+// annotations from spec.dump, which containerd's has not.)
 //
 // The image is written as an OCI image archive (an OCI image layout in a
 // tar, "oci-archive"), which `ctr images import` takes.
@@ -19,6 +20,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path"
 	"runtime"
@@ -35,21 +37,19 @@ const (
 	// AnnotationName is the checkpointed container's name: containerd's
 	// CRI restores from an image that has it.
 	AnnotationName = "org.criu.checkpoint.container.name"
-	// AnnotationCRIOName is the same for CRI-O.
-	AnnotationCRIOName = "io.kubernetes.cri-o.annotations.checkpoint.name"
 	// The others describe where the checkpoint was taken (checkpointctl's
-	// names).
-	AnnotationPod          = "org.criu.checkpoint.pod.name"
-	AnnotationNamespace    = "org.criu.checkpoint.pod.namespace"
-	AnnotationRootfsImage  = "org.criu.checkpoint.rootfsImageName"
-	AnnotationRootfsImgRef = "org.criu.checkpoint.rootfsImageRef"
-	AnnotationEngine       = "org.criu.checkpoint.engine.name"
-	AnnotationRuntime      = "org.criu.checkpoint.runtime.name"
-	AnnotationHostArch     = "org.criu.checkpoint.host.arch"
-	AnnotationHostKernel   = "org.criu.checkpoint.host.kernel"
+	// names; the runtime is the OCI runtime).
+	AnnotationPod         = "org.criu.checkpoint.pod.name"
+	AnnotationNamespace   = "org.criu.checkpoint.pod.namespace"
+	AnnotationRootfsImage = "org.criu.checkpoint.rootfsImageName"
+	AnnotationEngine      = "org.criu.checkpoint.engine.name"
+	AnnotationRuntime     = "org.criu.checkpoint.runtime.name"
+	AnnotationHostArch    = "org.criu.checkpoint.host.arch"
+	AnnotationHostKernel  = "org.criu.checkpoint.host.kernel"
 )
 
 const (
+	mediaIndex    = "application/vnd.oci.image.index.v1+json"
 	mediaManifest = "application/vnd.oci.image.manifest.v1+json"
 	mediaConfig   = "application/vnd.oci.image.config.v1+json"
 	mediaLayer    = "application/vnd.oci.image.layer.v1.tar"
@@ -92,13 +92,15 @@ type Image struct {
 
 // Write writes to w an OCI image archive of the one image ref (Name),
 // whose layer is the CRI checkpoint archive at layer (a tar; it must hold
-// the CRI's spec.dump and config.dump) and whose manifest carries
-// annotations (AnnotationName is required).
+// the CRI's spec.dump and config.dump) and whose manifest carries the
+// annotations that have a value (AnnotationName is required).
 func Write(w io.Writer, ref, layer string, annotations map[string]string) (*Image, error) {
 	name, err := Name(ref)
 	if err != nil {
 		return nil, err
 	}
+	annotations = maps.Clone(annotations)
+	maps.DeleteFunc(annotations, func(_, v string) bool { return v == "" })
 	if annotations[AnnotationName] == "" {
 		return nil, errors.New("a checkpoint image needs the container's name (" + AnnotationName + ")")
 	}
@@ -144,6 +146,7 @@ func Write(w io.Writer, ref, layer string, annotations map[string]string) (*Imag
 	}
 	index, err := json.Marshal(map[string]any{
 		"schemaVersion": 2,
+		"mediaType":     mediaIndex,
 		"manifests": []descriptor{{MediaType: mediaManifest, Digest: digestOf(manifest), Size: int64(len(manifest)),
 			Annotations: map[string]string{annotationImageName: name, annotationRefName: tag}}},
 	})

@@ -93,7 +93,7 @@ func blob(t *testing.T, files map[string][]byte, digest string) []byte {
 func TestWriteImage(t *testing.T) {
 	archive := writeArchive(t, criArchive())
 	var out bytes.Buffer
-	img, err := Write(&out, "localhost:5000/ws-ckpt", archive, map[string]string{AnnotationName: "main", AnnotationPod: "ws"})
+	img, err := Write(&out, "localhost:5000/ws-ckpt", archive, map[string]string{AnnotationName: "main", AnnotationPod: "ws", AnnotationHostKernel: ""})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -125,6 +125,9 @@ func TestWriteImage(t *testing.T) {
 	}
 	if manifest.MediaType != mediaManifest || manifest.Annotations[AnnotationName] != "main" || manifest.Annotations[AnnotationPod] != "ws" || len(manifest.Layers) != 1 {
 		t.Fatalf("manifest %+v", manifest)
+	}
+	if _, ok := manifest.Annotations[AnnotationHostKernel]; ok {
+		t.Error("an annotation without a value is written")
 	}
 	want, _ := os.ReadFile(archive)
 	if layer := blob(t, files, manifest.Layers[0].Digest); !bytes.Equal(layer, want) || int64(len(want)) != img.LayerBytes || manifest.Layers[0].Size != img.LayerBytes {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os/exec"
 	"strings"
@@ -171,4 +172,17 @@ type containerInspect struct {
 			BinaryName string `json:"binary_name"`
 		} `json:"runtimeOptions"`
 	} `json:"info"`
+}
+
+// imageExists reports whether the CRI has image name.
+func (c crictl) imageExists(ctx context.Context, name string) (bool, error) {
+	_, err := c.run(ctx, "inspecti", name)
+	var ce *CRIError
+	switch {
+	case err == nil:
+		return true, nil
+	case errors.As(err, &ce) && strings.Contains(strings.ToLower(ce.Stderr), "no such image"):
+		return false, nil
+	}
+	return false, fmt.Errorf("asking the CRI whether image %s exists: %w", name, err)
 }

@@ -55,6 +55,9 @@ type Options struct {
 	// Crictl is cri-tools' crictl; Endpoint the CRI socket
 	// (unix:///run/containerd/containerd.sock for the node's containerd).
 	Crictl, Endpoint string
+	// Ctr is containerd's ctr, which resumes the source should the CRI's
+	// checkpoint call fail without resuming it.
+	Ctr string
 	// Store is tclone's store on this node (plan.DefaultStore()).
 	Store plan.Store
 }
@@ -109,6 +112,9 @@ func (o *Options) check() error {
 	}
 	if o.Crictl == "" {
 		o.Crictl = "crictl"
+	}
+	if o.Ctr == "" {
+		o.Ctr = "ctr"
 	}
 	if o.Endpoint == "" {
 		return errors.New("no CRI endpoint: give --runtime-endpoint (unix:///run/containerd/containerd.sock for the node's containerd)")
@@ -235,7 +241,7 @@ func (m *podMaker) start() {
 		go func() {
 			defer close(m.done)
 			for _, n := range m.names {
-				if m.stop.Load() {
+				if m.stop.Load() || m.ctx.Err() != nil {
 					return
 				}
 				p, err := m.f.makePod(m.ctx, n)
@@ -249,8 +255,9 @@ func (m *podMaker) start() {
 }
 
 // wait stops the making and returns once no pod is being made (at once if
-// none was started). A pod under way is made: a crictl cut short could
-// leave containerd making it after the rollback looked.
+// none was started). A pod under way is made, even when the fork was
+// cancelled (makePod): a crictl cut short could leave containerd making it
+// after the rollback looked.
 func (m *podMaker) wait() {
 	m.stop.Store(true)
 	m.once.Do(func() { close(m.done) })
@@ -346,6 +353,14 @@ func (f *forker) checkpoint(ctx context.Context, released func()) (string, error
 			err = context.Cause(ctx)
 		}
 	}
+	if err != nil && f.opts.Store.PauseClaimed(id, intent.Nonce) {
+		// containerd paused the running source for the call (tclone froze
+		// it after the capture) and owed it a resume, which a call ended
+		// by its deadline skips.
+		if addr, ok := strings.CutPrefix(f.opts.Endpoint, "unix://"); ok {
+			err = errors.Join(err, ctrTool{path: f.opts.Ctr, address: addr}.resumeIfPaused(id))
+		}
+	}
 	if err != nil {
 		if why, _ := f.opts.Store.TakeIntentResult(id, intent.Nonce); why != "" {
 			return "", fmt.Errorf("checkpoint of %s/%s failed: %s", f.src.Name, f.src.Container, why)
@@ -412,7 +427,8 @@ func (f *forker) makePod(ctx context.Context, name string) (*Pod, error) {
 			return nil, fmt.Errorf("the sibling's log directory: %w", err)
 		}
 	}
-	ctx, cancel := context.WithTimeout(ctx, f.opts.ReadyTimeout)
+	// A pod begun is finished, cancelled fork or not (podMaker.wait).
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), f.opts.ReadyTimeout)
 	defer cancel()
 	began := time.Now()
 	runp := []string{"runp"}

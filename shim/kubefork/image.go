@@ -8,11 +8,9 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/sirupsen/logrus"
@@ -107,9 +105,13 @@ func CheckpointImage(ctx context.Context, target string, opts ImageOptions) (*Im
 		return nil, err
 	}
 	res := &ImageResult{Source: src.describe(opts.Namespace)}
-	if _, err := cri.run(ctx, "inspecti", name); err == nil {
-		return nil, fmt.Errorf("image %s exists on this node: remove it first (crictl rmi %s) or name another", name, name)
+	if exists, err := cri.imageExists(ctx, name); err != nil || exists {
+		if err == nil {
+			err = fmt.Errorf("image %s exists on this node: remove it first (crictl rmi %s) or name another", name, name)
+		}
+		return nil, err
 	}
+	ctr := ctrTool{path: opts.Ctr, address: strings.TrimPrefix(opts.Endpoint, "unix://")}
 	work, err := calls.MkdirTemp(opts.Store, "tclone-image-")
 	if err != nil {
 		return nil, err
@@ -117,7 +119,7 @@ func CheckpointImage(ctx context.Context, target string, opts ImageOptions) (*Im
 	defer os.RemoveAll(work)
 	archive := filepath.Join(work, "checkpoint.tar")
 	began := time.Now()
-	if err := ordinaryCheckpoint(ctx, cri, opts, src.ctr.ID, archive); err != nil {
+	if err := ordinaryCheckpoint(ctx, cri, ctr, opts, src.ctr.ID, archive); err != nil {
 		return nil, err
 	}
 	res.CheckpointMs = ms(time.Since(began))
@@ -126,18 +128,17 @@ func CheckpointImage(ctx context.Context, target string, opts ImageOptions) (*Im
 		return nil, err
 	}
 	annotations := map[string]string{
-		criimage.AnnotationName:         res.Source.Container,
-		criimage.AnnotationCRIOName:     res.Source.Container,
-		criimage.AnnotationPod:          res.Source.Name,
-		criimage.AnnotationNamespace:    opts.Namespace,
-		criimage.AnnotationRootfsImage:  cfg.RootfsImageName,
-		criimage.AnnotationRootfsImgRef: cfg.RootfsImageRef,
-		criimage.AnnotationEngine:       "containerd",
-		criimage.AnnotationRuntime:      src.ci.Info.RuntimeType,
-		criimage.AnnotationHostArch:     runtime.GOARCH,
-		criimage.AnnotationHostKernel:   kernelRelease(),
+		criimage.AnnotationName:        res.Source.Container,
+		criimage.AnnotationPod:         res.Source.Name,
+		criimage.AnnotationNamespace:   opts.Namespace,
+		criimage.AnnotationRootfsImage: cfg.RootfsImageName,
+		criimage.AnnotationEngine:      "containerd",
+		criimage.AnnotationHostArch:    runtime.GOARCH,
+		criimage.AnnotationHostKernel:  kernelRelease(),
 	}
-	ctr := ctrTool{path: opts.Ctr, address: strings.TrimPrefix(opts.Endpoint, "unix://")}
+	if bin := src.ci.Info.RuntimeOptions.BinaryName; bin != "" {
+		annotations[criimage.AnnotationRuntime] = filepath.Base(bin)
+	}
 	began = time.Now()
 	img, err := ctr.importImage(ctx, name, archive, annotations)
 	if err != nil {
@@ -159,7 +160,7 @@ func CheckpointImage(ctx context.Context, target string, opts ImageOptions) (*Im
 // the kubelet's checkpoint API does: no fork request of tclone's may be
 // pending for it then (a fork's checkpoint refers to a plan in this node's
 // memory, and travels nowhere).
-func ordinaryCheckpoint(ctx context.Context, cri crictl, opts ImageOptions, id, archive string) error {
+func ordinaryCheckpoint(ctx context.Context, cri crictl, ctr ctrTool, opts ImageOptions, id, archive string) error {
 	// What dead fork clients left goes first: their requests among it.
 	if _, err := opts.Store.CollectIntents(); err != nil {
 		logrus.Warnf("collecting fork requests nobody will use: %v", err)
@@ -174,10 +175,19 @@ func ordinaryCheckpoint(ctx context.Context, cri crictl, opts ImageOptions, id, 
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	// containerd resumes the container only when its call ends: the call
-	// runs to its end whatever becomes of this one (crictl's own timeout
-	// bounds it).
+	// containerd pauses the container for the call and resumes it when
+	// the call ends, but not when it ends on its deadline: the container
+	// is resumed here then, unless it was paused before.
+	before, err := ctr.taskStatus(ctx, id)
+	if err != nil {
+		return err
+	}
+	// The call runs to its end whatever becomes of this process (a
+	// cancelled call skips containerd's resume too).
 	if _, err := cri.runToEnd("--timeout", opts.Timeout.String(), "checkpoint", "--export", archive, id); err != nil {
+		if before != "PAUSED" {
+			err = errors.Join(err, ctr.resumeIfPaused(id))
+		}
 		return err
 	}
 	return nil
@@ -223,82 +233,4 @@ func kernelRelease() string {
 		return ""
 	}
 	return unix.ByteSliceToString(u.Release[:])
-}
-
-// ctrTool runs containerd's ctr on the CRI's namespace of one containerd.
-type ctrTool struct {
-	path, address string
-}
-
-func (c ctrTool) command(ctx context.Context, args ...string) *exec.Cmd {
-	cmd := exec.CommandContext(ctx, c.path, append([]string{"--address", c.address, "--namespace", containerdNamespace}, args...)...)
-	// A ctr outlives a client killed with SIGKILL otherwise.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	return cmd
-}
-
-func (c ctrTool) run(cmd *exec.Cmd, args []string) error {
-	var errb strings.Builder
-	cmd.Stderr = &errb
-	if err := cmd.Run(); err != nil {
-		msg := strings.TrimSpace(errb.String())
-		if msg == "" {
-			msg = err.Error()
-		}
-		return fmt.Errorf("ctr %s: %s", strings.Join(args, " "), lastLine(msg))
-	}
-	return nil
-}
-
-// importImage writes the checkpoint image of archive named name straight
-// into containerd (ctr images import from a pipe), unpacked for the CRI's
-// snapshotter, as a pulled image is.
-func (c ctrTool) importImage(ctx context.Context, name, archive string, annotations map[string]string) (*criimage.Image, error) {
-	args := []string{"images", "import", "-"}
-	cmd := c.command(ctx, args...)
-	pr, pw := io.Pipe()
-	cmd.Stdin = pr
-	written := make(chan error, 1)
-	var img *criimage.Image
-	go func() {
-		var err error
-		img, err = criimage.Write(pw, name, archive, annotations)
-		pw.CloseWithError(err)
-		written <- err
-	}()
-	err := c.run(cmd, args)
-	pr.CloseWithError(io.ErrClosedPipe)
-	if werr := <-written; werr != nil {
-		return nil, errors.Join(fmt.Errorf("writing the checkpoint image: %w", werr), c.remove(name))
-	}
-	if err != nil {
-		return nil, errors.Join(err, c.remove(name))
-	}
-	return img, nil
-}
-
-func (c ctrTool) push(ctx context.Context, name string, plainHTTP bool, hostsDir string) error {
-	args := []string{"images", "push"}
-	if plainHTTP {
-		args = append(args, "--plain-http")
-	}
-	if hostsDir != "" {
-		args = append(args, "--hosts-dir", hostsDir)
-	}
-	args = append(args, name)
-	return c.run(c.command(ctx, args...), args)
-}
-
-// remove removes image name from containerd, if it is there.
-func (c ctrTool) remove(name string) error {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	args := []string{"images", "rm", name}
-	cmd := c.command(ctx, args...)
-	var errb strings.Builder
-	cmd.Stderr = &errb
-	if err := cmd.Run(); err != nil && !strings.Contains(errb.String(), "not found") {
-		return fmt.Errorf("removing the image %s made so far: %s", name, lastLine(errb.String()))
-	}
-	return nil
 }

@@ -184,6 +184,7 @@ func requireNoKubeLeftovers(t *testing.T, call string) {
 // the source runs on, and the plan is gone once both are up.
 func TestKubeForkPod(t *testing.T) {
 	requireKube(t)
+	requireTwins(t)
 	src := runKubePod(t, uniqueName("kube"), "tclone", 64)
 	if r := src.exec(t, "sh", "-c", "echo before-fork > /tmp/marker"); r.code != 0 {
 		t.Fatalf("writing the marker: %s", r.stderr)
@@ -202,7 +203,6 @@ func TestKubeForkPod(t *testing.T) {
 	// tclone leaves running (plan.Store.ClaimCallerPause): the capture
 	// holds a running source, and --memory auto takes twins of it, as
 	// for a Podman source on this host.
-	requireTwins(t)
 	if res.Memory != "twin" {
 		t.Errorf("the capture's memory is %q, want twin (--memory auto of a running source)", res.Memory)
 	}
@@ -255,7 +255,8 @@ func TestKubeForkPod(t *testing.T) {
 }
 
 // A fork that cannot finish removes every pod it made and its plan; the
-// source runs on. Here each sibling has no time to be made.
+// source runs on. Here each sibling has no time to be made, then the last
+// one's restore fails.
 func TestKubeForkAllOrNothing(t *testing.T) {
 	requireKube(t)
 	src := runKubePod(t, uniqueName("kubeaon"), "tclone", 16)
@@ -267,6 +268,67 @@ func TestKubeForkAllOrNothing(t *testing.T) {
 	// any pod begun, must be gone.
 	if !strings.Contains(r.stderr, "sibling pod") {
 		t.Fatalf("the fork failed before its siblings (so nothing was rolled back): %s", r.stderr)
+	}
+	if left, _ := crictlTry("pods", "-q", "--label", kubefork.LabelForkedFrom+"="+src.ctrID); left != "" {
+		t.Errorf("pods of the failed fork left: %s", left)
+	}
+	requireNoKubeLeftovers(t, "")
+	if got := workloadCmd(t, src.exec, "probe"); len(got.Errors) > 0 {
+		t.Errorf("the source after a failed fork: %v", got.Errors)
+	}
+
+	// The third sibling's restore fails, after the first two run and all
+	// three pods were made: every one goes. The pods are made as soon as
+	// the capture is done, before the CRI's checkpoint call returns (here
+	// it returns a second late, through crictl).
+	real, err := exec.LookPath("crictl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	wrapper, count, times := filepath.Join(dir, "crictl"), filepath.Join(dir, "creates"), filepath.Join(dir, "times")
+	script := fmt.Sprintf(`#!/bin/sh
+for a in "$@"; do
+	case "$a" in
+	runp) echo "runp $(date +%%s%%N)" >>%[3]s ;;
+	checkpoint)
+		%[2]s "$@"; status=$?
+		sleep 1
+		echo "checkpoint-returned $(date +%%s%%N)" >>%[3]s
+		exit $status ;;
+	create)
+		n=$(( $(cat %[1]s 2>/dev/null || echo 0) + 1 ))
+		echo $n >%[1]s
+		if [ $n -ge 3 ]; then echo 'level=fatal msg="injected: the third restore fails"' >&2; exit 1; fi ;;
+	esac
+done
+exec %[2]s "$@"
+`, count, real, times)
+	if err := os.WriteFile(wrapper, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	r, _ = kubeFork(t, "--count", "3", "--crictl", wrapper, src.name)
+	if r.code == 0 || !strings.Contains(r.stderr, "injected: the third restore fails") {
+		t.Fatalf("a fork whose third restore fails: exit %d: %s", r.code, r.stderr)
+	}
+	if n, _ := os.ReadFile(count); strings.TrimSpace(string(n)) != "3" {
+		t.Fatalf("%q restores asked for, want 3 (two made, the third failed)", n)
+	}
+	var firstRunp, returned int64
+	log, _ := os.ReadFile(times)
+	for _, line := range strings.Split(strings.TrimSpace(string(log)), "\n") {
+		var what string
+		var at int64
+		fmt.Sscan(line, &what, &at)
+		switch {
+		case what == "runp" && firstRunp == 0:
+			firstRunp = at
+		case what == "checkpoint-returned":
+			returned = at
+		}
+	}
+	if firstRunp == 0 || returned == 0 || firstRunp >= returned {
+		t.Errorf("the first sibling pod was begun at %d, the checkpoint call returned at %d: the pods must be made while it ends (%s)", firstRunp, returned, log)
 	}
 	if left, _ := crictlTry("pods", "-q", "--label", kubefork.LabelForkedFrom+"="+src.ctrID); left != "" {
 		t.Errorf("pods of the failed fork left: %s", left)
@@ -373,6 +435,12 @@ func TestKubeCheckpointImage(t *testing.T) {
 	if got := resp.Header.Get("Docker-Content-Digest"); resp.StatusCode != http.StatusOK || got != res.Image.Digest {
 		t.Fatalf("the registry's %s: %s, digest %s; want %s", ref, resp.Status, got, res.Image.Digest)
 	}
+	// This node restores from the copy imported into its containerd.
+	local := restoreKubePod(t, uniqueName("kubeimglocal"), ref)
+	if got := kubeCounter(t, local); got < before {
+		t.Errorf("the pod restored from the node's copy: counter %d, below the source's %d before the checkpoint", got, before)
+	}
+	removeKubePods(t, local.id)
 	// Another node has only the registry's copy.
 	crictl(t, "rmi", ref)
 	crictl(t, "pull", ref)

@@ -38,6 +38,7 @@ removes the pods it made. Runs on the node, as root, with crictl.`,
 			&cli.StringFlag{Name: "runtime-endpoint", Aliases: []string{"r"}, EnvVars: []string{"CONTAINER_RUNTIME_ENDPOINT"},
 				Value: "unix:///run/containerd/containerd.sock", Usage: "the CRI socket (crictl's --runtime-endpoint)"},
 			&cli.StringFlag{Name: "crictl", Value: "crictl", Usage: "cri-tools' crictl"},
+			&cli.StringFlag{Name: "ctr", Value: "ctr", Usage: "containerd's ctr (it resumes the source should the CRI's checkpoint call fail without resuming it)"},
 			&cli.DurationFlag{Name: "ready-timeout", Value: kubeReadyTimeout, Usage: "how long each sibling's pod, restore and start may take"},
 			&cli.StringFlag{Name: "format", Usage: "json: print the fork's result as JSON (timings, the pods and their IPs) instead of the pod names"},
 		}, forkflags.Capture(), []cli.Flag{forkflags.MemoryFlag(), forkflags.Timeout()}),
@@ -51,8 +52,9 @@ kubelet's checkpoint API does (a portable CRIU checkpoint; the container is
 paused for the whole call, and runs on), and writes the CRI's archive as an
 OCI checkpoint image NAME in the node's containerd (namespace k8s.io,
 through ctr): one layer of the archive's files, annotated for containerd's
-CRI (org.criu.checkpoint.container.name) and CRI-O. With --push, the image
-goes to its registry too. A container created with the image as its image,
+CRI (org.criu.checkpoint.container.name). With --push, the image goes to
+its registry too (credentials are not passed: a registry that asks for
+them needs another client). A container created with the image as its image,
 in a new pod on any node that can pull it, starts restored from the
 checkpoint. All or nothing: a failure leaves no image. Runs on the node, as
 root, with crictl and ctr.`,
@@ -121,7 +123,7 @@ func kubeFork(c *cli.Context) error {
 	defer stop()
 	res, err := kubefork.Fork(ctx, target, kubefork.Options{
 		Namespace: c.String("namespace"), Count: c.Int("count"), Name: c.String("name"), Fork: f,
-		ReadyTimeout: c.Duration("ready-timeout"), Crictl: c.String("crictl"), Endpoint: c.String("runtime-endpoint"),
+		ReadyTimeout: c.Duration("ready-timeout"), Crictl: c.String("crictl"), Ctr: c.String("ctr"), Endpoint: c.String("runtime-endpoint"),
 		Store: plan.Store{Layout: hostlayout.Of(c)},
 	})
 	if err != nil {
