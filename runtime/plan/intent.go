@@ -101,10 +101,11 @@ func (s Store) TakeIntent(containerID string) (*Intent, error) {
 // the source around it (Intent.CallerPaused: containerd's CRI checkpoint),
 // the one pause of the container's intent: it reports true once per intent,
 // for its first pause. That pause needs no freeze: the fork's capture holds
-// the source itself, for less time than the caller's pause would last (the
-// caller keeps its pause until it has archived the container's filesystem,
-// which a fork's plan holds already). Any other pause, or one with no such
-// intent, is an ordinary one.
+// the source itself, and once it is done freezes it again for what the
+// caller does before its resume (it archives the container's filesystem),
+// so that the source is never held for both at once, as the caller's pause
+// would hold it. Any other pause, or one with no such intent, is an
+// ordinary one.
 func (s Store) ClaimCallerPause(containerID string) (bool, error) {
 	var in Intent
 	err := atomicfile.ReadJSON(s.intentPath(containerID), &in)

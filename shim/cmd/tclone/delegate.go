@@ -104,8 +104,9 @@ func markIfAsked(args []string) error {
 // caller makes around it (plan.Store.ClaimCallerPause): containerd's CRI
 // checkpoint pauses the container first, and resumes it once it has
 // archived its filesystem. The fork's capture holds the source itself, for
-// its instant only, so this pause leaves it running; the caller's resume
-// of a running container is crun's no-op.
+// its instant, and freezes it again when it is done, for that archive; so
+// this pause leaves it running. The caller's resume thaws it (on a running
+// container, when the capture failed, crun's resume does nothing).
 func forkOwnsPause(c *cli.Context) (bool, error) {
 	args := c.Args().Slice()
 	if len(args) == 0 || strings.HasPrefix(args[len(args)-1], "-") {
