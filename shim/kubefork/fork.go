@@ -41,9 +41,10 @@ const MaxCount = 32
 
 // Options are a fork through the CRI.
 type Options struct {
-	// Namespace is the source pod's Kubernetes namespace; the siblings go
-	// there too. Default "default".
-	Namespace string
+	// Node is the node's CRI; the siblings go to the source pod's
+	// namespace. Its ctr resumes the source should the CRI's checkpoint
+	// call fail without resuming it.
+	Node
 	// Count siblings (1..MaxCount); Name, when set, names them (NAME, or
 	// NAME-1..NAME-N), else SOURCE-fork-<n>.
 	Count int
@@ -52,12 +53,6 @@ type Options struct {
 	Fork forkopts.Fork
 	// ReadyTimeout bounds each sibling's create, restore and start.
 	ReadyTimeout time.Duration
-	// Crictl is cri-tools' crictl; Endpoint the CRI socket
-	// (unix:///run/containerd/containerd.sock for the node's containerd).
-	Crictl, Endpoint string
-	// Ctr is containerd's ctr, which resumes the source should the CRI's
-	// checkpoint call fail without resuming it.
-	Ctr string
 	// Store is tclone's store on this node (plan.DefaultStore()).
 	Store plan.Store
 }
@@ -96,8 +91,8 @@ type Result struct {
 }
 
 func (o *Options) check() error {
-	if o.Namespace == "" {
-		o.Namespace = "default"
+	if err := o.Node.defaults(); err != nil {
+		return err
 	}
 	if o.Count < 1 || o.Count > MaxCount {
 		return fmt.Errorf("--count %d: between 1 and %d siblings", o.Count, MaxCount)
@@ -109,15 +104,6 @@ func (o *Options) check() error {
 	}
 	if o.ReadyTimeout <= 0 {
 		o.ReadyTimeout = 2 * time.Minute
-	}
-	if o.Crictl == "" {
-		o.Crictl = "crictl"
-	}
-	if o.Ctr == "" {
-		o.Ctr = "ctr"
-	}
-	if o.Endpoint == "" {
-		return errors.New("no CRI endpoint: give --runtime-endpoint (unix:///run/containerd/containerd.sock for the node's containerd)")
 	}
 	o.Fork.Uses = o.Count
 	return o.Fork.Normalize()
@@ -153,7 +139,7 @@ func Fork(ctx context.Context, target string, opts Options) (*Result, error) {
 	if err := opts.check(); err != nil {
 		return nil, err
 	}
-	f := &forker{opts: opts, cri: crictl{path: opts.Crictl, endpoint: opts.Endpoint}, start: time.Now(), call: calls.NewNonce()}
+	f := &forker{opts: opts, cri: opts.cri(), start: time.Now(), call: calls.NewNonce()}
 	// What dead fork clients left (pods, plans, directories) goes first.
 	if rep, err := calls.Collect(ctx, opts.Store); err != nil {
 		logrus.Warnf("rolling back what dead fork clients left: %v", err)
@@ -357,8 +343,8 @@ func (f *forker) checkpoint(ctx context.Context, released func()) (string, error
 		// containerd paused the running source for the call (tclone froze
 		// it after the capture) and owed it a resume, which a call ended
 		// by its deadline skips.
-		if addr, ok := strings.CutPrefix(f.opts.Endpoint, "unix://"); ok {
-			err = errors.Join(err, ctrTool{path: f.opts.Ctr, address: addr}.resumeIfPaused(id))
+		if ctr, ok := f.opts.ctr(); ok {
+			err = errors.Join(err, ctr.resumeIfPaused(id))
 		}
 	}
 	if err != nil {

@@ -24,8 +24,9 @@ import (
 // ImageOptions are a checkpoint of a pod's container written as an OCI
 // checkpoint image (criimage) into the node's containerd, and pushed.
 type ImageOptions struct {
-	// Namespace is the pod's Kubernetes namespace (default "default").
-	Namespace string
+	// Node is the node's CRI; its endpoint must be containerd's unix
+	// socket, which ctr reaches too.
+	Node
 	// Image names the image (a tag; ":latest" when none is given). It
 	// must not exist on the node.
 	Image string
@@ -38,9 +39,6 @@ type ImageOptions struct {
 	HostsDir  string
 	// Timeout bounds the CRI's checkpoint call (default 10 minutes).
 	Timeout time.Duration
-	// Crictl and Ctr are cri-tools' crictl and containerd's ctr; Endpoint
-	// the containerd socket (unix://...), which both talk to.
-	Crictl, Ctr, Endpoint string
 	// Store is tclone's store on this node.
 	Store plan.Store
 }
@@ -63,8 +61,8 @@ type ImageResult struct {
 const containerdNamespace = "k8s.io"
 
 func (o *ImageOptions) check() error {
-	if o.Namespace == "" {
-		o.Namespace = "default"
+	if err := o.Node.defaults(); err != nil {
+		return err
 	}
 	if o.Image == "" {
 		return errors.New("no image named: give --image NAME[:TAG]")
@@ -72,13 +70,7 @@ func (o *ImageOptions) check() error {
 	if o.Timeout <= 0 {
 		o.Timeout = 10 * time.Minute
 	}
-	if o.Crictl == "" {
-		o.Crictl = "crictl"
-	}
-	if o.Ctr == "" {
-		o.Ctr = "ctr"
-	}
-	if !strings.HasPrefix(o.Endpoint, "unix://") {
+	if _, ok := o.ctr(); !ok {
 		return fmt.Errorf("CRI endpoint %q: a checkpoint image goes into containerd through its socket, unix:///PATH (unix:///run/containerd/containerd.sock for the node's containerd)", o.Endpoint)
 	}
 	return nil
@@ -99,7 +91,7 @@ func CheckpointImage(ctx context.Context, target string, opts ImageOptions) (*Im
 	if err != nil {
 		return nil, fmt.Errorf("--image: %w", err)
 	}
-	cri := crictl{path: opts.Crictl, endpoint: opts.Endpoint}
+	cri := opts.cri()
 	src, err := cri.findContainer(ctx, opts.Namespace, target, "checkpoint")
 	if err != nil {
 		return nil, err
@@ -111,7 +103,7 @@ func CheckpointImage(ctx context.Context, target string, opts ImageOptions) (*Im
 		}
 		return nil, err
 	}
-	ctr := ctrTool{path: opts.Ctr, address: strings.TrimPrefix(opts.Endpoint, "unix://")}
+	ctr, _ := opts.ctr()
 	work, err := calls.MkdirTemp(opts.Store, "tclone-image-")
 	if err != nil {
 		return nil, err

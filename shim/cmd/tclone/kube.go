@@ -31,14 +31,9 @@ its own name, UID and hostname (its name), and its container restored from
 the checkpoint into it, with its own IP. All or nothing: a fork that fails
 removes the pods it made. Runs on the node, as root, with crictl.`,
 		ArgsUsage: "POD[/CONTAINER]",
-		Flags: slices.Concat([]cli.Flag{
-			&cli.StringFlag{Name: "namespace", Aliases: []string{"n"}, Value: "default", Usage: "the pod's Kubernetes namespace; the siblings go there too"},
+		Flags: slices.Concat(kubeNodeFlags("the pod's Kubernetes namespace; the siblings go there too"), []cli.Flag{
 			&cli.IntFlag{Name: "count", Value: 1, Usage: fmt.Sprintf("how many sibling pods (1..%d), all or nothing", kubefork.MaxCount)},
 			&cli.StringFlag{Name: "name", Usage: "the sibling pod's name (with --count N: NAME-1..NAME-N); default POD-fork-<n>, the lowest free"},
-			&cli.StringFlag{Name: "runtime-endpoint", Aliases: []string{"r"}, EnvVars: []string{"CONTAINER_RUNTIME_ENDPOINT"},
-				Value: "unix:///run/containerd/containerd.sock", Usage: "the CRI socket (crictl's --runtime-endpoint)"},
-			&cli.StringFlag{Name: "crictl", Value: "crictl", Usage: "cri-tools' crictl"},
-			&cli.StringFlag{Name: "ctr", Value: "ctr", Usage: "containerd's ctr (it resumes the source should the CRI's checkpoint call fail without resuming it)"},
 			&cli.DurationFlag{Name: "ready-timeout", Value: kubeReadyTimeout, Usage: "how long each sibling's pod, restore and start may take"},
 			&cli.StringFlag{Name: "format", Usage: "json: print the fork's result as JSON (timings, the pods and their IPs) instead of the pod names"},
 		}, forkflags.Capture(), []cli.Flag{forkflags.MemoryFlag(), forkflags.Timeout()}),
@@ -59,21 +54,32 @@ in a new pod on any node that can pull it, starts restored from the
 checkpoint. All or nothing: a failure leaves no image. Runs on the node, as
 root, with crictl and ctr.`,
 		ArgsUsage: "POD[/CONTAINER]",
-		Flags: []cli.Flag{
-			&cli.StringFlag{Name: "namespace", Aliases: []string{"n"}, Value: "default", Usage: "the pod's Kubernetes namespace"},
+		Flags: slices.Concat(kubeNodeFlags("the pod's Kubernetes namespace"), []cli.Flag{
 			&cli.StringFlag{Name: "image", Required: true, Usage: "the checkpoint image's name, NAME[:TAG] (:latest when no tag is given); it must not exist on the node"},
 			&cli.BoolFlag{Name: "push", Usage: "push the image to its registry"},
 			&cli.BoolFlag{Name: "tls-verify", Value: true, Usage: "--tls-verify=false pushes over plain HTTP (a registry on loopback)"},
 			&cli.StringFlag{Name: "hosts-dir", Usage: "containerd's registry configuration directory for the push (hosts.toml per registry; /etc/containerd/certs.d on a node that uses one)"},
-			&cli.StringFlag{Name: "runtime-endpoint", Aliases: []string{"r"}, EnvVars: []string{"CONTAINER_RUNTIME_ENDPOINT"},
-				Value: "unix:///run/containerd/containerd.sock", Usage: "containerd's socket (crictl's --runtime-endpoint)"},
-			&cli.StringFlag{Name: "crictl", Value: "crictl", Usage: "cri-tools' crictl"},
-			&cli.StringFlag{Name: "ctr", Value: "ctr", Usage: "containerd's ctr"},
 			&cli.DurationFlag{Name: "timeout", Value: 10 * time.Minute, Usage: "how long the CRI's checkpoint call may take"},
 			&cli.StringFlag{Name: "format", Usage: "json: print the result as JSON (the image's name, digest and size, and timings) instead of the image's name"},
-		},
+		}),
 		Action: kubeCheckpoint,
 	}},
+}
+
+// kubeNodeFlags are the flags of the node's CRI and its clients, which
+// every kube command takes (kubeNode reads them).
+func kubeNodeFlags(namespaceUsage string) []cli.Flag {
+	return []cli.Flag{
+		&cli.StringFlag{Name: "namespace", Aliases: []string{"n"}, Value: "default", Usage: namespaceUsage},
+		&cli.StringFlag{Name: "runtime-endpoint", Aliases: []string{"r"}, EnvVars: []string{"CONTAINER_RUNTIME_ENDPOINT"},
+			Value: "unix:///run/containerd/containerd.sock", Usage: "the CRI socket, containerd's (crictl's --runtime-endpoint)"},
+		&cli.StringFlag{Name: "crictl", Value: "crictl", Usage: "cri-tools' crictl"},
+		&cli.StringFlag{Name: "ctr", Value: "ctr", Usage: "containerd's ctr (it resumes a container the CRI's checkpoint call left paused, and imports and pushes images)"},
+	}
+}
+
+func kubeNode(c *cli.Context) kubefork.Node {
+	return kubefork.Node{Namespace: c.String("namespace"), Crictl: c.String("crictl"), Ctr: c.String("ctr"), Endpoint: c.String("runtime-endpoint")}
 }
 
 func kubeCheckpoint(c *cli.Context) error {
@@ -87,9 +93,8 @@ func kubeCheckpoint(c *cli.Context) error {
 	ctx, stop := signalContext(c.Context)
 	defer stop()
 	res, err := kubefork.CheckpointImage(ctx, target, kubefork.ImageOptions{
-		Namespace: c.String("namespace"), Image: c.String("image"), Push: c.Bool("push"), PlainHTTP: !c.Bool("tls-verify"),
+		Node: kubeNode(c), Image: c.String("image"), Push: c.Bool("push"), PlainHTTP: !c.Bool("tls-verify"),
 		HostsDir: c.String("hosts-dir"), Timeout: c.Duration("timeout"),
-		Crictl: c.String("crictl"), Ctr: c.String("ctr"), Endpoint: c.String("runtime-endpoint"),
 		Store: plan.Store{Layout: hostlayout.Of(c)},
 	})
 	if err != nil {
@@ -122,9 +127,9 @@ func kubeFork(c *cli.Context) error {
 	ctx, stop := signalContext(c.Context)
 	defer stop()
 	res, err := kubefork.Fork(ctx, target, kubefork.Options{
-		Namespace: c.String("namespace"), Count: c.Int("count"), Name: c.String("name"), Fork: f,
-		ReadyTimeout: c.Duration("ready-timeout"), Crictl: c.String("crictl"), Ctr: c.String("ctr"), Endpoint: c.String("runtime-endpoint"),
-		Store: plan.Store{Layout: hostlayout.Of(c)},
+		Node: kubeNode(c), Count: c.Int("count"), Name: c.String("name"), Fork: f,
+		ReadyTimeout: c.Duration("ready-timeout"),
+		Store:        plan.Store{Layout: hostlayout.Of(c)},
 	})
 	if err != nil {
 		return err
