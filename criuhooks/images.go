@@ -156,3 +156,28 @@ func encodeImage(img *crit.CriuImage, path string, flag int) error {
 	}
 	return out.Close()
 }
+
+// ImageTasks lists the processes of the dump in imagesDir that have
+// memory in it (an mm image: a zombie has none), by the pids the images
+// give them.
+func ImageTasks(imagesDir string) ([]int32, error) {
+	tree, err := decodeImage(filepath.Join(imagesDir, "pstree.img"), &pstree.PstreeEntry{})
+	if err != nil {
+		return nil, err
+	}
+	var pids []int32
+	for _, e := range tree.Entries {
+		p, ok := e.Message.(*pstree.PstreeEntry)
+		if !ok {
+			continue
+		}
+		pid := int32(p.GetPid())
+		if _, err := os.Stat(filepath.Join(imagesDir, fmt.Sprintf("mm-%d.img", pid))); errors.Is(err, os.ErrNotExist) {
+			continue
+		} else if err != nil {
+			return nil, err
+		}
+		pids = append(pids, pid)
+	}
+	return pids, nil
+}

@@ -16,7 +16,6 @@ import (
 	"github.com/checkpoint-restore/go-criu/v7/rpc"
 	"golang.org/x/sys/unix"
 
-	"github.com/tclone/tclone/runtime/procfs"
 )
 
 // A twin capture (forkopts.MemoryTwin) needs no kernel module. CRIU makes a
@@ -42,9 +41,10 @@ type TwinCRIU struct {
 
 // twinMsgSize is sizeof(struct twin_msg) in criuhooks/criu/twin.h.
 const (
-	twinMsgVersion = 1
+	twinMsgVersion = 2
 	twinWhyLen     = 240
-	twinMsgSize    = 6*4 + twinWhyLen
+	twinNSMax      = 8
+	twinMsgSize    = 6*4 + twinWhyLen + 4 + 4*twinNSMax
 	// twinFDEnv names the plugin's socket in CRIU's environment.
 	twinFDEnv = "TCLONE_TWIN_FD"
 )
@@ -53,6 +53,9 @@ const (
 type Twin struct {
 	// Pid is the process's pid here; TwinPid its twin's.
 	Pid, TwinPid int
+	// NSpid is the process's pid at each level of its PID namespaces,
+	// from here down, as the plugin read it while CRIU held the process.
+	NSpid []int
 	// Pidfd and Lifeline are the twin's pidfd and the write end of its
 	// pipe: closing the last copy of the lifeline kills the twin.
 	Pidfd, Lifeline *os.File
@@ -217,13 +220,23 @@ func parseTwinMsg(b, oob []byte) (*Twin, error) {
 	version := le.Uint32(b)
 	pid, twin, errno := int32(le.Uint32(b[4:])), int32(le.Uint32(b[8:])), int32(le.Uint32(b[12:]))
 	cloneUs, parkUs := int32(le.Uint32(b[16:])), int32(le.Uint32(b[20:]))
-	why := string(b[24:twinMsgSize])
+	why := string(b[24 : 24+twinWhyLen])
 	if i := strings.IndexByte(why, 0); i >= 0 {
 		why = why[:i]
 	}
 	if version != twinMsgVersion {
 		closeFiles()
 		return nil, fmt.Errorf("twin plugin speaks version %d, tclone %d: reinstall both", version, twinMsgVersion)
+	}
+	ns := b[24+twinWhyLen:]
+	levels := int(int32(le.Uint32(ns)))
+	if errno == 0 && (levels < 1 || levels > twinNSMax) {
+		closeFiles()
+		return nil, fmt.Errorf("twin plugin: process %d has %d PID namespace levels, want 1 to %d", pid, levels, twinNSMax)
+	}
+	var nspid []int
+	for i := 0; i < levels && errno == 0; i++ {
+		nspid = append(nspid, int(int32(le.Uint32(ns[4+4*i:]))))
 	}
 	if errno != 0 {
 		closeFiles()
@@ -233,7 +246,7 @@ func parseTwinMsg(b, oob []byte) (*Twin, error) {
 		closeFiles()
 		return nil, fmt.Errorf("twin plugin: the twin of %d came with %d descriptors, want 2", pid, len(files))
 	}
-	return &Twin{Pid: int(pid), TwinPid: int(twin),
+	return &Twin{Pid: int(pid), TwinPid: int(twin), NSpid: nspid,
 		Pidfd:    os.NewFile(uintptr(files[0]), fmt.Sprintf("pidfd of twin %d", twin)),
 		Lifeline: os.NewFile(uintptr(files[1]), fmt.Sprintf("lifeline of twin %d", twin)),
 		Clone:    time.Duration(cloneUs) * time.Microsecond, Park: time.Duration(parkUs) * time.Microsecond}, nil
@@ -315,44 +328,50 @@ func (s *TwinSnapshots) giveBack(got map[int]*Twin) {
 	}
 }
 
-// Take hands over the twin of every process of tasks, which CRIU still
-// holds (post-dump): each must have one, alive, whose memory it opens. The
-// twins it takes are the caller's to release; on failure, those it had
-// taken are back with the collector.
-func (c *TwinCollector) Take(tasks []Task) (*TwinSnapshots, error) {
+// Take hands over the twin of every process with memory in the dump in
+// imagesDir, once CRIU has returned: each must have one, alive, whose
+// memory it opens. root is the dumped tree's root, here; the images give
+// pids as its PID namespace sees them, and each twin came with its
+// process's pids at every level, read while CRIU held it. The twins it
+// takes are the caller's to release; on failure, those it had taken are
+// back with the collector.
+func (c *TwinCollector) Take(root int, imagesDir string) (*TwinSnapshots, error) {
+	tasks, err := ImageTasks(imagesDir)
+	if err != nil {
+		return nil, err
+	}
 	// Every twin was sent before CRIU reached post-dump.
 	c.syncLocked()
 	defer c.mu.Unlock()
 	if err := errors.Join(c.errs...); err != nil {
 		return nil, err
 	}
-	s := &TwinSnapshots{Snapshots: Snapshots{Files: map[int32]*os.File{}}, Twins: map[int32]*Twin{}}
-	// The twins are children of the tree's processes by now: tasks, read
-	// from /proc, lists them too.
-	twins := map[int]bool{}
-	for _, t := range c.got {
-		twins[t.TwinPid] = true
+	rt := c.got[root]
+	if rt == nil {
+		return nil, fmt.Errorf("the dumped tree's root, process %d, has no twin: CRIU's plugin did not make one", root)
 	}
-	for _, task := range tasks {
-		if twins[task.HostPid] {
-			continue
+	level := len(rt.NSpid) - 1
+	byImagePid := map[int]*Twin{}
+	for _, t := range c.got {
+		if len(t.NSpid) > level {
+			byImagePid[t.NSpid[level]] = t
 		}
-		t := c.got[task.HostPid]
+	}
+	s := &TwinSnapshots{Snapshots: Snapshots{Files: map[int32]*os.File{}}, Twins: map[int32]*Twin{}}
+	for _, pid := range tasks {
+		t := byImagePid[int(pid)]
 		if t == nil {
-			if !procfs.Exists(task.HostPid) {
-				continue // CRIU dumps no memory for it either
-			}
 			s.giveBack(c.got)
-			return nil, fmt.Errorf("process %d (pid %d in the images) has no twin: CRIU's plugin did not make one", task.HostPid, task.ImagePid)
+			return nil, fmt.Errorf("process %d of the images has no twin: CRIU's plugin did not make one", pid)
 		}
 		mem, err := openTwinMem(t)
 		if err != nil {
 			s.giveBack(c.got)
 			return nil, err
 		}
-		delete(c.got, task.HostPid)
-		s.Twins[task.ImagePid] = t
-		s.Files[task.ImagePid] = mem
+		delete(c.got, t.Pid)
+		s.Twins[pid] = t
+		s.Files[pid] = mem
 		s.Took += t.Clone + t.Park
 	}
 	return s, nil

@@ -3,12 +3,15 @@ package criuhooks
 import (
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/mm"
+	"github.com/checkpoint-restore/go-criu/v7/crit/images/pstree"
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/vma"
 	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
@@ -16,8 +19,9 @@ import (
 	"github.com/tclone/tclone/criuhooks/internal/imagetest"
 )
 
-// twinMsg is a plugin message as twin.h lays it out.
-func twinMsg(version uint32, pid, twin, errno, cloneUs, parkUs int32, why string) []byte {
+// twinMsg is a plugin message as twin.h lays it out, with nspid the
+// process's pids from the host's PID namespace down (pid first).
+func twinMsg(version uint32, pid, twin, errno, cloneUs, parkUs int32, why string, nspid ...int32) []byte {
 	b := make([]byte, twinMsgSize)
 	le := binary.LittleEndian
 	le.PutUint32(b, version)
@@ -25,6 +29,14 @@ func twinMsg(version uint32, pid, twin, errno, cloneUs, parkUs int32, why string
 		le.PutUint32(b[4+4*i:], uint32(v))
 	}
 	copy(b[24:], why)
+	if errno == 0 && len(nspid) == 0 {
+		nspid = []int32{pid}
+	}
+	ns := b[24+twinWhyLen:]
+	le.PutUint32(ns, uint32(len(nspid)))
+	for i, v := range nspid {
+		le.PutUint32(ns[4+4*i:], uint32(v))
+	}
 	return b
 }
 
@@ -57,12 +69,13 @@ func TestTwinCollectorReadsThePluginsMessages(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	send(twinMsg(twinMsgVersion, 100, 200, 0, 1500, 300, ""), r, w)
+	send(twinMsg(twinMsgVersion, 100, 200, 0, 1500, 300, "", 100, 7), r, w)
 	send(twinMsg(twinMsgVersion, 101, 0, int32(unix.EAGAIN), 0, 0, "clone in process 101 failed: Resource temporarily unavailable"))
 	send(twinMsg(twinMsgVersion+1, 102, 201, 0, 0, 0, ""), r, w)
 	send(twinMsg(twinMsgVersion, 103, 202, 0, 0, 0, ""), r)
 	left := c.Close()
-	if len(left) != 1 || left[0].Pid != 100 || left[0].TwinPid != 200 || left[0].Clone.Microseconds() != 1500 || left[0].Park.Microseconds() != 300 {
+	if len(left) != 1 || left[0].Pid != 100 || left[0].TwinPid != 200 || left[0].Clone.Microseconds() != 1500 || left[0].Park.Microseconds() != 300 ||
+		len(left[0].NSpid) != 2 || left[0].NSpid[1] != 7 {
 		t.Fatalf("twins gathered: %+v, want the twin of 100", left)
 	}
 	left[0].Close()
@@ -116,5 +129,84 @@ func TestCheckTwinnable(t *testing.T) {
 		case c.want != "" && (err == nil || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), "4242") || !strings.Contains(err.Error(), "0x10000")):
 			t.Errorf("madv %#x: %v, want a refusal naming %s, process 4242 and its area", c.madv, err, c.want)
 		}
+	}
+}
+
+// A message of a twin without its PID namespace levels, or with more than
+// the plugin sends, is refused.
+func TestTwinMessageNamespaceLevels(t *testing.T) {
+	for _, levels := range []uint32{0, twinNSMax + 1} {
+		b := twinMsg(twinMsgVersion, 100, 200, 0, 0, 0, "")
+		binary.LittleEndian.PutUint32(b[24+twinWhyLen:], levels)
+		if _, err := parseTwinMsg(b, nil); err == nil || !strings.Contains(err.Error(), "PID namespace levels") {
+			t.Errorf("%d levels: %v, want a refusal", levels, err)
+		}
+	}
+}
+
+// Take matches each process of the images that has memory with its twin
+// by the pid the images give it (the twin's pid at the root's level of
+// PID namespaces), opens the twin's memory, and skips zombies (no mm
+// image); a process of the images without a twin fails it, and the twins
+// go back to the collector.
+func TestTwinCollectorTakeMatchesTheImages(t *testing.T) {
+	var twins []*Twin
+	for range 2 {
+		cmd := exec.Command("sleep", "60")
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+		fd, err := unix.PidfdOpen(cmd.Process.Pid, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		twins = append(twins, &Twin{TwinPid: cmd.Process.Pid, Pidfd: os.NewFile(uintptr(fd), "pidfd")})
+	}
+	// The root, host pid 4001, is pid 1 of the container; 4005 is its pid 5.
+	twins[0].Pid, twins[0].NSpid = 4001, []int{4001, 1}
+	twins[1].Pid, twins[1].NSpid = 4005, []int{4005, 5}
+	images := func(pids ...uint32) string {
+		dir := t.TempDir()
+		var entries []proto.Message
+		for _, p := range pids {
+			entries = append(entries, &pstree.PstreeEntry{Pid: proto.Uint32(p), Ppid: proto.Uint32(1), Pgid: proto.Uint32(1), Sid: proto.Uint32(1)})
+			if p != 6 { // 6 is a zombie
+				if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("mm-%d.img", p)), nil, 0o600); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		imagetest.Write(t, filepath.Join(dir, "pstree.img"), "PSTREE", entries...)
+		return dir
+	}
+	collector := func() *TwinCollector {
+		c := &TwinCollector{got: map[int]*Twin{}, done: make(chan struct{})}
+		close(c.done)
+		for _, tw := range twins {
+			c.got[tw.Pid] = tw
+		}
+		return c
+	}
+
+	c := collector()
+	if _, err := c.Take(4001, images(1, 5, 6, 7)); err == nil || !strings.Contains(err.Error(), "process 7 of the images has no twin") {
+		t.Fatalf("Take with a process lacking a twin: %v", err)
+	}
+	if len(c.got) != 2 {
+		t.Fatalf("after a failed Take the collector holds %d twins, want both back", len(c.got))
+	}
+	if _, err := collector().Take(4999, images(1, 5)); err == nil || !strings.Contains(err.Error(), "root, process 4999, has no twin") {
+		t.Fatalf("Take of a root without a twin: %v", err)
+	}
+
+	c = collector()
+	s, err := c.Take(4001, images(1, 5, 6))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Snapshots.Close()
+	if len(s.Twins) != 2 || s.Twins[1] != twins[0] || s.Twins[5] != twins[1] || s.Files[1] == nil || s.Files[5] == nil || len(c.got) != 0 {
+		t.Fatalf("taken: twins %v, memory %v; left %v", s.Twins, s.Files, c.got)
 	}
 }

@@ -10,9 +10,15 @@
  *    set), it puts back the process's signal mask and every register as
  *    they were when CRIU stopped it, and jumps back to where it was: the
  *    process goes on as if nothing had happened;
- *  - in the twin (the clone returned 0, or the plugin cleared the parent
- *    flag in the twin's copy), it names the twin "tclone-twin" and exits:
- *    the twin never runs the process's code.
+ *  - in the twin (the clone returned 0), it names the twin "tclone-twin"
+ *    and exits: the twin never runs the process's code.
+ * The twin's parking runs here too (twin_tramp_park): the plugin points
+ * the twin at it once the twin is traced and dies with CRIU, and the twin
+ * makes itself harmless with its own system calls, one after another,
+ * instead of one ptrace round trip each (see park() in twin.c). It stops
+ * once, at an int3, for the plugin to take its lifeline; let go, it
+ * closes its own copy and waits in pause() for SIGKILL. Nothing else ever
+ * runs it: a twin that runs untraced comes out of the clone at the exit.
  * Everything is addressed relative to rip, so the copy runs wherever it
  * lands.
  */
@@ -39,10 +45,22 @@
 	.section .note.GNU-stack,"",@progbits
 	.text
 	.globl	twin_tramp_start, twin_tramp_end
-	.globl	twin_tramp_parent, twin_tramp_mask, twin_tramp_regs, twin_tramp_name
+	.globl	twin_tramp_parent, twin_tramp_mask, twin_tramp_regs, twin_tramp_name, twin_tramp_park, twin_tramp_park_stop
 	/* Not for any other object: references stay PC-relative. */
 	.hidden	twin_tramp_start, twin_tramp_end
-	.hidden	twin_tramp_parent, twin_tramp_mask, twin_tramp_regs, twin_tramp_name
+	.hidden	twin_tramp_parent, twin_tramp_mask, twin_tramp_regs, twin_tramp_name, twin_tramp_park, twin_tramp_park_stop
+
+/*
+ * A parking step: the call whose number and arguments are loaded, with
+ * the step's number in bl; a failure stops at the int3 with -errno in
+ * rax, which the plugin reports.
+ */
+	.macro	step n
+	movb	$\n, %bl
+	syscall
+	testq	%rax, %rax
+	js	8f
+	.endm
 
 twin_tramp_start:
 	syscall
@@ -87,6 +105,52 @@ twin_tramp_start:
 	xorl	%edi, %edi
 	syscall
 	ud2
+
+twin_tramp_park:
+	/* Its name, and no descriptor of the process's (a table of its own). */
+	movl	$157, %eax			/* prctl */
+	movl	$15, %edi			/* PR_SET_NAME */
+	leaq	twin_tramp_name(%rip), %rsi
+	step	1
+	movl	$436, %eax			/* close_range */
+	xorl	%edi, %edi
+	movl	$-1, %esi			/* ~0U */
+	movl	$2, %edx			/* CLOSE_RANGE_UNSHARE */
+	step	2
+	/* Out of the process's session and group: no job control or group signal reaches it. */
+	movl	$112, %eax			/* setsid */
+	step	3
+	/* A page of its own, outside every area of the process, for pipe2's answer. */
+	movl	$9, %eax			/* mmap */
+	xorl	%edi, %edi
+	movl	$4096, %esi
+	movl	$3, %edx			/* PROT_READ | PROT_WRITE */
+	movl	$0x22, %r10d			/* MAP_PRIVATE | MAP_ANONYMOUS */
+	orq	$-1, %r8
+	xorl	%r9d, %r9d
+	step	4
+	movq	%rax, %r13
+	movl	$293, %eax			/* pipe2 */
+	movq	%r13, %rdi
+	movl	$0x80000, %esi			/* O_CLOEXEC */
+	step	5
+	movslq	(%r13), %r14			/* the read end */
+	movslq	4(%r13), %r15			/* the write end: the lifeline */
+	movl	$11, %eax			/* munmap */
+	movq	%r13, %rdi
+	movl	$4096, %esi
+	step	6
+	xorl	%eax, %eax
+8:
+twin_tramp_park_stop:
+	int3					/* the plugin takes r14 and r15 */
+	movl	$3, %eax			/* close */
+	movq	%r15, %rdi
+	syscall
+	/* Nothing but SIGKILL ends it; should pause() return, it exits. */
+	movl	$34, %eax			/* pause */
+	syscall
+	jmp	1b
 
 	.balign	8
 twin_tramp_parent:

@@ -102,6 +102,7 @@ extern void print_on_level(unsigned int loglevel, const char *format, ...) __att
 /* tramp.S: the code every system call runs at, with its data. */
 extern const unsigned char twin_tramp_start[], twin_tramp_end[];
 extern const unsigned char twin_tramp_parent[], twin_tramp_mask[], twin_tramp_regs[], twin_tramp_name[];
+extern const unsigned char twin_tramp_park[], twin_tramp_park_stop[];
 #define TRAMP_LEN ((size_t)(twin_tramp_end - twin_tramp_start))
 #define TRAMP_OFF(sym) ((size_t)((sym) - twin_tramp_start))
 
@@ -408,6 +409,8 @@ static pid_t new_child(pid_t pid, pid_t tid, const pid_t *before, int nbefore)
 }
 
 struct twin {
+	int nslevels; /* the process's pid at each level of its PID namespaces */
+	pid_t nspid[TWIN_NS_MAX];
 	pid_t pid;    /* the twin, in CRIU's PID namespace */
 	int pidfd;    /* of the twin */
 	int lifeline; /* the write end of the twin's pipe */
@@ -425,7 +428,7 @@ static int make_twin(pid_t pid, unsigned long *site, pid_t *twin, struct twin_er
 {
 	struct user_regs_struct saved, resume, regs;
 	uint64_t mask, all = ~0ULL;
-	unsigned char tramp[512];
+	unsigned char tramp[1024];
 	struct timespec t0;
 	long child = -1;
 	pid_t before[4096];
@@ -493,59 +496,67 @@ restore:
 
 /*
  * park makes the twin harmless for when CRIU lets it go (see the top of
- * this file), t->pid being stopped at its birth. It leaves the twin ready
- * to enter pause() at its detach.
+ * this file), t->pid being stopped at its birth. The twin does it itself,
+ * at twin_tramp_park (tramp.S), traced and dying with CRIU: its name, a
+ * descriptor table of its own with nothing of the process's in it, a
+ * session of its own, and a pipe. It stops at an int3 with the pipe's ends
+ * in r14 and r15: the plugin arms the read end to kill the twin once no
+ * write end is left, and takes the write end as its lifeline. Let go, the
+ * twin closes its own copy of the write end and enters pause().
  */
 static int park(struct twin *t, unsigned long code, struct twin_err *e)
 {
 	struct user_regs_struct regs;
 	uint64_t all = ~0ULL;
-	long nspid, scratch;
-	struct iovec local, remote;
-	char path[64], zero = 0;
-	int fds[2];
+	char path[64];
+	int status, rd;
 	FILE *f;
 
-	/* Its trampoline exits, whatever a call left in rax. */
-	if (poke(t->pid, code + TRAMP_OFF(twin_tramp_parent), &zero, 1, e))
-		return -1;
-	/* The twin dies with CRIU until it is parked. */
+	/* The twin dies with CRIU from here on. */
 	if (ptrace(PTRACE_SETOPTIONS, t->pid, NULL, PTRACE_O_EXITKILL | PTRACE_O_TRACESYSGOOD) ||
 	    ptrace(PTRACE_SETSIGMASK, t->pid, sizeof(all), &all) || ptrace(PTRACE_GETREGS, t->pid, NULL, &regs))
 		return fail(e, errno, "taking hold of the twin %d: %s", t->pid, strerror(errno));
-	if (CALL(t->pid, &regs, code, e, __NR_prctl, A2(PR_SET_NAME, code + TRAMP_OFF(twin_tramp_name))) < 0 ||
-	    /* No descriptor of the process's stays open in the twin. */
-	    CALL(t->pid, &regs, code, e, __NR_close_range, A3(0, ~0U, CLOSE_RANGE_UNSHARE)) < 0 ||
-	    /* Out of the process's session and group: no job control or group signal reaches it. */
-	    CALL(t->pid, &regs, code, e, __NR_setsid, A0) < 0)
+	regs.rip = code + TRAMP_OFF(twin_tramp_park);
+	regs.orig_rax = -1;
+	regs.eflags &= ~(0x100UL /* TF */ | 0x400UL /* DF */);
+	if (ptrace(PTRACE_SETREGS, t->pid, NULL, &regs) || ptrace(PTRACE_CONT, t->pid, NULL, NULL))
+		return fail(e, errno, "starting the parking of the twin %d: %s", t->pid, strerror(errno));
+	if (wait_stop(t->pid, &status, e))
 		return -1;
+	if ((status >> 16) != 0 || WSTOPSIG(status) != SIGTRAP)
+		return fail(e, EINTR, "the twin %d stopped with signal %d (event %d) while it parked", t->pid,
+			    WSTOPSIG(status), status >> 16);
+	if (ptrace(PTRACE_GETREGS, t->pid, NULL, &regs))
+		return fail(e, errno, "reading the registers of the twin %d: %s", t->pid, strerror(errno));
+	if ((long)regs.rax < 0)
+		return fail(e, (int)-(long)regs.rax, "parking the twin %d: step %llu failed: %s", t->pid,
+			    regs.rbx & 0xff, strerror((int)-(long)regs.rax));
+	if (regs.rax != 0 || regs.rip != code + TRAMP_OFF(twin_tramp_park_stop) + 1)
+		return fail(e, EINVAL, "the twin %d stopped at %#llx, not at the end of its parking", t->pid, regs.rip);
 	test_stall("parking");
-	nspid = CALL(t->pid, &regs, code, e, __NR_getpid, A0);
-	if (nspid < 0)
-		return -1;
-	/* A page of its own, outside every area of the process, for pipe2's answer. */
-	scratch = CALL(t->pid, &regs, code, e, __NR_mmap, 0, PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
-		       (unsigned long)-1, 0);
-	if (scratch < 0 || CALL(t->pid, &regs, code, e, __NR_pipe2, A2(scratch, O_CLOEXEC)) < 0)
-		return -1;
-	local = (struct iovec){ fds, sizeof(fds) };
-	remote = (struct iovec){ (void *)scratch, sizeof(fds) };
-	if (process_vm_readv(t->pid, &local, 1, &remote, 1, 0) != sizeof(fds))
-		return fail(e, errno, "reading the twin's pipe: %s", strerror(errno));
-	/* The read end kills the twin once no write end is left. */
-	if (CALL(t->pid, &regs, code, e, __NR_fcntl, A3(fds[0], F_SETOWN, nspid)) < 0 ||
-	    CALL(t->pid, &regs, code, e, __NR_fcntl, A3(fds[0], F_SETSIG, SIGKILL)) < 0 ||
-	    CALL(t->pid, &regs, code, e, __NR_fcntl, A3(fds[0], F_SETFL, O_ASYNC)) < 0)
-		return -1;
 	t->pidfd = syscall(__NR_pidfd_open, t->pid, 0);
 	if (t->pidfd < 0)
 		return fail(e, errno, "pidfd of the twin %d: %s", t->pid, strerror(errno));
-	t->lifeline = syscall(__NR_pidfd_getfd, t->pidfd, fds[1], 0);
+	t->lifeline = syscall(__NR_pidfd_getfd, t->pidfd, (int)regs.r15, 0);
 	if (t->lifeline < 0)
 		return fail(e, errno, "taking the twin's pipe: %s", strerror(errno));
-	if (CALL(t->pid, &regs, code, e, __NR_close, A1(fds[1])) < 0 ||
-	    CALL(t->pid, &regs, code, e, __NR_munmap, A2(scratch, PAGE)) < 0)
+	/*
+	 * The read end kills the twin once no write end is left: its owner,
+	 * signal and O_ASYNC belong to the open pipe, which a copy of the
+	 * read end sets as well as the twin's own.
+	 */
+	rd = syscall(__NR_pidfd_getfd, t->pidfd, (int)regs.r14, 0);
+	if (rd < 0)
+		return fail(e, errno, "taking the twin's pipe: %s", strerror(errno));
+	if (fcntl(rd, F_SETOWN, t->pid) || fcntl(rd, F_SETSIG, SIGKILL) || fcntl(rd, F_SETFL, O_ASYNC)) {
+		fail(e, errno, "arming the pipe of the twin %d: %s", t->pid, strerror(errno));
+		close(rd);
 		return -1;
+	}
+	close(rd);
+	/* The int3 unblocked SIGTRAP: every signal but SIGKILL stays blocked. */
+	if (ptrace(PTRACE_SETSIGMASK, t->pid, sizeof(all), &all))
+		return fail(e, errno, "blocking the signals of the twin %d: %s", t->pid, strerror(errno));
 	/* The OOM killer takes the twin before any process of the source. */
 	snprintf(path, sizeof(path), "/proc/%d/oom_score_adj", t->pid);
 	f = fopen(path, "we");
@@ -554,12 +565,6 @@ static int park(struct twin *t, unsigned long code, struct twin_err *e)
 			fclose(f);
 		return fail(e, errno, "raising the twin's oom_score_adj: %s", strerror(errno));
 	}
-	/* pause() from the detach on: nothing but SIGKILL ends it, and what follows exits. */
-	regs.rip = code;
-	regs.rax = __NR_pause;
-	regs.orig_rax = -1;
-	if (ptrace(PTRACE_SETREGS, t->pid, NULL, &regs))
-		return fail(e, errno, "parking the twin %d: %s", t->pid, strerror(errno));
 	return 0;
 }
 
@@ -581,6 +586,8 @@ static int send_twin(pid_t pid, const struct twin *t, const struct twin_err *e)
 		m.twin = t->pid;
 		m.clone_us = (int32_t)(t->clone_ms * 1000);
 		m.park_us = (int32_t)(t->park_ms * 1000);
+		m.nslevels = t->nslevels;
+		memcpy(m.nspid, t->nspid, sizeof(m.nspid));
 		mh.msg_control = cbuf;
 		mh.msg_controllen = sizeof(cbuf);
 		c = CMSG_FIRSTHDR(&mh);
@@ -592,6 +599,43 @@ static int send_twin(pid_t pid, const struct twin *t, const struct twin_err *e)
 	return sendmsg(twin_sock, &mh, MSG_NOSIGNAL) == sizeof(m) ? 0 : -1;
 }
 
+/* ns_pids reads pid's NSpid line: its pid at each level of its PID namespaces. */
+static int ns_pids(pid_t pid, struct twin *t, struct twin_err *e)
+{
+	char path[64], line[512];
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/proc/%d/status", pid);
+	f = fopen(path, "re");
+	if (!f)
+		return fail(e, errno, "reading %s: %s", path, strerror(errno));
+	t->nslevels = 0;
+	while (fgets(line, sizeof(line), f)) {
+		char *p = line + 6, *end;
+
+		if (strncmp(line, "NSpid:", 6))
+			continue;
+		for (;;) {
+			long v = strtol(p, &end, 10);
+
+			if (end == p)
+				break;
+			if (t->nslevels == TWIN_NS_MAX) {
+				fclose(f);
+				return fail(e, E2BIG, "process %d is %d PID namespaces deep or more; tclone takes twins %d deep",
+					    pid, TWIN_NS_MAX + 1, TWIN_NS_MAX);
+			}
+			t->nspid[t->nslevels++] = v;
+			p = end;
+		}
+		break;
+	}
+	fclose(f);
+	if (!t->nslevels)
+		return fail(e, ENOENT, "%s has no NSpid line", path);
+	return 0;
+}
+
 static int twin_of(pid_t pid, struct twin *t, struct twin_err *e)
 {
 	struct timespec t0;
@@ -599,7 +643,7 @@ static int twin_of(pid_t pid, struct twin *t, struct twin_err *e)
 	int status;
 
 	clock_gettime(CLOCK_MONOTONIC, &t0);
-	if (make_twin(pid, &code, &t->pid, e))
+	if (ns_pids(pid, t, e) || make_twin(pid, &code, &t->pid, e))
 		return -1;
 	t->clone_ms = ms_since(&t0);
 	clock_gettime(CLOCK_MONOTONIC, &t0);

@@ -11,8 +11,10 @@
 /* The environment variable naming the socket's descriptor in CRIU. */
 #define TWIN_FD_ENV "TCLONE_TWIN_FD"
 
-#define TWIN_MSG_VERSION 1
+#define TWIN_MSG_VERSION 2
 #define TWIN_WHY_LEN 240
+/* The PID namespace levels a message carries, from the host's down. */
+#define TWIN_NS_MAX 8
 
 struct twin_msg {
 	uint32_t version;
@@ -22,6 +24,13 @@ struct twin_msg {
 	int32_t clone_us; /* the clone, in the process's pause */
 	int32_t park_us;  /* parking the twin, likewise */
 	char why[TWIN_WHY_LEN];
+	/*
+	 * With a twin: the process's pid at each level of its PID namespaces
+	 * (NSpid in /proc/PID/status, read while CRIU holds it), so that
+	 * tclone can find its twin by the pid CRIU's images give it.
+	 */
+	int32_t nslevels;
+	int32_t nspid[TWIN_NS_MAX];
 	/* With a twin: SCM_RIGHTS carries its pidfd, then its lifeline (the pipe's write end). */
 };
 

@@ -437,6 +437,9 @@ func (op *captureOp) dump(ctx context.Context, opts forkopts.Dumped) (*dumped, e
 	} else if uerr := entry.Update(func(r *journal.Record) { r.Phase = journal.CaptureDumped; r.Capture.Criu = nil }); uerr != nil {
 		err = errors.Join(err, uerr)
 	}
+	if err == nil && op.held != nil {
+		err = op.held.adopt(src.state.Pid)
+	}
 	snap := hooks.snap
 	if err != nil {
 		if snap != nil {

@@ -100,6 +100,10 @@ func (c *cowCapture) release() {
 
 func (c *cowCapture) held() lazy.Held { return lazy.Held{Snapshots: c.snaps} }
 
+// adopt has nothing left to do: take made the snapshots while CRIU held
+// the tree.
+func (c *cowCapture) adopt(int) error { return nil }
+
 func (c *cowCapture) taken() bool { return c.snaps != nil }
 
 func (c *cowCapture) dumpErr() error { return nil }

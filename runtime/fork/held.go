@@ -22,6 +22,9 @@ type heldMemory interface {
 	// take takes the memory of the tree whose root has host pid root,
 	// which CRIU holds (post-dump).
 	take(root int) error
+	// adopt finishes the taking once CRIU has returned and the tree
+	// runs again, with what need not be in the source's pause.
+	adopt(root int) error
 	// dumpErr says why the dump failed, where the memory knows better
 	// than CRIU's log.
 	dumpErr() error

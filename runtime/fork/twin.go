@@ -157,25 +157,35 @@ func (c *twinCapture) dumpDone() {
 	c.col = nil
 }
 
-func (c *twinCapture) take(root int) error {
-	start := time.Now()
-	tasks, err := criuhooks.TreeTasks(root)
+// take has nothing to do while CRIU holds the tree: the plugin made the
+// twins before the dump, and adopt takes them once the tree runs again.
+func (c *twinCapture) take(int) error { return nil }
+
+// adopt takes the twins of the dumped tree, whose root has host pid root,
+// from the collector, after CRIU has let the tree go: matching them to the
+// images' processes, checking the images, and opening the twins' memory
+// add nothing to the source's pause.
+func (c *twinCapture) adopt(root int) error {
+	snaps, err := c.col.Take(root, c.images)
 	if err != nil {
-		return fmt.Errorf("twin capture: %w", err)
-	}
-	if err := criuhooks.CheckTwinnable(c.images, tasks); err != nil {
-		return &notTwinnable{err}
-	}
-	if c.snaps, err = c.col.Take(tasks); err != nil {
 		var te *criuhooks.TwinError
 		if errors.As(err, &te) {
 			return fmt.Errorf("twin capture: %w; the source runs on: fork with --memory lazy or copy", err)
 		}
 		return fmt.Errorf("twin capture: %w", err)
 	}
-	// Making the twins was part of the pause before post-dump; opening
-	// their memory here is too.
-	c.snaps.Took += time.Since(start)
+	var tasks []criuhooks.Task
+	for pid, t := range snaps.Twins {
+		tasks = append(tasks, criuhooks.Task{ImagePid: pid, HostPid: t.Pid})
+	}
+	if err := criuhooks.CheckTwinnable(c.images, tasks); err != nil {
+		snaps.Snapshots.Close()
+		if rerr := lazy.ReleaseTwins(snaps.List()); rerr != nil {
+			logrus.Warnf("twin capture: releasing the twins: %v (tclone gc reaps what is left)", rerr)
+		}
+		return &notTwinnable{err}
+	}
+	c.snaps = snaps
 	return nil
 }
 
