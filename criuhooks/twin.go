@@ -15,7 +15,6 @@ import (
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/mm"
 	"github.com/checkpoint-restore/go-criu/v7/rpc"
 	"golang.org/x/sys/unix"
-
 )
 
 // A twin capture (forkopts.MemoryTwin) needs no kernel module. CRIU makes a
