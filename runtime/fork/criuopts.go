@@ -9,6 +9,7 @@ import (
 
 	"github.com/checkpoint-restore/go-criu/v7/rpc"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"github.com/sirupsen/logrus"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/tclone/tclone/runtime/cgroups"
@@ -38,6 +39,19 @@ type dumpInput struct {
 	freezeCgroup string
 }
 
+// dumpLogLevel is the level of CRIU's log of a capture: info (3), which
+// says what CRIU did and why it failed, unless tclone itself logs at
+// debug level (--debug, --log-level debug). CRIU's debug level writes
+// about 460 lines per process while it holds the tree, which cost about
+// 1 ms per process of the source's pause here (a 200-process tree: 1.07
+// s against 0.88 s at info level, tclone's build of CRIU 4.2.1).
+func dumpLogLevel() int32 {
+	if logrus.IsLevelEnabled(logrus.DebugLevel) {
+		return 4
+	}
+	return 3
+}
+
 // dumpOptions builds the CRIU options for a leave-running dump that crun's
 // restore accepts: the same external mounts and namespaces crun's own
 // checkpoint declares, so that `crun restore` can map them onto the sibling.
@@ -45,7 +59,7 @@ func dumpOptions(in dumpInput) (*rpc.CriuOpts, error) {
 	o := &rpc.CriuOpts{
 		ImagesDirFd:       proto.Int32(int32(in.imagesFd)),
 		WorkDirFd:         proto.Int32(int32(in.workFd)),
-		LogLevel:          proto.Int32(4),
+		LogLevel:          proto.Int32(dumpLogLevel()),
 		LogFile:           proto.String(dumpLogName),
 		Pid:               proto.Int32(int32(in.pid)),
 		Root:              proto.String(in.rootfs),

@@ -370,14 +370,18 @@ func TestTwinDaemonKilledWhileDraining(t *testing.T) {
 // leaves the trampoline in the process's vDSO. The next twin capture of the
 // source uses that place again: it once refused, the vDSO's padding being
 // too short with the old trampoline in it (found by the fault suite).
+// Rounds alternate with a CRIU killed while a twin, parked by its own
+// calls, waits at its stop for the plugin to take its lifeline: the twin
+// dies with CRIU. After each round nothing of a twin is left in the source
+// once tclone gc has run, and the source runs on.
 func TestTwinCaptureAfterCRIUKilledAtTheTrampoline(t *testing.T) {
 	requireStack(t)
 	requireTwins(t)
 	n, pid := workloadOf(t, 16)
 	// Each trampoline left used to push the next one further into the
 	// padding, until none fitted: several rounds.
-	for round := 1; round <= 4; round++ {
-		t.Setenv("TCLONE_TWIN_TEST_STALL", "after-clone:20000")
+	for round, point := range []string{"after-clone", "parking", "after-clone", "parking", "after-clone"} {
+		t.Setenv("TCLONE_TWIN_TEST_STALL", point+":20000")
 		cmd, stderr, criu := startCapture(t, containerID(t, n), pid, "--memory", "twin")
 		eventually(t, 30*time.Second, "a twin born in the source", func() error {
 			if len(twinsUnder(pid)) == 0 {
@@ -391,9 +395,24 @@ func TestTwinCaptureAfterCRIUKilledAtTheTrampoline(t *testing.T) {
 		os.Unsetenv("TCLONE_TWIN_TEST_STALL")
 		requireUntraced(t, pid, releaseWait)
 		requireSourceRuns(t, n)
+		// Dead before any clean-up: it died with CRIU, or ran its exit.
+		eventually(t, 10*time.Second, "the twin dead with CRIU", func() error {
+			for _, tw := range twinsUnder(pid) {
+				if !strings.HasPrefix(tw, "Z ") {
+					return fmt.Errorf("round %d (%s): a twin alive in the source: %v", round, point, tw)
+				}
+			}
+			return nil
+		})
 		if r := run(t, time.Minute, tcloneBin(), "gc"); r.code != 0 {
-			t.Fatalf("round %d: tclone gc: %s", round, r.stderr)
+			t.Fatalf("round %d (%s): tclone gc: %s", round, point, r.stderr)
 		}
+		eventually(t, 10*time.Second, "no twin left in the source", func() error {
+			if tw := twinsUnder(pid); len(tw) > 0 {
+				return fmt.Errorf("round %d (%s): twins in the source after tclone gc: %v", round, point, tw)
+			}
+			return nil
+		})
 	}
 	r := runDetached(t, nil, tcloneBin(), "fork", "--plan-only", "--file-locks", "--memory", "twin", containerID(t, n))
 	if dir := strings.TrimSpace(r.stdout); hostStore.Contains(dir) {
