@@ -464,6 +464,21 @@ func TestTwinTargets(t *testing.T) {
 	if d := findTarget(t, targets(twinRun(150, forkRef(1024, 38, 40, 45), full, 1.5)), "pause_1g_twin_within_fork").Detail; !strings.Contains(d, "3 × 40.0 ms (fork() of 1 GiB, median of 3)") {
 		t.Errorf("pause detail %q lacks the fork() reference", d)
 	}
+	withCriu := twinRun(150, nil, full, 3)
+	for _, n := range full {
+		raw := fakeProcs(n, MethodCriu, 10+2.5*float64(n))
+		for _, w := range withCriu.Workloads {
+			if w.Name == raw.Name {
+				w.Methods[MethodCriu] = raw.Methods[MethodCriu]
+			}
+		}
+	}
+	if d := findTarget(t, targets(withCriu), "twin_pause_ms_per_process").Detail; !strings.Contains(d, "a bare `criu dump` of the same trees (raw CRIU dump/restore) in this run: 2.50 ms/process") {
+		t.Errorf("slope detail %q lacks the bare CRIU dump's slope", d)
+	}
+	if d := findTarget(t, targets(twinRun(150, nil, full, 1.5)), "twin_pause_ms_per_process").Detail; strings.Contains(d, "criu dump") {
+		t.Errorf("slope detail %q names a bare CRIU dump that was not measured", d)
+	}
 	if d := findTarget(t, targets(twinRun(150, nil, full, 1.5)), "twin_second_branch_incremental").Detail; !strings.Contains(d, "not built") {
 		t.Errorf("incremental branch detail %q does not say it is not built", d)
 	}

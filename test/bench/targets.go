@@ -228,6 +228,11 @@ func twinTargets(r *Results) []Target {
 		if !spans {
 			t.Detail += fmt.Sprintf(" (the issue's sweep spans %d to %d)", twinSweepEnds[0], twinSweepEnds[1])
 		}
+		// A bare CRIU dump of the same trees is the floor a capture by
+		// CRIU stands on.
+		if raw := procSlope(r, MethodCriu, "pause_ms"); !math.IsNaN(raw) {
+			t.Detail += fmt.Sprintf("; a bare `criu dump` of the same trees (%s) in this run: %.2f ms/process", methodTitles[MethodCriu], raw)
+		}
 	}
 	judge(&t, spans)
 	out = append(out, t)
