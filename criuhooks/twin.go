@@ -15,6 +15,8 @@ import (
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/mm"
 	"github.com/checkpoint-restore/go-criu/v7/rpc"
 	"golang.org/x/sys/unix"
+
+	"github.com/tclone/tclone/runtime/procfs"
 )
 
 // A twin capture (forkopts.MemoryTwin) needs no kernel module. CRIU makes a
@@ -376,17 +378,31 @@ func (c *TwinCollector) Take(root int, imagesDir string) (*TwinSnapshots, error)
 	return s, nil
 }
 
+// ErrTwinGone is a twin that died before its memory was opened: killed
+// after the thaw, by the OOM killer (a twin's oom_score_adj is 1000) or by
+// a kill of every process of the container's.
+var ErrTwinGone = errors.New("the twin died before its memory was read")
+
 // openTwinMem opens the twin's memory, and proves that the pid named the
-// twin all along: the twin is alive after the open (its pidfd says so), and
-// a pid is not reused while its process lives.
+// twin all along and that the memory is there: the twin has not exited
+// after the open (its pidfd would poll readable, reaped or not: a zombie
+// has no memory), and a pid is not reused while its process lives.
 func openTwinMem(t *Twin) (*os.File, error) {
 	mem, err := os.Open(fmt.Sprintf("/proc/%d/mem", t.TwinPid))
+	if errors.Is(err, os.ErrNotExist) || errors.Is(err, unix.ESRCH) {
+		return nil, fmt.Errorf("twin %d of process %d: %w (%v)", t.TwinPid, t.Pid, ErrTwinGone, err)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("opening the memory of twin %d (of process %d): %w", t.TwinPid, t.Pid, err)
 	}
-	if err := unix.PidfdSendSignal(int(t.Pidfd.Fd()), 0, nil, 0); err != nil {
+	exited, err := procfs.PidfdExited(int(t.Pidfd.Fd()), 0)
+	if err != nil {
 		mem.Close()
-		return nil, fmt.Errorf("twin %d (of process %d) died before its memory was read: %w", t.TwinPid, t.Pid, err)
+		return nil, fmt.Errorf("twin %d (of process %d): %w", t.TwinPid, t.Pid, err)
+	}
+	if exited {
+		mem.Close()
+		return nil, fmt.Errorf("twin %d of process %d: %w", t.TwinPid, t.Pid, ErrTwinGone)
 	}
 	return mem, nil
 }

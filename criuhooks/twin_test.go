@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/mm"
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/pstree"
@@ -17,6 +18,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/tclone/tclone/criuhooks/internal/imagetest"
+	"github.com/tclone/tclone/runtime/procfs"
 )
 
 // twinMsg is a plugin message as twin.h lays it out, with nspid the
@@ -198,6 +200,29 @@ func TestTwinCollectorTakeMatchesTheImages(t *testing.T) {
 	}
 	if _, err := collector().Take(4999, images(1, 5)); err == nil || !strings.Contains(err.Error(), "root, process 4999, has no twin") {
 		t.Fatalf("Take of a root without a twin: %v", err)
+	}
+
+	// A twin killed after the thaw (a zombie: nobody reaps a twin but
+	// tclone) has no memory left to read.
+	cmd := exec.Command("sleep", "60")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	fd, err := unix.PidfdOpen(cmd.Process.Pid, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := &Twin{Pid: 4008, NSpid: []int{4008, 8}, TwinPid: cmd.Process.Pid, Pidfd: os.NewFile(uintptr(fd), "pidfd")}
+	defer dead.Pidfd.Close()
+	cmd.Process.Kill()
+	defer cmd.Wait()
+	if _, err := procfs.PidfdExited(fd, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	c = collector()
+	c.got[dead.Pid] = dead
+	if _, err := c.Take(4001, images(1, 5, 8)); !errors.Is(err, ErrTwinGone) || !strings.Contains(err.Error(), "process 4008") {
+		t.Fatalf("Take with a dead twin: %v, want ErrTwinGone naming process 4008", err)
 	}
 
 	c = collector()

@@ -3,9 +3,9 @@
  * The code tclone's twin plugin runs its system calls at, in the process
  * and in its twin (twin.c). The plugin copies it, with its data, into the
  * zero padding at the end of the process's vDSO, where nothing of the
- * process's ever runs, and runs each call at its first instruction. What
- * follows the call runs only if CRIU dies while a call is in flight, and
- * makes that harmless:
+ * process's ever runs, and runs the clone at its first instruction. What
+ * follows the call runs only if CRIU dies while the clone is in flight,
+ * and makes that harmless:
  *  - in the process (the clone returned a pid, and the parent flag is
  *    set), it puts back the process's signal mask and every register as
  *    they were when CRIU stopped it, and jumps back to where it was: the

@@ -10,17 +10,20 @@
  * the tree runs on, while the process itself writes to its own copy.
  *
  * The twin never runs a line of the process's code:
- *  - the clone runs at a code page of the plugin's own, mapped into the
- *    process for the call and unmapped right after it, so the twin is born
- *    at code that names it "tclone-twin" and exits;
+ *  - the clone runs at a trampoline of the plugin's (tramp.S), copied
+ *    into the zero padding of the process's vDSO for the call and zeroed
+ *    right after it, so the twin is born at code that names it
+ *    "tclone-twin" and exits;
  *  - it is born traced (CLONE_PTRACE: it stops before it reaches user
- *    space), and CRIU's death would kill it (PTRACE_O_EXITKILL);
- *  - before CRIU lets it go, it is parked in pause() with every signal
- *    blocked, in a session of its own, with no descriptor of the process's
- *    and a single one of its own: the read end of a pipe that kills it
- *    (F_SETSIG SIGKILL) once the last copy of the write end is closed. The
- *    write end (its "lifeline") and a pidfd of the twin go to tclone, which
- *    ends the twin when it is done with it, or dies and so ends it.
+ *    space), and from its first stop CRIU's death kills it
+ *    (PTRACE_O_EXITKILL);
+ *  - before CRIU lets it go, it parks itself, by its own calls at the
+ *    trampoline, in pause() with every signal blocked, in a session of its
+ *    own, with no descriptor of the process's and a single one of its own:
+ *    the read end of a pipe that kills it (F_SETSIG SIGKILL) once the last
+ *    copy of the write end is closed. The write end (its "lifeline") and a
+ *    pidfd of the twin go to tclone, which ends the twin when it is done
+ *    with it, or dies and so ends it.
  * Its exit signal is 0: its birth and death send no SIGCHLD, and no wait()
  * of the process's own sees it (only __WALL or __WCLONE do); tclone reaps
  * it.
@@ -50,8 +53,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/prctl.h>
 #include <sys/ptrace.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
@@ -96,8 +97,6 @@ extern void print_on_level(unsigned int loglevel, const char *format, ...) __att
 #define ERESTARTNOINTR 513
 #define ERESTARTNOHAND 514
 #define ERESTART_RESTARTBLOCK 516
-
-#define PAGE 4096UL
 
 /* tramp.S: the code every system call runs at, with its data. */
 extern const unsigned char twin_tramp_start[], twin_tramp_end[];
@@ -227,10 +226,7 @@ static long call(pid_t tid, const struct user_regs_struct *orig, unsigned long s
 }
 
 #define CALL(tid, regs, site, e, nr, ...) call(tid, regs, site, e, nr, ##__VA_ARGS__)
-#define A0 0, 0, 0, 0, 0, 0
 #define A1(a) (unsigned long)(a), 0, 0, 0, 0, 0
-#define A2(a, b) (unsigned long)(a), (unsigned long)(b), 0, 0, 0, 0
-#define A3(a, b, c) (unsigned long)(a), (unsigned long)(b), (unsigned long)(c), 0, 0, 0
 
 /*
  * resumable gives regs as they must be for the thread to go on where it
@@ -542,8 +538,11 @@ static int park(struct twin *t, unsigned long code, struct twin_err *e)
 		return fail(e, errno, "taking the twin's pipe: %s", strerror(errno));
 	/*
 	 * The read end kills the twin once no write end is left: its owner,
-	 * signal and O_ASYNC belong to the open pipe, which a copy of the
-	 * read end sets as well as the twin's own.
+	 * signal and O_ASYNC belong to the open file description, which a
+	 * copy of the read end sets as well as the twin's own (closing the
+	 * copy is not its last close, which would undo O_ASYNC). The kernel
+	 * checks the signal against the credentials of whoever set the owner
+	 * (sigio_perm): CRIU's, root's, which may kill the twin.
 	 */
 	rd = syscall(__NR_pidfd_getfd, t->pidfd, (int)regs.r14, 0);
 	if (rd < 0)

@@ -41,10 +41,14 @@ type criuBuild struct {
 
 // criuStamp is what hack/build-criu.sh's stamp in a build directory says:
 // the CRIU version the build and the plugin are for (the first field of
-// its first line) and, on its third line ("options ..."), the options the
+// its first line), the plugin's sources' hash (its second line) and, on
+// its third line ("options ..."), the options the
 // build has; a stamp older than that line has lazy-pages-external alone.
 type criuStamp struct {
 	Version string
+	// Plugin is the twin plugin's stamp (its second line): the hash of
+	// the sources it was built from (criuhooks.TwinPluginStamp).
+	Plugin  string
 	Options []string
 }
 
@@ -54,6 +58,9 @@ func readCRIUStamp(dir string) criuStamp {
 	var st criuStamp
 	if f := strings.Fields(lines[0]); len(f) > 0 {
 		st.Version = f[0]
+	}
+	if len(lines) > 1 {
+		st.Plugin = strings.TrimSpace(lines[1])
 	}
 	st.Options = []string{"lazy-pages-external"}
 	if len(lines) > 2 {

@@ -3,7 +3,9 @@ package fork
 import (
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/tclone/tclone/criuhooks"
@@ -50,6 +52,50 @@ func TestInstalledBuildOptions(t *testing.T) {
 			}
 			if c.path && !slices.Contains(b.Options, "lazy-pages-external") {
 				t.Fatalf("options %q lack lazy-pages-external", b.Options)
+			}
+		})
+	}
+}
+
+// Twins are taken only with a plugin built from this tclone's own sources
+// (the stamp's second line): a plugin left from an older tclone may speak
+// another version of the plugin's messages, which would fail every twin
+// capture after its pause instead of choosing another way before it.
+func TestTwinAvailableNeedsThisTclonesPlugin(t *testing.T) {
+	check := &criucheck.Result{Version: criucheck.Version(40201), Kernel: "6.18.0", LazyPages: true, Path: "/usr/sbin/criu"}
+	for _, c := range []struct {
+		name, plugin string
+		ok           bool
+	}{
+		{"this tclone's", criuhooks.TwinPluginStamp(), true},
+		{"another tclone's", "0123456789abcdef", false},
+		{"no plugin line", "", false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dir := t.TempDir()
+			t.Setenv(EnvCriuDir, dir)
+			if err := os.MkdirAll(filepath.Join(dir, "plugins"), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(dir, "plugins", criuhooks.TwinPluginName), nil, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			stamp := "4.2.1 sum patch\n" + c.plugin + "\noptions lazy-pages-external\n"
+			if err := os.WriteFile(filepath.Join(dir, ".stamp"), []byte(stamp), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			_, ok, why := twinAvailable(check)
+			if runtime.GOARCH != "amd64" {
+				if ok || !strings.Contains(why, "x86-64 only") {
+					t.Fatalf("twins on %s: %v (%s), want none", runtime.GOARCH, ok, why)
+				}
+				return
+			}
+			if ok != c.ok {
+				t.Fatalf("twins available: %v (%s), want %v", ok, why, c.ok)
+			}
+			if !ok && !strings.Contains(why, "built from other sources than this tclone's") {
+				t.Fatalf("refusal %q does not say the plugin is another tclone's", why)
 			}
 		})
 	}

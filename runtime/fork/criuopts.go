@@ -42,9 +42,10 @@ type dumpInput struct {
 // dumpLogLevel is the level of CRIU's log of a capture: info (3), which
 // says what CRIU did and why it failed, unless tclone itself logs at
 // debug level (--debug, --log-level debug). CRIU's debug level writes
-// about 460 lines per process while it holds the tree, which cost about
-// 1 ms per process of the source's pause here (a 200-process tree: 1.07
-// s against 0.88 s at info level, tclone's build of CRIU 4.2.1).
+// about 460 lines per process while it holds the tree, which cost the
+// source's pause about 0.3 ms per process here (a 200-process source,
+// plan-only copy captures: median pause 754 ms at debug level against
+// 695 ms at info level).
 func dumpLogLevel() int32 {
 	if logrus.IsLevelEnabled(logrus.DebugLevel) {
 		return 4

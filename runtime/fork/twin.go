@@ -26,8 +26,9 @@ import (
 
 // A twin capture (forkopts.MemoryTwin): copy-on-write memory without the
 // module. CRIU makes a lazy dump; while it holds the tree, tclone's CRIU
-// plugin gives each process a twin (criuhooks.TwinDump), and in post-dump
-// each twin's memory is opened. The plan's lazy-pages daemon then holds the
+// plugin gives each process a twin (criuhooks.TwinDump), and once CRIU has
+// let the tree go each twin is matched with its process of the images and
+// its memory is opened (adopt). The plan's lazy-pages daemon then holds the
 // twins for the plan's life (lazy.Hold), and each sibling gets copies of
 // their pages. With tclone's build of CRIU no page is read while the tree
 // is held; with stock CRIU its lazy dump still reads them all into pipes
@@ -66,11 +67,15 @@ func twinAvailable(check *criucheck.Result) (twinHost, bool, string) {
 	if _, err := os.Stat(filepath.Join(h.PluginDir, criuhooks.TwinPluginName)); err != nil {
 		return h, false, fmt.Sprintf("tclone's CRIU plugin is not installed (%v): hack/setup-host.sh builds it", err)
 	}
-	if built := readCRIUStamp(dir).Version; built != check.Version.String() {
+	st := readCRIUStamp(dir)
+	if built := st.Version; built != check.Version.String() {
 		if built == "" {
 			built = "an unknown version"
 		}
 		return h, false, fmt.Sprintf("tclone's CRIU plugin in %s was built for CRIU %s, and CRIU here is %s: run hack/build-criu.sh again", dir, built, check.Version)
+	}
+	if want := criuhooks.TwinPluginStamp(); st.Plugin != want {
+		return h, false, fmt.Sprintf("tclone's CRIU plugin in %s was built from other sources than this tclone's (stamp %q, this tclone's %q): run hack/build-criu.sh again", dir, st.Plugin, want)
 	}
 	h.CriuPath = check.Path
 	if c := externalCRIU(check); c != "" {
@@ -167,6 +172,10 @@ func (c *twinCapture) take(int) error { return nil }
 // add nothing to the source's pause.
 func (c *twinCapture) adopt(root int) error {
 	snaps, err := c.col.Take(root, c.images)
+	if errors.Is(err, criuhooks.ErrTwinGone) {
+		// auto captures again the old way.
+		return &notTwinnable{err}
+	}
 	if err != nil {
 		var te *criuhooks.TwinError
 		if errors.As(err, &te) {
@@ -283,7 +292,8 @@ func waitTwinsGone(ctx context.Context, src *source, timeout time.Duration) erro
 }
 
 // notTwinnable is a source whose memory twins cannot hold (see
-// criuhooks.CheckTwinnable): auto captures it again the old way.
+// criuhooks.CheckTwinnable), or whose twins died before their memory was
+// opened (criuhooks.ErrTwinGone): auto captures it again the old way.
 type notTwinnable struct{ err error }
 
 func (e *notTwinnable) Error() string {
