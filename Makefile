@@ -76,6 +76,7 @@ unit-test:
 	kernel/vmtest/bootagain-test.sh
 	kernel/vmtest/selection-test.sh
 	hack/stage-test.sh
+	hack/build-criu-test.sh
 	$(BENCHGO) test -count=1 ./...
 
 # Go's native fuzzing of the branch archive reader and the manifest checks,

@@ -123,9 +123,10 @@ fi
 
 mkdir -p "$cache"
 if [ $criu_ok = 1 ]; then
-	# Built whatever make's times say: the plugin in the build tree may
+	# Rebuilt whatever make's times say: the plugin in the build tree may
 	# be newer than these sources and built from others (another
-	# checkout's), and the stamp says these.
+	# checkout's), and the stamp written below names these
+	# (hack/build-criu-test.sh).
 	rm -f "$build/tclone_twin.so"
 	make -C "$src_dir" CRIU_SRC="$build" OUT="$build/tclone_twin.so" >"$cache/plugin.log" 2>&1 || {
 		tail -20 "$cache/plugin.log" >&2

@@ -524,9 +524,14 @@ static int park(struct twin *t, unsigned long code, struct twin_err *e)
 			    WSTOPSIG(status), status >> 16);
 	if (ptrace(PTRACE_GETREGS, t->pid, NULL, &regs))
 		return fail(e, errno, "reading the registers of the twin %d: %s", t->pid, strerror(errno));
-	if ((long)regs.rax < 0)
-		return fail(e, (int)-(long)regs.rax, "parking the twin %d: step %llu failed: %s", t->pid,
-			    regs.rbx & 0xff, strerror((int)-(long)regs.rax));
+	if ((long)regs.rax < 0) {
+		/* The steps of twin_tramp_park, by the number its step macro loads. */
+		static const char *const steps[] = { "?", "prctl(PR_SET_NAME)", "close_range", "setsid", "mmap", "pipe2", "munmap" };
+		unsigned int n = regs.rbx & 0xff;
+
+		return fail(e, (int)-(long)regs.rax, "parking the twin %d: its %s failed: %s", t->pid,
+			    steps[n < sizeof(steps) / sizeof(steps[0]) ? n : 0], strerror((int)-(long)regs.rax));
+	}
 	if (regs.rax != 0 || regs.rip != code + TRAMP_OFF(twin_tramp_park_stop) + 1)
 		return fail(e, EINVAL, "the twin %d stopped at %#llx, not at the end of its parking", t->pid, regs.rip);
 	test_stall("parking");

@@ -1,6 +1,8 @@
 package fork
 
 import (
+	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -98,5 +100,24 @@ func TestTwinAvailableNeedsThisTclonesPlugin(t *testing.T) {
 				t.Fatalf("refusal %q does not say the plugin is another tclone's", why)
 			}
 		})
+	}
+}
+
+// A take that failed on a twin dead after the thaw lets auto capture again
+// the old way; any other failure fails the capture, saying that the source
+// runs on and what to do.
+func TestTwinTakeErrors(t *testing.T) {
+	var unfit *notTwinnable
+	if err := takeError(fmt.Errorf("twin 7 of process 3: %w", criuhooks.ErrTwinGone)); !errors.As(err, &unfit) {
+		t.Fatalf("a dead twin: %v, want a capture auto makes again", err)
+	}
+	for _, cause := range []error{
+		&criuhooks.TwinError{Pid: 3, Why: "parking the twin 9: its setsid failed"},
+		errors.New("process 5 of the images has no twin: CRIU's plugin did not make one"),
+	} {
+		err := takeError(cause)
+		if errors.As(err, &unfit) || !errors.Is(err, cause) || !strings.Contains(err.Error(), "the source runs on: fork again, or with --memory lazy or copy") {
+			t.Errorf("%v: %v, want a failure that says what to do", cause, err)
+		}
 	}
 }

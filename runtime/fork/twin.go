@@ -172,16 +172,8 @@ func (c *twinCapture) take(int) error { return nil }
 // add nothing to the source's pause.
 func (c *twinCapture) adopt(root int) error {
 	snaps, err := c.col.Take(root, c.images)
-	if errors.Is(err, criuhooks.ErrTwinGone) {
-		// auto captures again the old way.
-		return &notTwinnable{err}
-	}
 	if err != nil {
-		var te *criuhooks.TwinError
-		if errors.As(err, &te) {
-			return fmt.Errorf("twin capture: %w; the source runs on: fork with --memory lazy or copy", err)
-		}
-		return fmt.Errorf("twin capture: %w", err)
+		return takeError(err)
 	}
 	var tasks []criuhooks.Task
 	for pid, t := range snaps.Twins {
@@ -289,6 +281,16 @@ func waitTwinsGone(ctx context.Context, src *source, timeout time.Duration) erro
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
+}
+
+// takeError is what a failed take of the twins makes of the capture: a
+// twin that died after the thaw makes auto capture again the old way
+// (notTwinnable); any other failure fails it, saying what to do.
+func takeError(err error) error {
+	if errors.Is(err, criuhooks.ErrTwinGone) {
+		return &notTwinnable{err}
+	}
+	return fmt.Errorf("twin capture: %w; the source runs on: fork again, or with --memory lazy or copy", err)
 }
 
 // notTwinnable is a source whose memory twins cannot hold (see
