@@ -43,7 +43,14 @@ patches=(lazy-pages-external.patch tmpfs-builtin-tar.patch lazy-dump-iovs.patch)
 added=(tmpfs-archive.c:criu/tmpfs-archive.c tmpfs-archive.h:criu/include/tmpfs-archive.h)
 # The options they add; the stamp's third line lists them for tclone.
 options="lazy-pages-external tmpfs-builtin-tar"
-criu_stamp="$version $sum $(cd "$src_dir" && cat "${patches[@]}" "${added[@]%%:*}" | sha256sum | cut -c1-16)"
+# CRIU caches what it finds out about the kernel (kerndat, 20-30 ms of
+# probing before each dump) in RUNDIR/criu.kdat, only on a tmpfs, and marks
+# it with its build: the host's criu (restores) finds this build's cache
+# stale and the other way round. This build keeps its own in the plans'
+# tmpfs, in a directory tclone makes before each dump (the stamp's first
+# line names it).
+rundir=/run/tclone/plans/.criu
+criu_stamp="$version $sum $(cd "$src_dir" && cat "${patches[@]}" "${added[@]%%:*}" | sha256sum | cut -c1-16) RUNDIR=$rundir"
 plugin_stamp="$(cat "$src_dir/twin.c" "$src_dir/twin.h" "$src_dir/tramp.S" "$src_dir/Makefile" | sha256sum | cut -c1-16)"
 build=$cache/criu-$version
 criu_ok=0
@@ -157,7 +164,7 @@ for a in "${added[@]}"; do
 	cp "$src_dir/${a%%:*}" "$build/${a#*:}"
 done
 log "building CRIU $version with $options (about a minute)"
-make -C "$build" -j"$(nproc)" criu >"$cache/build.log" 2>&1 || {
+make -C "$build" -j"$(nproc)" RUNDIR="$rundir" criu >"$cache/build.log" 2>&1 || {
 	tail -20 "$cache/build.log" >&2
 	die "building CRIU failed (log: $cache/build.log)"
 }

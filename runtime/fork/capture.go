@@ -12,6 +12,7 @@ import (
 	"github.com/checkpoint-restore/go-criu/v7/crit"
 	"github.com/checkpoint-restore/go-criu/v7/rpc"
 	"github.com/sirupsen/logrus"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/tclone/tclone/criuhooks"
 	"github.com/tclone/tclone/runtime/cgroups"
@@ -382,6 +383,7 @@ func (op *captureOp) dump(ctx context.Context, opts forkopts.Dumped) (*dumped, e
 	defer closeDirs()
 	var setup dumpSetup
 	build := installedBuild(op.check)
+	build.keepKerndat()
 	conf := build.dumpConf()
 	if op.held != nil {
 		if setup, err = op.held.begin(criuOpts, plan.WorkDir(dir), conf); err != nil {
@@ -529,6 +531,15 @@ func captureOptions(src *source, dir string, opts forkopts.Dumped) (_ *rpc.CriuO
 	if err != nil {
 		closeDirs()
 		return nil, nil, err
+	}
+	// The source's hierarchies as they are mounted here, so that CRIU
+	// mounts none of them while it holds the tree (cgroups.Yard).
+	yard := filepath.Join(plan.WorkDir(dir), "cgroup-yard")
+	if err := cgroups.Yard(yard, src.state.Pid); err != nil {
+		logrus.Debugf("capture: CRIU mounts the cgroup hierarchies itself: %v", err)
+		os.RemoveAll(yard)
+	} else {
+		criuOpts.CgroupYard = proto.String(yard)
 	}
 	return criuOpts, closeDirs, nil
 }

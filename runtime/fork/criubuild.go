@@ -6,6 +6,8 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/sirupsen/logrus"
+
 	"github.com/tclone/tclone/criuhooks"
 	"github.com/tclone/tclone/runtime/criucheck"
 )
@@ -37,15 +39,21 @@ type criuBuild struct {
 	// lazy-pages-external; a build's stamp lists them on its third line
 	// since there was more than one.
 	Options []string
+	// KerndatDir is where it keeps its kernel probe cache (criuStamp).
+	KerndatDir string
 }
 
 // criuStamp is what hack/build-criu.sh's stamp in a build directory says:
 // the CRIU version the build and the plugin are for (the first field of
-// its first line), the plugin's sources' hash (its second line) and, on
-// its third line ("options ..."), the options the
-// build has; a stamp older than that line has lazy-pages-external alone.
+// its first line) and where it caches its kernel probe (a RUNDIR= field
+// there), the plugin's sources' hash (its second line) and, on its third
+// line ("options ..."), the options the build has; a stamp older than that
+// line has lazy-pages-external alone.
 type criuStamp struct {
 	Version string
+	// KerndatDir is the directory the build keeps its kernel probe
+	// cache in (its RUNDIR), "" for a build that shares the host's.
+	KerndatDir string
 	// Plugin is the twin plugin's stamp (its second line): the hash of
 	// the sources it was built from (criuhooks.TwinPluginStamp).
 	Plugin  string
@@ -56,8 +64,14 @@ func readCRIUStamp(dir string) criuStamp {
 	stamp, _ := os.ReadFile(filepath.Join(dir, ".stamp"))
 	lines := strings.Split(string(stamp), "\n")
 	var st criuStamp
-	if f := strings.Fields(lines[0]); len(f) > 0 {
+	f := strings.Fields(lines[0])
+	if len(f) > 0 {
 		st.Version = f[0]
+	}
+	for _, field := range f {
+		if dir, ok := strings.CutPrefix(field, "RUNDIR="); ok && filepath.IsAbs(dir) {
+			st.KerndatDir = dir
+		}
 	}
 	if len(lines) > 1 {
 		st.Plugin = strings.TrimSpace(lines[1])
@@ -82,7 +96,19 @@ func installedBuild(check *criucheck.Result) criuBuild {
 	if _, err := os.Stat(filepath.Join(dir, "criu")); err != nil {
 		return criuBuild{}
 	}
-	return criuBuild{Path: filepath.Join(dir, "criu"), Options: st.Options}
+	return criuBuild{Path: filepath.Join(dir, "criu"), Options: st.Options, KerndatDir: st.KerndatDir}
+}
+
+// keepKerndat makes the directory the build keeps its kernel probe cache
+// in, so that its next dumps skip the probe (20-30 ms before each dump,
+// before the tree is seized). Without it the build probes every time.
+func (b criuBuild) keepKerndat() {
+	if b.Path == "" || b.KerndatDir == "" {
+		return
+	}
+	if err := os.MkdirAll(b.KerndatDir, 0o700); err != nil {
+		logrus.Debugf("tclone's CRIU probes the kernel in each dump: %v", err)
+	}
 }
 
 // externalCRIU is tclone's build of CRIU, with lazy-pages-external, where

@@ -121,3 +121,38 @@ func TestTwinTakeErrors(t *testing.T) {
 		}
 	}
 }
+
+// A build that keeps its kernel probe cache in a directory of its own says
+// where in its stamp, and a dump makes that directory: without it the build
+// probes the kernel before every dump. A stamp without the field, or with
+// a relative one, names none.
+func TestInstalledBuildKerndatDir(t *testing.T) {
+	check := &criucheck.Result{Version: criucheck.Version(40201)}
+	for _, c := range []struct {
+		field string // %s: the directory
+		named bool
+	}{
+		{" RUNDIR=%s", true},
+		{"", false},
+		{" RUNDIR=run/x", false},
+	} {
+		cache := filepath.Join(t.TempDir(), "plans", ".criu")
+		stamp := "4.2.1 sum patch" + strings.ReplaceAll(c.field, "%s", cache) + "\nplugin\n"
+		dir := t.TempDir()
+		t.Setenv(EnvCriuDir, dir)
+		if err := os.WriteFile(filepath.Join(dir, ".stamp"), []byte(stamp), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "criu"), nil, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		b := installedBuild(check)
+		if got := b.KerndatDir == cache; got != c.named {
+			t.Fatalf("stamp %q: kerndat directory %q, want %s named: %v", stamp, b.KerndatDir, cache, c.named)
+		}
+		b.keepKerndat()
+		if st, err := os.Stat(cache); c.named != (err == nil) || err == nil && !st.IsDir() {
+			t.Fatalf("stamp %q: after keepKerndat, %s: %v", stamp, cache, err)
+		}
+	}
+}
