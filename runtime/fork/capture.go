@@ -384,7 +384,7 @@ func (op *captureOp) dump(ctx context.Context, opts forkopts.Dumped) (*dumped, e
 	var setup dumpSetup
 	build := installedBuild(op.check)
 	build.keepKerndat()
-	conf := build.dumpConf()
+	conf := build.dumpConf(opts)
 	if op.held != nil {
 		if setup, err = op.held.begin(criuOpts, plan.WorkDir(dir), conf); err != nil {
 			return nil, err

@@ -10,6 +10,7 @@ import (
 
 	"github.com/tclone/tclone/criuhooks"
 	"github.com/tclone/tclone/runtime/criucheck"
+	"github.com/tclone/tclone/runtime/forkopts"
 )
 
 // tclone's build of CRIU (hack/build-criu.sh, criuhooks/criu): the host's
@@ -117,12 +118,21 @@ func externalCRIU(check *criucheck.Result) string {
 	return installedBuild(check).Path
 }
 
-// dumpConf is what every dump by tclone's build of CRIU is configured
-// with: its tmpfs mounts archived by CRIU itself, not by tar in the
-// source's pause, where the build can.
-func (b criuBuild) dumpConf() []string {
-	if b.Path != "" && slices.Contains(b.Options, criuhooks.TmpfsBuiltinTar) {
-		return []string{criuhooks.TmpfsBuiltinTar}
+// dumpConf is what a dump d by tclone's build of CRIU is configured with,
+// where the build can: its tmpfs mounts archived by CRIU itself, not by
+// tar in the source's pause, and, unless it keeps established TCP
+// connections (whose restores may need the entries), no conntrack
+// entries.
+func (b criuBuild) dumpConf(d forkopts.Dumped) []string {
+	if b.Path == "" {
+		return nil
 	}
-	return nil
+	var conf []string
+	if slices.Contains(b.Options, criuhooks.TmpfsBuiltinTar) {
+		conf = append(conf, criuhooks.TmpfsBuiltinTar)
+	}
+	if !d.TCPEstablished && slices.Contains(b.Options, criuhooks.SkipConntrack) {
+		conf = append(conf, criuhooks.SkipConntrack)
+	}
+	return conf
 }

@@ -12,25 +12,31 @@ import (
 
 	"github.com/tclone/tclone/criuhooks"
 	"github.com/tclone/tclone/runtime/criucheck"
+	"github.com/tclone/tclone/runtime/forkopts"
 )
 
 // tclone's build of CRIU is used only for the host's CRIU version, only
 // where its criu is installed, and is given only the options its stamp
 // lists: a build from before the stamp listed them has lazy-pages-external
-// alone, and no dump of it is configured with tmpfs-builtin-tar.
+// alone, and no dump of it is configured with tmpfs-builtin-tar. A dump
+// that keeps established TCP connections keeps their conntrack entries.
 func TestInstalledBuildOptions(t *testing.T) {
 	check := &criucheck.Result{Version: criucheck.Version(40201)}
+	all := "4.2.1 sum patch\nplugin\noptions lazy-pages-external tmpfs-builtin-tar skip-conntrack\n"
 	for _, c := range []struct {
 		name, stamp string
 		criu        bool
 		path        bool
+		tcp         bool
 		conf        []string
 	}{
-		{"options listed", "4.2.1 sum patch\nplugin\noptions lazy-pages-external tmpfs-builtin-tar\n", true, true, []string{criuhooks.TmpfsBuiltinTar}},
-		{"older stamp", "4.2.1 sum patch\nplugin\n", true, true, nil},
-		{"other CRIU version", "4.1.0 sum patch\nplugin\noptions lazy-pages-external tmpfs-builtin-tar\n", true, false, nil},
-		{"no criu", "4.2.1 sum patch\nplugin\noptions lazy-pages-external tmpfs-builtin-tar\n", false, false, nil},
-		{"no stamp", "", true, false, nil},
+		{"options listed", all, true, true, false, []string{criuhooks.TmpfsBuiltinTar, criuhooks.SkipConntrack}},
+		{"established TCP kept", all, true, true, true, []string{criuhooks.TmpfsBuiltinTar}},
+		{"build without skip-conntrack", "4.2.1 sum patch\nplugin\noptions lazy-pages-external tmpfs-builtin-tar\n", true, true, false, []string{criuhooks.TmpfsBuiltinTar}},
+		{"older stamp", "4.2.1 sum patch\nplugin\n", true, true, false, nil},
+		{"other CRIU version", strings.Replace(all, "4.2.1", "4.1.0", 1), true, false, false, nil},
+		{"no criu", all, false, false, false, nil},
+		{"no stamp", "", true, false, false, nil},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			dir := t.TempDir()
@@ -49,7 +55,7 @@ func TestInstalledBuildOptions(t *testing.T) {
 			if (b.Path != "") != c.path {
 				t.Fatalf("build path %q, want one: %v", b.Path, c.path)
 			}
-			if got := b.dumpConf(); !slices.Equal(got, c.conf) {
+			if got := b.dumpConf(forkopts.Dumped{TCPEstablished: c.tcp}); !slices.Equal(got, c.conf) {
 				t.Fatalf("dump configuration %q, want %q", got, c.conf)
 			}
 			if c.path && !slices.Contains(b.Options, "lazy-pages-external") {
