@@ -533,15 +533,15 @@ func captureOptions(src *source, dir string, opts forkopts.Dumped) (_ *rpc.CriuO
 		return nil, nil, err
 	}
 	// The source's hierarchies as they are mounted here, so that CRIU
-	// mounts none of them while it holds the tree (cgroups.Yard).
+	// mounts none of them while it holds the tree (cgroups.Yard). It goes
+	// with CRIU: a plan holds regular files only.
 	yard := filepath.Join(plan.WorkDir(dir), "cgroup-yard")
 	if err := cgroups.Yard(yard, src.state.Pid); err != nil {
 		logrus.Debugf("capture: CRIU mounts the cgroup hierarchies itself: %v", err)
-		os.RemoveAll(yard)
 	} else {
 		criuOpts.CgroupYard = proto.String(yard)
 	}
-	return criuOpts, closeDirs, nil
+	return criuOpts, func() { closeDirs(); os.RemoveAll(yard) }, nil
 }
 
 // captureNotify is the capture's side of CRIU's notifications: it records
