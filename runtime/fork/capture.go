@@ -516,7 +516,11 @@ func captureOptions(src *source, dir string, opts forkopts.Dumped) (_ *rpc.CriuO
 		imagesDir.Close()
 		return nil, nil, err
 	}
-	closeDirs = func() { imagesDir.Close(); workDir.Close() }
+	// The source's hierarchies as they are mounted here, so that CRIU
+	// mounts none of them while it holds the tree (cgroups.Yard). It goes
+	// with CRIU: a plan holds regular files only.
+	yard := filepath.Join(plan.WorkDir(dir), "cgroup-yard")
+	closeDirs = func() { imagesDir.Close(); workDir.Close(); os.RemoveAll(yard) }
 	selfCgroups, err := procfs.SelfCgroups()
 	if err != nil {
 		closeDirs()
@@ -532,16 +536,12 @@ func captureOptions(src *source, dir string, opts forkopts.Dumped) (_ *rpc.CriuO
 		closeDirs()
 		return nil, nil, err
 	}
-	// The source's hierarchies as they are mounted here, so that CRIU
-	// mounts none of them while it holds the tree (cgroups.Yard). It goes
-	// with CRIU: a plan holds regular files only.
-	yard := filepath.Join(plan.WorkDir(dir), "cgroup-yard")
 	if err := cgroups.Yard(yard, src.state.Pid); err != nil {
 		logrus.Debugf("capture: CRIU mounts the cgroup hierarchies itself: %v", err)
 	} else {
 		criuOpts.CgroupYard = proto.String(yard)
 	}
-	return criuOpts, func() { closeDirs(); os.RemoveAll(yard) }, nil
+	return criuOpts, closeDirs, nil
 }
 
 // captureNotify is the capture's side of CRIU's notifications: it records
