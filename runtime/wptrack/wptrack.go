@@ -58,7 +58,7 @@ type pageRegion struct {
 }
 
 type pmScanArg struct {
-	Size, Flags, Start, End, WalkEnd, Vec, VecLen, MaxPages uint64
+	Size, Flags, Start, End, WalkEnd, Vec, VecLen, MaxPages       uint64
 	CategoryInverted, CategoryMask, CategoryAnyofMask, ReturnMask uint64
 }
 
