@@ -42,12 +42,15 @@ type TwinCRIU struct {
 
 // twinMsgSize is sizeof(struct twin_msg) in criuhooks/criu/twin.h.
 const (
-	twinMsgVersion = 2
+	twinMsgVersion = 3
 	twinWhyLen     = 240
 	twinNSMax      = 8
-	twinMsgSize    = 6*4 + twinWhyLen + 4 + 4*twinNSMax
+	twinMsgSize    = 6*4 + twinWhyLen + 4 + 4*twinNSMax + 4
 	// twinFDEnv names the plugin's socket in CRIU's environment.
 	twinFDEnv = "TCLONE_TWIN_FD"
+	// twinTrackEnv asks the plugin for the processes' userfaultfds
+	// (criuhooks/criu/twin.h).
+	twinTrackEnv = "TCLONE_TWIN_TRACK"
 )
 
 // Twin is one process's twin, as the plugin handed it over.
@@ -60,6 +63,11 @@ type Twin struct {
 	// Pidfd and Lifeline are the twin's pidfd and the write end of its
 	// pipe: closing the last copy of the lifeline kills the twin.
 	Pidfd, Lifeline *os.File
+	// Uffd is a userfaultfd the process made, for write tracking
+	// (TwinDump's track), nil when none was asked for or making it
+	// failed (TrackErr says why).
+	Uffd     *os.File
+	TrackErr error
 	// Clone and Park are what making and parking it added to the pause.
 	Clone, Park time.Duration
 }
@@ -72,6 +80,9 @@ func (t *Twin) Close() {
 	}
 	if t.Lifeline != nil {
 		t.Lifeline.Close()
+	}
+	if t.Uffd != nil {
+		t.Uffd.Close()
 	}
 }
 
@@ -142,7 +153,7 @@ func (c *TwinCollector) DumpStarted() {
 func (c *TwinCollector) gather() {
 	defer close(c.done)
 	buf := make([]byte, twinMsgSize+16)
-	oob := make([]byte, unix.CmsgSpace(2*4))
+	oob := make([]byte, unix.CmsgSpace(3*4))
 	fd := int(c.recv.Fd())
 	for !c.closing.Load() {
 		// Not for ever: a copy of the plugin's end that a process
@@ -243,14 +254,26 @@ func parseTwinMsg(b, oob []byte) (*Twin, error) {
 		closeFiles()
 		return nil, &TwinError{Pid: int(pid), Errno: unix.Errno(errno), Why: why}
 	}
-	if len(files) != 2 {
-		closeFiles()
-		return nil, fmt.Errorf("twin plugin: the twin of %d came with %d descriptors, want 2", pid, len(files))
+	track := int32(le.Uint32(ns[4+4*twinNSMax:]))
+	want := 2
+	if track == 1 {
+		want = 3
 	}
-	return &Twin{Pid: int(pid), TwinPid: int(twin), NSpid: nspid,
+	if len(files) != want {
+		closeFiles()
+		return nil, fmt.Errorf("twin plugin: the twin of %d came with %d descriptors, want %d", pid, len(files), want)
+	}
+	t := &Twin{Pid: int(pid), TwinPid: int(twin), NSpid: nspid,
 		Pidfd:    os.NewFile(uintptr(files[0]), fmt.Sprintf("pidfd of twin %d", twin)),
 		Lifeline: os.NewFile(uintptr(files[1]), fmt.Sprintf("lifeline of twin %d", twin)),
-		Clone:    time.Duration(cloneUs) * time.Microsecond, Park: time.Duration(parkUs) * time.Microsecond}, nil
+		Clone:    time.Duration(cloneUs) * time.Microsecond, Park: time.Duration(parkUs) * time.Microsecond}
+	switch {
+	case track == 1:
+		t.Uffd = os.NewFile(uintptr(files[2]), fmt.Sprintf("userfaultfd of process %d", pid))
+	case track < 0:
+		t.TrackErr = fmt.Errorf("making a userfaultfd in process %d: %w", pid, unix.Errno(-track))
+	}
+	return t, nil
 }
 
 // TwinError is a process the plugin could not twin, and why.

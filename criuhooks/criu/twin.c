@@ -107,6 +107,46 @@ extern const unsigned char twin_tramp_park[], twin_tramp_park_stop[];
 
 static int twin_sock = -1;
 
+/* Write tracking (TWIN_TRACK_ENV): asked for, and the processes left out. */
+static bool track_asked;
+static pid_t *track_skip;
+static int track_nskip;
+
+static bool track_wanted(pid_t pid)
+{
+	if (!track_asked)
+		return false;
+	for (int i = 0; i < track_nskip; i++)
+		if (track_skip[i] == pid)
+			return false;
+	return true;
+}
+
+static int track_init(const char *path)
+{
+	FILE *f;
+	long v;
+
+	track_asked = true;
+	if (!*path)
+		return 0;
+	f = fopen(path, "re");
+	if (!f)
+		return -1;
+	while (fscanf(f, "%ld", &v) == 1) {
+		pid_t *n = realloc(track_skip, (track_nskip + 1) * sizeof(*n));
+
+		if (!n) {
+			fclose(f);
+			return -1;
+		}
+		track_skip = n;
+		track_skip[track_nskip++] = v;
+	}
+	fclose(f);
+	return 0;
+}
+
 /*
  * test_stall waits where TCLONE_TWIN_TEST_STALL (POINT:MS) says, for the
  * tests that kill CRIU there: "after-clone" (the process at the trampoline,
@@ -410,8 +450,46 @@ struct twin {
 	pid_t pid;    /* the twin, in CRIU's PID namespace */
 	int pidfd;    /* of the twin */
 	int lifeline; /* the write end of the twin's pipe */
+	int uffd;     /* the process's userfaultfd, for write tracking */
+	int track;    /* twin_msg's track */
 	double clone_ms, park_ms;
 };
+
+/*
+ * make_uffd makes a userfaultfd in process pid, by thread tid at the
+ * trampoline, takes it into t->uffd and closes it in the process again.
+ * It is user-mode only, which a process without CAP_SYS_PTRACE may make
+ * where vm.unprivileged_userfaultfd is 0, and which write-protect-async
+ * tracking works with. A failure to make it only leaves the process
+ * untracked; a failure to close it again fails the twin, since the
+ * process would keep a descriptor of tclone's.
+ */
+static int make_uffd(pid_t pid, pid_t tid, const struct user_regs_struct *regs, unsigned long site, struct twin *t,
+		     struct twin_err *e)
+{
+	struct twin_err ignored = {};
+	long fd = -1;
+	int pidfd;
+
+	if (inject(tid, regs, site, &fd, &ignored, __NR_userfaultfd,
+		   A1(O_CLOEXEC | O_NONBLOCK | 1 /* UFFD_USER_MODE_ONLY */)) || fd < 0) {
+		t->track = fd < 0 && fd > -4096 ? (int)fd : -EIO;
+		return 0;
+	}
+	pidfd = syscall(__NR_pidfd_open, pid, 0);
+	if (pidfd >= 0) {
+		t->uffd = syscall(__NR_pidfd_getfd, pidfd, (int)fd, 0);
+		close(pidfd);
+	}
+	t->track = t->uffd >= 0 ? 1 : -errno;
+	if (CALL(tid, regs, site, e, __NR_close, A1(fd)) < 0) {
+		if (t->uffd >= 0)
+			close(t->uffd);
+		t->uffd = -1;
+		return -1;
+	}
+	return 0;
+}
 
 /*
  * make_twin runs the clone in process pid, at the trampoline (tramp.S) in
@@ -420,7 +498,7 @@ struct twin {
  * in place until the process's registers are back, a CRIU that dies lets
  * the process resume there: the trampoline puts it back as it was.
  */
-static int make_twin(pid_t pid, unsigned long *site, pid_t *twin, struct twin_err *e)
+static int make_twin(pid_t pid, unsigned long *site, struct twin *t, struct twin_err *e)
 {
 	struct user_regs_struct saved, resume, regs;
 	uint64_t mask, all = ~0ULL;
@@ -468,6 +546,8 @@ static int make_twin(pid_t pid, unsigned long *site, pid_t *twin, struct twin_er
 		child = new_child(pid, tid, before, nbefore);
 		if (child < 0)
 			fail(e, ESRCH, "the clone in process %d made no child that can be found", pid);
+		else if (track_wanted(pid) && make_uffd(pid, tid, &regs, *site, t, e))
+			goto restore;
 	}
 	test_stall("after-clone");
 restore:
@@ -483,9 +563,12 @@ restore:
 		kill(child, SIGKILL);
 		return -1;
 	}
-	if (child <= 0)
+	if (child <= 0 || e->err) {
+		if (child > 0)
+			kill(child, SIGKILL);
 		return -1;
-	*twin = child;
+	}
+	t->pid = child;
 	twin_info("process %d (thread %d): twin %ld in %.3f ms", pid, tid, child, ms_since(&t0));
 	return 0;
 }
@@ -576,7 +659,7 @@ static int park(struct twin *t, unsigned long code, struct twin_err *e)
 static int send_twin(pid_t pid, const struct twin *t, const struct twin_err *e)
 {
 	struct twin_msg m = { .version = TWIN_MSG_VERSION, .pid = pid };
-	char cbuf[CMSG_SPACE(2 * sizeof(int))] = {};
+	char cbuf[CMSG_SPACE(3 * sizeof(int))] = {};
 	struct iovec iov = { &m, sizeof(m) };
 	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1 };
 
@@ -584,7 +667,8 @@ static int send_twin(pid_t pid, const struct twin *t, const struct twin_err *e)
 		m.err = e->err;
 		snprintf(m.why, sizeof(m.why), "%s", e->why);
 	} else {
-		int fds[2] = { t->pidfd, t->lifeline };
+		int fds[3] = { t->pidfd, t->lifeline, t->uffd };
+		int nfds = t->uffd >= 0 ? 3 : 2;
 		struct cmsghdr *c;
 
 		m.twin = t->pid;
@@ -592,13 +676,14 @@ static int send_twin(pid_t pid, const struct twin *t, const struct twin_err *e)
 		m.park_us = (int32_t)(t->park_ms * 1000);
 		m.nslevels = t->nslevels;
 		memcpy(m.nspid, t->nspid, sizeof(m.nspid));
+		m.track = t->track;
 		mh.msg_control = cbuf;
-		mh.msg_controllen = sizeof(cbuf);
+		mh.msg_controllen = CMSG_SPACE(nfds * sizeof(int));
 		c = CMSG_FIRSTHDR(&mh);
 		c->cmsg_level = SOL_SOCKET;
 		c->cmsg_type = SCM_RIGHTS;
-		c->cmsg_len = CMSG_LEN(sizeof(fds));
-		memcpy(CMSG_DATA(c), fds, sizeof(fds));
+		c->cmsg_len = CMSG_LEN(nfds * sizeof(int));
+		memcpy(CMSG_DATA(c), fds, nfds * sizeof(int));
 	}
 	return sendmsg(twin_sock, &mh, MSG_NOSIGNAL) == sizeof(m) ? 0 : -1;
 }
@@ -647,7 +732,7 @@ static int twin_of(pid_t pid, struct twin *t, struct twin_err *e)
 	int status;
 
 	clock_gettime(CLOCK_MONOTONIC, &t0);
-	if (ns_pids(pid, t, e) || make_twin(pid, &code, &t->pid, e))
+	if (ns_pids(pid, t, e) || make_twin(pid, &code, t, e))
 		return -1;
 	t->clone_ms = ms_since(&t0);
 	clock_gettime(CLOCK_MONOTONIC, &t0);
@@ -667,7 +752,7 @@ static int twin_of(pid_t pid, struct twin *t, struct twin_err *e)
 
 static int twin_checkpoint(int pid)
 {
-	struct twin t = { .pidfd = -1, .lifeline = -1 };
+	struct twin t = { .pidfd = -1, .lifeline = -1, .uffd = -1 };
 	struct twin_err e = {};
 	sigset_t chld, old;
 	int ret;
@@ -695,15 +780,22 @@ static int twin_checkpoint(int pid)
 		close(t.pidfd);
 	if (t.lifeline >= 0)
 		close(t.lifeline);
+	if (t.uffd >= 0)
+		close(t.uffd);
 	return ret ? -1 : 0;
 }
 
 static int twin_init(int stage)
 {
 	const char *fd = getenv(TWIN_FD_ENV);
+	const char *track = getenv(TWIN_TRACK_ENV);
 
 	if (stage != CR_PLUGIN_STAGE__DUMP || !fd)
 		return 0;
+	if (track && track_init(track)) {
+		twin_error("%s=%s: %s", TWIN_TRACK_ENV, track, strerror(errno));
+		return -1;
+	}
 	twin_sock = atoi(fd);
 	if (fcntl(twin_sock, F_SETFD, FD_CLOEXEC) < 0) {
 		twin_error("%s=%s names no descriptor: %s", TWIN_FD_ENV, fd, strerror(errno));

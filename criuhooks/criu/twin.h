@@ -10,8 +10,14 @@
 
 /* The environment variable naming the socket's descriptor in CRIU. */
 #define TWIN_FD_ENV "TCLONE_TWIN_FD"
+/*
+ * Set, the plugin also makes a userfaultfd in each process (for tclone's
+ * write tracking, runtime/wptrack), but for the processes whose pids (as
+ * CRIU sees them) the file it names lists, one per line; empty, in all.
+ */
+#define TWIN_TRACK_ENV "TCLONE_TWIN_TRACK"
 
-#define TWIN_MSG_VERSION 2
+#define TWIN_MSG_VERSION 3
 #define TWIN_WHY_LEN 240
 /* The PID namespace levels a message carries, from the host's down. */
 #define TWIN_NS_MAX 8
@@ -31,7 +37,16 @@ struct twin_msg {
 	 */
 	int32_t nslevels;
 	int32_t nspid[TWIN_NS_MAX];
-	/* With a twin: SCM_RIGHTS carries its pidfd, then its lifeline (the pipe's write end). */
+	/*
+	 * With a twin: 1 when a userfaultfd of the process's follows its
+	 * descriptors, 0 when none was asked for, an errno value (negated)
+	 * when making it failed.
+	 */
+	int32_t track;
+	/*
+	 * With a twin: SCM_RIGHTS carries its pidfd, then its lifeline (the
+	 * pipe's write end), then the process's userfaultfd (track 1).
+	 */
 };
 
 #endif
