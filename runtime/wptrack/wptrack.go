@@ -95,8 +95,15 @@ func New(pid int, uffd *os.File) (*Tracker, error) {
 	if err := ioctl(uffd, uffdioAPI, unsafe.Pointer(&api)); err != nil {
 		return nil, fmt.Errorf("enabling asynchronous write-protection on the userfaultfd of process %d (Linux 6.7 or later): %w", pid, err)
 	}
+	return adopt(pid, uffd)
+}
+
+// adopt makes a Tracker of process pid with uffd, a userfaultfd of its
+// that a Tracker used before (the holder kept it).
+func adopt(pid int, uffd *os.File) (*Tracker, error) {
 	pm, err := os.Open(fmt.Sprintf("/proc/%d/pagemap", pid))
 	if err != nil {
+		uffd.Close()
 		return nil, err
 	}
 	return &Tracker{uffd: uffd, pagemap: pm, vec: make([]pageRegion, 1024)}, nil

@@ -14,6 +14,7 @@ import (
 	"github.com/tclone/tclone/runtime/crun"
 	"github.com/tclone/tclone/runtime/fork"
 	"github.com/tclone/tclone/runtime/lazy"
+	"github.com/tclone/tclone/runtime/wptrack"
 	"github.com/tclone/tclone/runtime/plan"
 	"github.com/tclone/tclone/shim/cmd/internal/hostlayout"
 )
@@ -33,6 +34,7 @@ func main() {
 	fork.RunRestoreWatchIfAsked()
 	fork.RunKSMSettleIfAsked()
 	lazy.RunDaemonIfAsked()
+	wptrack.RunHolderIfAsked()
 	lazy.RunShareHookIfAsked()
 	if err := newApp(plan.HostLayout()).Run(os.Args); err != nil {
 		fatal(err)
