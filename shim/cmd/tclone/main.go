@@ -14,8 +14,8 @@ import (
 	"github.com/tclone/tclone/runtime/crun"
 	"github.com/tclone/tclone/runtime/fork"
 	"github.com/tclone/tclone/runtime/lazy"
-	"github.com/tclone/tclone/runtime/wptrack"
 	"github.com/tclone/tclone/runtime/plan"
+	"github.com/tclone/tclone/runtime/wptrack"
 	"github.com/tclone/tclone/shim/cmd/internal/hostlayout"
 )
 
