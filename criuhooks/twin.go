@@ -48,9 +48,10 @@ const (
 	twinMsgSize    = 6*4 + twinWhyLen + 4 + 4*twinNSMax + 4
 	// twinFDEnv names the plugin's socket in CRIU's environment.
 	twinFDEnv = "TCLONE_TWIN_FD"
-	// twinTrackEnv asks the plugin for the processes' userfaultfds
-	// (criuhooks/criu/twin.h).
-	twinTrackEnv = "TCLONE_TWIN_TRACK"
+	// TwinTrackEnv, in CRIU's environment, asks the plugin for the
+	// processes' userfaultfds, but for those of the pids the file it
+	// names lists (criuhooks/criu/twin.h).
+	TwinTrackEnv = "TCLONE_TWIN_TRACK"
 )
 
 // Twin is one process's twin, as the plugin handed it over.
@@ -313,6 +314,23 @@ func (c *TwinCollector) Close() []*Twin {
 		delete(c.got, pid)
 	}
 	return left
+}
+
+// Uffds takes the userfaultfds the plugin handed over with the twins
+// (TwinTrackEnv), by process pid, and why it could make none for others.
+// Every twin was sent before CRIU reaches post-dump.
+func (c *TwinCollector) Uffds() (map[int]*os.File, map[int]error) {
+	c.syncLocked()
+	defer c.mu.Unlock()
+	uffds, errs := map[int]*os.File{}, map[int]error{}
+	for pid, t := range c.got {
+		if t.Uffd != nil {
+			uffds[pid], t.Uffd = t.Uffd, nil
+		} else if t.TrackErr != nil {
+			errs[pid] = t.TrackErr
+		}
+	}
+	return uffds, errs
 }
 
 // Err is the first failure the plugin reported, if any.

@@ -41,6 +41,29 @@ type Drain struct {
 	// longer read by anything: drained and left by its last filler, or
 	// at Close.
 	Release func(pid int32)
+	// Writes, for an incremental drain, is the capture's write tracking
+	// (WritesFile), and Base gives the directory holding the base
+	// branch's images of a task (its pagemap and pages image): the pages
+	// the tracking says were not written come from there.
+	Writes *Writes
+	Base   func(pid int32) (string, error)
+}
+
+// base opens task pid's pages in the base, for an incremental drain;
+// nil when the drain takes every page from the snapshot.
+func (cfg *Drain) base(pid int32) (*TaskWrites, *basePages, error) {
+	if cfg.Writes == nil || cfg.Base == nil || cfg.Writes.Tasks[pid] == nil {
+		return nil, nil, nil
+	}
+	dir, err := cfg.Base(pid)
+	if err != nil {
+		return nil, nil, err
+	}
+	b, err := openBase(dir, pid)
+	if err != nil {
+		return nil, nil, err
+	}
+	return cfg.Writes.Tasks[pid], b, nil
 }
 
 // snapSlot is a task's snapshot and who reads it.
@@ -102,6 +125,9 @@ type DrainState struct {
 	Tasks   int    `json:"tasks"`
 	Drained int    `json:"drained"`
 	Bytes   int64  `json:"bytes"`
+	// FromBase is what an incremental drain took from the base branch
+	// instead of the snapshots (Bytes counts only those).
+	FromBase int64 `json:"from_base,omitempty"`
 	Done    bool   `json:"done"`
 	Err     string `json:"error,omitempty"`
 }
@@ -122,13 +148,14 @@ func (im *Images) drain(cfg *Drain, stop <-chan struct{}) error {
 			return nil
 		default:
 		}
-		n, err := im.drainTask(cfg, pid)
+		n, fromBase, err := im.drainTask(cfg, pid)
 		if err != nil {
 			return im.drainFailed(fmt.Errorf("draining task %d: %w", pid, err))
 		}
 		im.mu.Lock()
 		im.drainState.Drained++
 		im.drainState.Bytes += n
+		im.drainState.FromBase += fromBase
 		im.mu.Unlock()
 	}
 	if cfg.PlanImages != "" {
@@ -201,26 +228,34 @@ func (im *Images) drainOrder() ([]int32, error) {
 
 // drainTask writes task pid's drained pages image and pagemap, switches the
 // daemon to them, and frees the snapshot once no filler reads it. It
-// returns the bytes it copied out of the snapshot.
-func (im *Images) drainTask(cfg *Drain, pid int32) (int64, error) {
+// returns the bytes it copied out of the snapshot, and those it took from
+// the base branch instead.
+func (im *Images) drainTask(cfg *Drain, pid int32) (int64, int64, error) {
 	slot := im.slot(pid)
 	pagemapPath := filepath.Join(im.dir, fmt.Sprintf("pagemap-%d.img", pid))
 	img, err := decodeImage(pagemapPath, &pagemap.PagemapEntry{})
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	_, entries, err := readPagemap(pagemapPath)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
+	}
+	writes, base, err := cfg.base(pid)
+	if err != nil {
+		return 0, 0, err
+	}
+	if base != nil {
+		defer base.Close()
 	}
 	head := img.Entries[0].Message.(*pagemap.PagemapHead)
 	oldPages := filepath.Join(im.dir, fmt.Sprintf("pages-%d.img", head.GetPagesId()))
 	newID := drainedPagesID(pid)
 	newPages := filepath.Join(im.dir, fmt.Sprintf("pages-%d.img", newID))
-	copied, err := writeDrained(newPages, oldPages, entries, slot.src)
+	copied, fromBase, err := writeDrained(newPages, oldPages, entries, slot.src, writes, base)
 	if err != nil {
 		os.Remove(newPages + ".tmp")
-		return 0, err
+		return 0, 0, err
 	}
 	// The pagemap says so last: a reader sees the old pagemap and pages,
 	// or the new ones, never a mix.
@@ -233,21 +268,21 @@ func (im *Images) drainTask(cfg *Drain, pid int32) (int64, error) {
 		}
 	}
 	if err := writeImage(img, pagemapPath); err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	if err := publish(cfg.PlanImages, newPages, pagemapPath); err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	t, err := loadTaskImage(im.dir, pid, false)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	data, err := mapPages(newPages)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	if err := t.fits(uint64(len(data))); err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	im.mu.Lock()
 	im.tasks[pid] = t
@@ -261,58 +296,80 @@ func (im *Images) drainTask(cfg *Drain, pid int32) (int64, error) {
 	if free {
 		slot.free()
 	}
-	return copied, nil
+	return copied, fromBase, nil
 }
 
 // writeDrained writes path: the pages of entries in pagemap order, the
-// present ones from the old pages image, the lazy ones from the snapshot.
-func writeDrained(path, oldPages string, entries []pagemapEntry, src snapshotPages) (int64, error) {
+// present ones from the old pages image, the lazy ones from the snapshot,
+// but, with writes and base, those that writes says were not written since
+// the base, which come from the base where it holds them. It returns the
+// bytes read from the snapshot and from the base.
+func writeDrained(path, oldPages string, entries []pagemapEntry, src snapshotPages, writes *TaskWrites, base *basePages) (int64, int64, error) {
 	old, err := os.Open(oldPages)
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
-		return 0, err
+		return 0, 0, err
 	}
 	if old != nil {
 		defer old.Close()
 	}
 	out, err := os.OpenFile(path+".tmp", os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	defer out.Close()
 	buf := make([]byte, 4<<20)
-	var copied int64
+	var copied, fromBase int64
 	var oldOff int64
 	for _, e := range entries {
 		n := int64(e.Pages * pageSize)
 		switch {
 		case e.Flags&pagePresent != 0:
 			if old == nil {
-				return 0, fmt.Errorf("%s is missing, and its pagemap has present pages", oldPages)
+				return 0, 0, fmt.Errorf("%s is missing, and its pagemap has present pages", oldPages)
 			}
 			if _, err := io.CopyBuffer(out, io.NewSectionReader(old, oldOff, n), buf); err != nil {
-				return 0, fmt.Errorf("copying %s: %w", oldPages, err)
+				return 0, 0, fmt.Errorf("copying %s: %w", oldPages, err)
 			}
 			oldOff += n
 		case e.Flags&pageLazy != 0:
 			for done := int64(0); done < n; {
+				addr := e.Vaddr + uint64(done)
 				chunk := min(n-done, int64(len(buf)))
+				useBase := false
+				if writes != nil && base != nil {
+					var runEnd uint64
+					useBase, runEnd = writes.run(addr, addr+uint64(chunk))
+					chunk = int64(runEnd - addr)
+				}
 				b := buf[:chunk]
-				data, err := src.at(&b, uint64(chunk), e.Vaddr+uint64(done))
-				if err != nil {
-					return 0, err
+				var data []byte
+				if useBase {
+					ok, err := base.read(b, addr)
+					if err != nil {
+						return 0, 0, err
+					}
+					if ok {
+						data = b
+						fromBase += chunk
+					}
+				}
+				if data == nil {
+					if data, err = src.at(&b, uint64(chunk), addr); err != nil {
+						return 0, 0, err
+					}
+					copied += chunk
 				}
 				if _, err := out.Write(data); err != nil {
-					return 0, err
+					return 0, 0, err
 				}
 				done += chunk
 			}
-			copied += n
 		}
 	}
 	if err := out.Close(); err != nil {
-		return 0, err
+		return 0, 0, err
 	}
-	return copied, os.Rename(path+".tmp", path)
+	return copied, fromBase, os.Rename(path+".tmp", path)
 }
 
 // publish gives the plan's own images directory the drained files, if it

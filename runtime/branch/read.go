@@ -219,3 +219,18 @@ func (r *Reader) WritePlan(dir string) error {
 	}
 	return nil
 }
+
+// WriteFile writes the branch's file rel (its path in the plan directory)
+// to dst, which must not exist, checking every chunk against its hash.
+func (r *Reader) WriteFile(rel, dst string) error {
+	for _, f := range r.b.Files {
+		if f.Path != rel {
+			continue
+		}
+		if err := r.store.chunks().getFile(dst, f.Mode, f.Chunks); err != nil {
+			return fmt.Errorf("branch %s, file %s: %w", r.b.Name, rel, err)
+		}
+		return nil
+	}
+	return fmt.Errorf("branch %s has no file %s", r.b.Name, rel)
+}

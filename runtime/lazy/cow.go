@@ -168,6 +168,9 @@ type Held struct {
 	// SourceCgroup is the source's cgroup (crun's path): where a twin's
 	// zombie is looked for if its daemon died before it reaped it.
 	SourceCgroup string
+	// Branches is the branch store an incremental drain reads its base
+	// from (the plan's images hold lazypages.WritesFile).
+	Branches string
 }
 
 // Hold starts the daemon of a copy-on-write plan, whose directory is
@@ -213,7 +216,7 @@ func Hold(ctx context.Context, p Paths, planDir string, expires time.Time, held 
 			return 0, err
 		}
 	}
-	cmd, err := spawn(p, daemonConfig{PlanImages: plan.ImagesDir(planDir), Cow: cow}, extra)
+	cmd, err := spawn(p, daemonConfig{PlanImages: plan.ImagesDir(planDir), Cow: cow, Branches: held.Branches}, extra)
 	if err != nil {
 		removeTwinsRecord(p)
 		return 0, err

@@ -26,6 +26,8 @@ type daemonConfig struct {
 	Paths
 	// PlanImages is the plan's images directory, linked into Paths.Images.
 	PlanImages string `json:"plan_images"`
+	// Branches is the branch store of an incremental drain's base.
+	Branches string `json:"branches,omitempty"`
 	// Idle is IdleExit as the starter saw it.
 	Idle time.Duration `json:"idle"`
 	// ChunkPause slows the background fill (EnvChunkPause).
@@ -121,6 +123,13 @@ func serve(cfg daemonConfig) error {
 		opts.Snapshots, opts.ShareWait = snaps, cfg.Cow.ShareWait
 		if len(twins) > 0 {
 			opts.Drain = &lazypages.Drain{PlanImages: cfg.PlanImages, Release: s.twinReleaser(twins)}
+			base, err := incremental(opts.Drain, cfg)
+			if err != nil {
+				return err
+			}
+			if base != nil {
+				defer base.close()
+			}
 		}
 	}
 	var err error

@@ -1,0 +1,166 @@
+package lazypages
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+
+	"golang.org/x/sys/unix"
+)
+
+// Incremental drains. A branch capture tracks its source's writes
+// (runtime/fork's write tracking): its images directory then holds
+// WritesFile, saying per task which areas were tracked since the base (the
+// last branch's capture) and which of their pages were written since. A
+// page of a tracked area that was not written is the base's, and the drain
+// takes it from the base branch's images instead of the twin, whose reads
+// are what the source pays for; every other page comes from the twin.
+
+// WritesFile, in a plan's images directory, is its capture's Writes.
+const WritesFile = "tclone-writes.json"
+
+// Range is a run of addresses, [Start, End).
+type Range struct {
+	Start uint64 `json:"start"`
+	End   uint64 `json:"end"`
+}
+
+// TaskWrites is one task's tracking: its areas whose writes were tracked
+// since the base, and the pages written in them since, both sorted.
+type TaskWrites struct {
+	Tracked []Range `json:"tracked"`
+	Written []Range `json:"written"`
+}
+
+// Writes is a capture's tracking, by image pid, against branch Base.
+type Writes struct {
+	Base  string                `json:"base"`
+	Tasks map[int32]*TaskWrites `json:"tasks"`
+}
+
+// ReadWrites reads dir's WritesFile; none is no error (nil).
+func ReadWrites(dir string) (*Writes, error) {
+	b, err := os.ReadFile(filepath.Join(dir, WritesFile))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var w Writes
+	if err := json.Unmarshal(b, &w); err != nil {
+		return nil, fmt.Errorf("lazy pages: %s: %w", WritesFile, err)
+	}
+	for _, t := range w.Tasks {
+		if t == nil || !sortedRanges(t.Tracked) || !sortedRanges(t.Written) {
+			return nil, fmt.Errorf("lazy pages: %s holds ranges out of order", WritesFile)
+		}
+	}
+	return &w, nil
+}
+
+func sortedRanges(rs []Range) bool {
+	for i, r := range rs {
+		if r.End <= r.Start || r.Start%pageSize != 0 || r.End%pageSize != 0 || i > 0 && r.Start < rs[i-1].End {
+			return false
+		}
+	}
+	return true
+}
+
+// run says where the run of pages from addr on (up to end) comes from:
+// the base (unwritten pages of a tracked area) or not, and where the run
+// ends.
+func (t *TaskWrites) run(addr, end uint64) (fromBase bool, runEnd uint64) {
+	in := func(rs []Range) (bool, uint64) {
+		i := sort.Search(len(rs), func(i int) bool { return rs[i].End > addr })
+		if i == len(rs) {
+			return false, end
+		}
+		if rs[i].Start <= addr {
+			return true, min(rs[i].End, end)
+		}
+		return false, min(rs[i].Start, end)
+	}
+	tracked, tEnd := in(t.Tracked)
+	written, wEnd := in(t.Written)
+	return tracked && !written, min(tEnd, wEnd)
+}
+
+// basePages is a task's pages in the base's images: its pagemap's present
+// entries, in address order, and their pages image.
+type basePages struct {
+	f       *os.File
+	entries []baseEntry
+}
+
+type baseEntry struct {
+	start, end, off uint64
+}
+
+// openBase reads task pid's pagemap and pages image in dir.
+func openBase(dir string, pid int32) (*basePages, error) {
+	pagesID, entries, err := readPagemap(filepath.Join(dir, fmt.Sprintf("pagemap-%d.img", pid)))
+	if err != nil {
+		return nil, err
+	}
+	f, err := os.Open(filepath.Join(dir, fmt.Sprintf("pages-%d.img", pagesID)))
+	if err != nil {
+		return nil, fmt.Errorf("lazy pages: the base's pages of task %d: %w", pid, err)
+	}
+	b := &basePages{f: f}
+	var off uint64
+	for _, e := range entries {
+		if e.Flags&pagePresent == 0 {
+			continue
+		}
+		n := e.Pages * pageSize
+		b.entries = append(b.entries, baseEntry{e.Vaddr, e.Vaddr + n, off})
+		off += n
+	}
+	sort.Slice(b.entries, func(i, j int) bool { return b.entries[i].start < b.entries[j].start })
+	return b, nil
+}
+
+func (b *basePages) Close() { b.f.Close() }
+
+// read fills buf with the base's pages from addr on, if the base holds
+// them all; ok is false when it does not.
+func (b *basePages) read(buf []byte, addr uint64) (bool, error) {
+	for done := uint64(0); done < uint64(len(buf)); {
+		a := addr + done
+		i := sort.Search(len(b.entries), func(i int) bool { return b.entries[i].end > a })
+		if i == len(b.entries) || b.entries[i].start > a {
+			return false, nil
+		}
+		e := b.entries[i]
+		n := min(uint64(len(buf))-done, e.end-a)
+		for got := uint64(0); got < n; {
+			k, err := unix.Pread(int(b.f.Fd()), buf[done+got:done+n], int64(e.off+(a-e.start)+got))
+			if err == unix.EINTR {
+				continue
+			}
+			if err != nil {
+				return false, fmt.Errorf("lazy pages: reading the base's pages: %w", err)
+			}
+			if k == 0 {
+				return false, fmt.Errorf("lazy pages: the base's pages image ends before %#x", a+got)
+			}
+			got += uint64(k)
+		}
+		done += n
+	}
+	return true, nil
+}
+
+// PagesImageOf names the pages image task pid's pagemap in dir refers to.
+func PagesImageOf(dir string, pid int32) (string, error) {
+	id, _, err := readPagemap(filepath.Join(dir, fmt.Sprintf("pagemap-%d.img", pid)))
+	if err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("pages-%d.img", id), nil
+}
