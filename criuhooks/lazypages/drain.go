@@ -122,14 +122,14 @@ type heldSource interface {
 
 // DrainState is how far draining has got.
 type DrainState struct {
-	Tasks   int    `json:"tasks"`
-	Drained int    `json:"drained"`
-	Bytes   int64  `json:"bytes"`
+	Tasks   int   `json:"tasks"`
+	Drained int   `json:"drained"`
+	Bytes   int64 `json:"bytes"`
 	// FromBase is what an incremental drain took from the base branch
 	// instead of the snapshots (Bytes counts only those).
-	FromBase int64 `json:"from_base,omitempty"`
-	Done    bool   `json:"done"`
-	Err     string `json:"error,omitempty"`
+	FromBase int64  `json:"from_base,omitempty"`
+	Done     bool   `json:"done"`
+	Err      string `json:"error,omitempty"`
 }
 
 // drain copies every task's lazy pages out of its snapshot; see the top of

@@ -130,7 +130,7 @@ func (e *Engine) captureSource(ctx context.Context, src *source, req CaptureRequ
 		}
 		twin, host.Twin, host.TwinWhy = twinAvailable(check)
 		if host.Twin {
-			if fits, why := twinFits(src); !fits {
+			if fits, why := twinFits(ctx, src, e.trackDir()); !fits {
 				host.Twin, host.TwinWhy = false, why
 			}
 		}
@@ -178,7 +178,11 @@ func (e *Engine) captureAs(ctx context.Context, src *source, req CaptureRequest,
 	case forkopts.MemoryCow:
 		op.held = &cowCapture{criu: externalCRIU(check)}
 	case forkopts.MemoryTwin:
-		op.held = &twinCapture{host: twin, images: plan.ImagesDir(op.dir)}
+		tc := &twinCapture{host: twin, images: plan.ImagesDir(op.dir), branches: e.Store.Branches}
+		if req.Fork.Durable && trackingAvailable(check) {
+			tc.track = &trackRequest{e: e, source: src.id, gen: op.id}
+		}
+		op.held = tc
 	}
 	if !req.Fork.FilesOnly {
 		logrus.WithFields(logrus.Fields{"source": src.id, "asked": req.Fork.Memory, "memory": memory}).Infof("memory: %s", why)

@@ -15,6 +15,7 @@ import (
 
 	"github.com/tclone/tclone/criuhooks"
 	"github.com/tclone/tclone/criuhooks/lazypages"
+	"github.com/tclone/tclone/runtime/criucheck"
 	"github.com/tclone/tclone/runtime/internal/atomicfile"
 	"github.com/tclone/tclone/runtime/procfs"
 	"github.com/tclone/tclone/runtime/wptrack"
@@ -31,7 +32,7 @@ import (
 // the userfaultfds (wptrack.Session).
 
 // trackDir is where the sources' tracking states are.
-func (e *Engine) trackDir() string { return filepath.Join(e.Store.Root, "track") }
+func (e *Engine) trackDir() string { return e.Store.TrackDir() }
 
 // branchTracking is one branch capture's write tracking.
 type branchTracking struct {
@@ -202,4 +203,18 @@ func (b *branchTracking) abort() {
 	b.sess.Close()
 	b.sess = nil
 	os.Remove(b.skip)
+}
+
+// trackRequest asks a twin capture to track its source's writes.
+type trackRequest struct {
+	e      *Engine
+	source string
+	gen    string
+}
+
+// trackingAvailable says whether the kernel has what write tracking needs:
+// write-protect-async userfaultfds and PAGEMAP_SCAN, Linux 6.7.
+func trackingAvailable(check *criucheck.Result) bool {
+	k, err := criucheck.ParseKernel(check.Kernel)
+	return err == nil && (k.Major > 6 || k.Major == 6 && k.Minor >= 7)
 }

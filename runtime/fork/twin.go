@@ -22,6 +22,7 @@ import (
 	"github.com/tclone/tclone/runtime/lazy"
 	"github.com/tclone/tclone/runtime/plan"
 	"github.com/tclone/tclone/runtime/procfs"
+	"github.com/tclone/tclone/runtime/wptrack"
 )
 
 // A twin capture (forkopts.MemoryTwin): copy-on-write memory without the
@@ -91,7 +92,7 @@ func twinAvailable(check *criucheck.Result) (twinHost, bool, string) {
 // charged to it twice: its new copy, and the twin's old one). A source
 // that does not fit is captured the old way by auto, and refused by
 // --memory twin, rather than pushed into its OOM killer.
-func twinFits(src *source) (bool, string) {
+func twinFits(ctx context.Context, src *source, trackDir string) (bool, string) {
 	room, err := cgroups.HeadroomOf(src.status.CgroupPath)
 	if err != nil {
 		return false, fmt.Sprintf("cannot read the limits of the source's cgroup: %v", err)
@@ -99,7 +100,11 @@ func twinFits(src *source) (bool, string) {
 	tree := procfs.Tree(src.state.Pid)
 	for _, pid := range tree {
 		if reg, err := lazypages.Registered(pid); err == nil && reg {
-			return false, fmt.Sprintf("process %d of the source has memory registered with a userfaultfd, whose reader could be told of its twin", pid)
+			// Unless it is all the write tracking's of branches, which
+			// asks to be told of nothing.
+			if ours, err := wptrack.Owns(ctx, trackDir, src.id, pid); err != nil || !ours {
+				return false, fmt.Sprintf("process %d of the source has memory registered with a userfaultfd, whose reader could be told of its twin", pid)
+			}
 		}
 	}
 	if room.Pids != math.MaxInt && room.Pids < len(tree) {
@@ -137,6 +142,12 @@ type twinCapture struct {
 	snaps  *criuhooks.TwinSnapshots
 	// handedOver: the plan's daemon holds the twins.
 	handedOver bool
+	// branches is the branch store, where an incremental drain's base is.
+	branches string
+	// track asks a branch capture to track the source's writes; tracking
+	// is the tracking taken for it.
+	track    *trackRequest
+	tracking *branchTracking
 }
 
 func (c *twinCapture) begin(opts *rpc.CriuOpts, workDir string, conf []string) (dumpSetup, error) {
@@ -145,6 +156,16 @@ func (c *twinCapture) begin(opts *rpc.CriuOpts, workDir string, conf []string) (
 		return dumpSetup{}, err
 	}
 	c.col = col
+	if c.track != nil {
+		t, tenv, err := c.track.e.startTracking(context.Background(), c.track.source, c.track.gen, workDir)
+		if err != nil {
+			// The branch copies every page; the capture goes on.
+			logrus.Warnf("write tracking: %v (this branch copies all of the source's memory)", err)
+		} else {
+			c.tracking = t
+			env = append(env, tenv...)
+		}
+	}
 	return dumpSetup{env: env, criuPath: c.host.CriuPath, started: col.DumpStarted}, nil
 }
 
@@ -162,9 +183,15 @@ func (c *twinCapture) dumpDone() {
 	c.col = nil
 }
 
-// take has nothing to do while CRIU holds the tree: the plugin made the
-// twins before the dump, and adopt takes them once the tree runs again.
-func (c *twinCapture) take(int) error { return nil }
+// take has nothing to do with the twins while CRIU holds the tree: the
+// plugin made them before the dump, and adopt takes them once the tree
+// runs again. A branch capture reads and re-arms its write tracking here.
+func (c *twinCapture) take(root int) error {
+	if c.tracking != nil {
+		c.tracking.scan(c.col, root)
+	}
+	return nil
+}
 
 // adopt takes the twins of the dumped tree, whose root has host pid root,
 // from the collector, after CRIU has let the tree go: matching them to the
@@ -187,11 +214,21 @@ func (c *twinCapture) adopt(root int) error {
 		return &notTwinnable{err}
 	}
 	c.snaps = snaps
+	if c.tracking != nil {
+		imagePids := map[int]int32{}
+		for ip, t := range snaps.Twins {
+			imagePids[t.Pid] = ip
+		}
+		if err := c.tracking.finish(root, imagePids, c.images); err != nil {
+			logrus.Warnf("write tracking: %v (the next branch copies all of the source's memory)", err)
+		}
+		c.tracking = nil
+	}
 	return nil
 }
 
 func (c *twinCapture) held() lazy.Held {
-	return lazy.Held{Snapshots: &c.snaps.Snapshots, Twins: c.snaps.Twins}
+	return lazy.Held{Snapshots: &c.snaps.Snapshots, Twins: c.snaps.Twins, Branches: c.branches}
 }
 
 func (c *twinCapture) handed() { c.handedOver = true }
@@ -201,6 +238,8 @@ func (c *twinCapture) taken() bool { return c.snaps != nil }
 // release ends and reaps every twin still held here: those handed to the
 // plan's daemon are its own (Hold passes it copies).
 func (c *twinCapture) release() {
+	c.tracking.abort()
+	c.tracking = nil
 	c.dumpDone()
 	if c.snaps == nil {
 		return

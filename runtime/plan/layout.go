@@ -128,5 +128,8 @@ func (l Layout) IntentsDir() string { return filepath.Join(l.Root, "intents") }
 // CallsDir holds the records of fork client calls in progress.
 func (l Layout) CallsDir() string { return filepath.Join(l.Root, "calls") }
 
+// TrackDir holds the sources' write tracking states (runtime/wptrack).
+func (l Layout) TrackDir() string { return filepath.Join(l.Root, "track") }
+
 // CriuCheckFile caches the last successful CRIU check.
 func (l Layout) CriuCheckFile() string { return filepath.Join(l.Root, "criu-check.json") }

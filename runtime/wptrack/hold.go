@@ -7,8 +7,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"github.com/sirupsen/logrus"
 	"golang.org/x/sys/unix"
@@ -287,4 +290,92 @@ func RunHolderIfAsked() {
 		procfs.PidfdExited(fd, -1)
 	}
 	os.Exit(0)
+}
+
+// Owns says whether every userfaultfd registration in process pid's
+// memory is the tracking's of source (whose state is in dir): a twin
+// capture refuses memory registered with someone else's userfaultfd,
+// whose reader might be told of the twin, and the tracking's asks for no
+// events. It tries to register each registered area with the tracking's
+// own userfaultfd, which succeeds only for areas it registered itself.
+func Owns(ctx context.Context, dir, source string, pid int) (bool, error) {
+	s, err := Open(ctx, dir, source)
+	if err != nil {
+		return false, err
+	}
+	defer s.Close()
+	if s.state == nil {
+		return false, nil
+	}
+	var task *Task
+	for i, t := range s.state.Tasks {
+		if t.Pid == pid && t.alive() {
+			task = &s.state.Tasks[i]
+		}
+	}
+	if task == nil {
+		return false, nil
+	}
+	pidfd, err := unix.PidfdOpen(s.state.Holder.Pid, 0)
+	if err != nil {
+		return false, nil
+	}
+	defer unix.Close(pidfd)
+	fd, err := unix.PidfdGetfd(pidfd, task.Fd, 0)
+	if err != nil || !s.state.Holder.alive() {
+		return false, nil
+	}
+	uffd := os.NewFile(uintptr(fd), "userfaultfd")
+	defer uffd.Close()
+	areas, err := registeredAreas(pid)
+	if err != nil {
+		return false, err
+	}
+	for _, a := range areas {
+		if !a.wpOnly {
+			return false, nil
+		}
+		reg := uffdioRegisterArg{Start: a.start, Len: a.end - a.start, Mode: uffdioRegisterModeWP}
+		if err := ioctl(uffd, uffdioRegister, unsafe.Pointer(&reg)); err != nil {
+			return false, nil
+		}
+	}
+	return true, nil
+}
+
+type registered struct {
+	start, end uint64
+	wpOnly     bool
+}
+
+// registeredAreas lists the areas of pid's memory registered with a
+// userfaultfd (VmFlags um, uw, ui in /proc/PID/smaps).
+func registeredAreas(pid int) ([]registered, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/smaps", pid))
+	if err != nil {
+		return nil, err
+	}
+	var out []registered
+	var start, end uint64
+	for _, line := range strings.Split(string(b), "\n") {
+		if flags, ok := strings.CutPrefix(line, "VmFlags:"); ok {
+			var um, uw, ui bool
+			for _, f := range strings.Fields(flags) {
+				um, uw, ui = um || f == "um", uw || f == "uw", ui || f == "ui"
+			}
+			if um || uw || ui {
+				out = append(out, registered{start, end, uw && !um && !ui})
+			}
+			continue
+		}
+		if lo, rest, ok := strings.Cut(line, "-"); ok && !strings.Contains(lo, " ") && !strings.Contains(lo, ":") {
+			hi, _, _ := strings.Cut(rest, " ")
+			s, err1 := strconv.ParseUint(lo, 16, 64)
+			e, err2 := strconv.ParseUint(hi, 16, 64)
+			if err1 == nil && err2 == nil {
+				start, end = s, e
+			}
+		}
+	}
+	return out, nil
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/containers/podman/v5/libpod/define"
 	"github.com/containers/podman/v5/pkg/bindings/images"
 	"github.com/containers/podman/v5/pkg/bindings/system"
+	"github.com/sirupsen/logrus"
 
 	"github.com/tclone/tclone/runtime/branch"
 	"github.com/tclone/tclone/runtime/branch/signing"
@@ -24,6 +25,7 @@ import (
 	"github.com/tclone/tclone/runtime/lazy"
 	"github.com/tclone/tclone/runtime/plan"
 	"github.com/tclone/tclone/runtime/rootfs"
+	"github.com/tclone/tclone/runtime/wptrack"
 	"github.com/tclone/tclone/shim/podmanfork"
 )
 
@@ -167,6 +169,10 @@ func (f *forker) writeBranch(ctx context.Context, w *branch.Writer, opts podmanf
 	}
 	stats.Branch = b
 	stats.WriteMs = ms(time.Since(t))
+	// Durable: the source's write tracking may count on this branch.
+	if err := wptrack.Commit(ctx, f.store.TrackDir(), f.src.ID, capture.ID, b.ID); err != nil {
+		logrus.Warnf("write tracking: %v (the next branch of %s copies all of its memory)", err, f.src.Name)
+	}
 	if err := f.finish(); err != nil {
 		return nil, err
 	}
