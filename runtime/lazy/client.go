@@ -15,6 +15,7 @@ import (
 
 	"github.com/sirupsen/logrus"
 
+	"github.com/tclone/tclone/criuhooks/lazypages"
 	"github.com/tclone/tclone/runtime/cgroups"
 	"github.com/tclone/tclone/runtime/plan"
 )
@@ -164,22 +165,39 @@ func (c *Client) Close() error { return c.conn.Close() }
 // WaitDrained waits until a twin plan's daemon has drained its twins into
 // page images, or ctx ends (by its deadline: drainWait without one).
 func (c *Client) WaitDrained(ctx context.Context) error {
+	_, err := c.WaitDrainedState(ctx)
+	return err
+}
+
+// WaitDrainedState is WaitDrained, and says what the drain copied.
+func (c *Client) WaitDrainedState(ctx context.Context) (lazypages.DrainState, error) {
 	deadline, ok := ctx.Deadline()
 	if !ok {
 		deadline = time.Now().Add(drainWait)
 	}
-	done := make(chan error, 1)
+	type answer struct {
+		s   string
+		err error
+	}
+	done := make(chan answer, 1)
 	go func() {
-		_, err := c.requestBy("wait-drained", deadline)
-		done <- err
+		s, err := c.requestBy("wait-drained", deadline)
+		done <- answer{s, err}
 	}()
+	var st lazypages.DrainState
 	select {
-	case err := <-done:
-		return err
+	case a := <-done:
+		if a.err != nil {
+			return st, a.err
+		}
+		if err := json.Unmarshal([]byte(a.s), &st); err != nil {
+			return st, fmt.Errorf("lazy pages: the daemon's drain state %q: %w", a.s, err)
+		}
+		return st, nil
 	case <-ctx.Done():
 		c.conn.Close()
 		<-done
-		return ctx.Err()
+		return st, ctx.Err()
 	}
 }
 

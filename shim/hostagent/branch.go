@@ -17,6 +17,7 @@ import (
 	"github.com/containers/podman/v5/pkg/bindings/system"
 	"github.com/sirupsen/logrus"
 
+	"github.com/tclone/tclone/criuhooks/lazypages"
 	"github.com/tclone/tclone/runtime/branch"
 	"github.com/tclone/tclone/runtime/branch/signing"
 	"github.com/tclone/tclone/runtime/calls"
@@ -111,9 +112,11 @@ func (f *forker) writeBranch(ctx context.Context, w *branch.Writer, opts podmanf
 	// The source runs on from here. A twin capture's pages reach the
 	// plan's images once its daemon has drained them out of the twins.
 	if capture.Memory == forkopts.MemoryTwin {
-		if err := waitDrained(ctx, f.store, capture.ID); err != nil {
+		st, err := waitDrained(ctx, f.store, capture.ID)
+		if err != nil {
 			return nil, err
 		}
+		stats.CopiedBytes, stats.FromBaseBytes = st.Bytes, st.FromBase
 		capture.Memory, capture.Snapshots = "", nil
 	}
 	if runnable != nil {
@@ -485,15 +488,16 @@ func importedVolumeDirs(ctx context.Context, b *branch.Branch, uses []podmanfork
 }
 
 // waitDrained waits until the daemon of plan id has drained its twins into
-// page images.
-func waitDrained(ctx context.Context, store plan.Store, id string) error {
+// page images, and says what the drain copied.
+func waitDrained(ctx context.Context, store plan.Store, id string) (lazypages.DrainState, error) {
 	c, err := lazy.Connect(lazy.PathsFor(store.Layout, id))
 	if err != nil {
-		return err
+		return lazypages.DrainState{}, err
 	}
 	defer c.Close()
-	if err := c.WaitDrained(ctx); err != nil {
-		return fmt.Errorf("writing the branch: the capture's twins: %w", err)
+	st, err := c.WaitDrainedState(ctx)
+	if err != nil {
+		return st, fmt.Errorf("writing the branch: the capture's twins: %w", err)
 	}
-	return nil
+	return st, nil
 }

@@ -102,6 +102,12 @@ type BranchStats struct {
 	SourcePauseMs float64 `json:"source_pause_ms"`
 	WriteMs       float64 `json:"write_ms"`
 	DurableMs     float64 `json:"durable_ms"`
+	// CopiedBytes is the memory a twin capture copied out of its twins
+	// after the source ran on; FromBaseBytes, what it took from the last
+	// branch instead (pages the source did not write since: incremental
+	// branches).
+	CopiedBytes   int64 `json:"copied_bytes,omitempty"`
+	FromBaseBytes int64 `json:"from_base_bytes,omitempty"`
 }
 
 // ImportOptions configure an import.
