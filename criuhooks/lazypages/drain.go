@@ -42,11 +42,10 @@ type Drain struct {
 	// at Close.
 	Release func(pid int32)
 	// Writes, for an incremental drain, is the capture's write tracking
-	// (WritesFile), and Base gives the directory holding the base
-	// branch's images of a task (its pagemap and pages image): the pages
-	// the tracking says were not written come from there.
+	// (WritesFile), and Base gives the base branch's images of a task:
+	// the pages the tracking says were not written come from there.
 	Writes *Writes
-	Base   func(pid int32) (string, error)
+	Base   func(pid int32) (*BaseTask, error)
 }
 
 // base opens task pid's pages in the base, for an incremental drain;
@@ -55,11 +54,11 @@ func (cfg *Drain) base(pid int32) (*TaskWrites, *basePages, error) {
 	if cfg.Writes == nil || cfg.Base == nil || cfg.Writes.Tasks[pid] == nil {
 		return nil, nil, nil
 	}
-	dir, err := cfg.Base(pid)
+	t, err := cfg.Base(pid)
 	if err != nil {
 		return nil, nil, err
 	}
-	b, err := openBase(dir, pid)
+	b, err := openBase(t)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -244,9 +243,6 @@ func (im *Images) drainTask(cfg *Drain, pid int32) (int64, int64, error) {
 	writes, base, err := cfg.base(pid)
 	if err != nil {
 		return 0, 0, err
-	}
-	if base != nil {
-		defer base.Close()
 	}
 	head := img.Entries[0].Message.(*pagemap.PagemapHead)
 	oldPages := filepath.Join(im.dir, fmt.Sprintf("pages-%d.img", head.GetPagesId()))

@@ -4,11 +4,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"sort"
 
-	"golang.org/x/sys/unix"
 )
 
 // Incremental drains. A branch capture tracks its source's writes
@@ -90,10 +90,17 @@ func (t *TaskWrites) run(addr, end uint64) (fromBase bool, runEnd uint64) {
 	return tracked && !written, min(tEnd, wEnd)
 }
 
+// BaseTask is a task's images in the base branch: its pagemap, a file,
+// and the pages image it names, read where the branch keeps it.
+type BaseTask struct {
+	Pagemap string
+	Pages   io.ReaderAt
+}
+
 // basePages is a task's pages in the base's images: its pagemap's present
 // entries, in address order, and their pages image.
 type basePages struct {
-	f       *os.File
+	r       io.ReaderAt
 	entries []baseEntry
 }
 
@@ -101,17 +108,13 @@ type baseEntry struct {
 	start, end, off uint64
 }
 
-// openBase reads task pid's pagemap and pages image in dir.
-func openBase(dir string, pid int32) (*basePages, error) {
-	pagesID, entries, err := readPagemap(filepath.Join(dir, fmt.Sprintf("pagemap-%d.img", pid)))
+// openBase reads a task's pagemap in the base.
+func openBase(t *BaseTask) (*basePages, error) {
+	_, entries, err := readPagemap(t.Pagemap)
 	if err != nil {
 		return nil, err
 	}
-	f, err := os.Open(filepath.Join(dir, fmt.Sprintf("pages-%d.img", pagesID)))
-	if err != nil {
-		return nil, fmt.Errorf("lazy pages: the base's pages of task %d: %w", pid, err)
-	}
-	b := &basePages{f: f}
+	b := &basePages{r: t.Pages}
 	var off uint64
 	for _, e := range entries {
 		if e.Flags&pagePresent == 0 {
@@ -125,8 +128,6 @@ func openBase(dir string, pid int32) (*basePages, error) {
 	return b, nil
 }
 
-func (b *basePages) Close() { b.f.Close() }
-
 // read fills buf with the base's pages from addr on, if the base holds
 // them all; ok is false when it does not.
 func (b *basePages) read(buf []byte, addr uint64) (bool, error) {
@@ -138,27 +139,17 @@ func (b *basePages) read(buf []byte, addr uint64) (bool, error) {
 		}
 		e := b.entries[i]
 		n := min(uint64(len(buf))-done, e.end-a)
-		for got := uint64(0); got < n; {
-			k, err := unix.Pread(int(b.f.Fd()), buf[done+got:done+n], int64(e.off+(a-e.start)+got))
-			if err == unix.EINTR {
-				continue
-			}
-			if err != nil {
-				return false, fmt.Errorf("lazy pages: reading the base's pages: %w", err)
-			}
-			if k == 0 {
-				return false, fmt.Errorf("lazy pages: the base's pages image ends before %#x", a+got)
-			}
-			got += uint64(k)
+		if _, err := b.r.ReadAt(buf[done:done+n], int64(e.off+(a-e.start))); err != nil {
+			return false, fmt.Errorf("lazy pages: reading the base's pages at %#x: %w", a, err)
 		}
 		done += n
 	}
 	return true, nil
 }
 
-// PagesImageOf names the pages image task pid's pagemap in dir refers to.
-func PagesImageOf(dir string, pid int32) (string, error) {
-	id, _, err := readPagemap(filepath.Join(dir, fmt.Sprintf("pagemap-%d.img", pid)))
+// PagesImageOf names the pages image the pagemap at path refers to.
+func PagesImageOf(path string) (string, error) {
+	id, _, err := readPagemap(path)
 	if err != nil {
 		return "", err
 	}

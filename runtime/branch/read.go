@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
 	"sort"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -233,4 +235,61 @@ func (r *Reader) WriteFile(rel, dst string) error {
 		return nil
 	}
 	return fmt.Errorf("branch %s has no file %s", r.b.Name, rel)
+}
+
+// FileReader reads one of a branch's files where it lies, chunk by chunk,
+// each checked against its hash as it is decoded; it keeps the last chunk
+// it decoded, so that reading in order decodes each once.
+type FileReader struct {
+	store   chunkStore
+	chunks  []Chunk
+	offsets []int64
+	size    int64
+
+	mu   sync.Mutex
+	last int
+	data []byte
+}
+
+// OpenFile returns a reader of the branch's file rel (its path in the plan
+// directory).
+func (r *Reader) OpenFile(rel string) (*FileReader, error) {
+	for _, f := range r.b.Files {
+		if f.Path != rel {
+			continue
+		}
+		fr := &FileReader{store: r.store.chunks(), chunks: f.Chunks, offsets: make([]int64, len(f.Chunks)), last: -1}
+		for i, ch := range f.Chunks {
+			fr.offsets[i] = fr.size
+			fr.size += ch.Size
+		}
+		return fr, nil
+	}
+	return nil, fmt.Errorf("branch %s has no file %s", r.b.Name, rel)
+}
+
+// Size is the file's size.
+func (f *FileReader) Size() int64 { return f.size }
+
+// ReadAt reads len(p) bytes at off (io.ReaderAt).
+func (f *FileReader) ReadAt(p []byte, off int64) (int, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	n := 0
+	for n < len(p) {
+		at := off + int64(n)
+		if at >= f.size {
+			return n, io.EOF
+		}
+		i := sort.Search(len(f.offsets), func(i int) bool { return f.offsets[i] > at }) - 1
+		if i != f.last {
+			data, err := f.store.get(f.chunks[i])
+			if err != nil {
+				return n, err
+			}
+			f.last, f.data = i, data
+		}
+		n += copy(p[n:], f.data[at-f.offsets[i]:])
+	}
+	return n, nil
 }

@@ -11,8 +11,9 @@ import (
 )
 
 // baseImages gives an incremental drain the base branch's images of a
-// task (lazypages.Drain's Base): its pagemap and the pages image it names,
-// written out of branch store into dir as they are asked for.
+// task (lazypages.Drain's Base): its pagemap, written out of the branch
+// store into dir, and the pages image it names, read where the store keeps
+// it.
 type baseImages struct {
 	store branch.Store
 	id    string
@@ -22,37 +23,34 @@ type baseImages struct {
 	r  *branch.Reader
 }
 
-func (b *baseImages) task(pid int32) (string, error) {
+func (b *baseImages) task(pid int32) (*lazypages.BaseTask, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.r == nil {
 		r, err := b.store.Open(b.id)
 		if err != nil {
-			return "", fmt.Errorf("the base branch: %w", err)
+			return nil, fmt.Errorf("the base branch: %w", err)
 		}
 		b.r = r
 		if err := os.MkdirAll(b.dir, 0o700); err != nil {
-			return "", err
+			return nil, err
 		}
 	}
-	pagemap := fmt.Sprintf("pagemap-%d.img", pid)
-	if err := b.write(pagemap); err != nil {
-		return "", err
+	pagemap := filepath.Join(b.dir, fmt.Sprintf("pagemap-%d.img", pid))
+	if _, err := os.Stat(pagemap); err != nil {
+		if err := b.r.WriteFile(filepath.Join("images", filepath.Base(pagemap)), pagemap); err != nil {
+			return nil, err
+		}
 	}
-	pages, err := lazypages.PagesImageOf(b.dir, pid)
+	pages, err := lazypages.PagesImageOf(pagemap)
 	if err != nil {
-		return "", err
+		return nil, err
 	}
-	return b.dir, b.write(pages)
-}
-
-// write writes the base's image name into dir, unless it is there.
-func (b *baseImages) write(name string) error {
-	dst := filepath.Join(b.dir, name)
-	if _, err := os.Stat(dst); err == nil {
-		return nil
+	fr, err := b.r.OpenFile(filepath.Join("images", pages))
+	if err != nil {
+		return nil, err
 	}
-	return b.r.WriteFile(filepath.Join("images", name), dst)
+	return &lazypages.BaseTask{Pagemap: pagemap, Pages: fr}, nil
 }
 
 // close lets go of the branch and removes what was written.

@@ -98,6 +98,7 @@ func serve(cfg daemonConfig) error {
 	}
 	s := &server{cfg: cfg, change: time.Now()}
 	opts := lazypages.Options{ImagesDir: cfg.Images, OnEvent: s.event, ChunkPause: cfg.ChunkPause}
+	var base *baseImages
 	if cfg.Cow != nil {
 		snaps, err := cfg.Cow.files()
 		if err != nil {
@@ -123,8 +124,8 @@ func serve(cfg daemonConfig) error {
 		opts.Snapshots, opts.ShareWait = snaps, cfg.Cow.ShareWait
 		if len(twins) > 0 {
 			opts.Drain = &lazypages.Drain{PlanImages: cfg.PlanImages, Release: s.twinReleaser(twins)}
-			base, err := incremental(opts.Drain, cfg)
-			if err != nil {
+			var err error
+			if base, err = incremental(opts.Drain, cfg); err != nil {
 				return err
 			}
 			if base != nil {
@@ -138,6 +139,13 @@ func serve(cfg daemonConfig) error {
 		return err
 	}
 	defer s.d.Close()
+	if base != nil {
+		// The base is read only while the twins are drained.
+		go func() {
+			s.d.WaitDrained()
+			base.close()
+		}()
+	}
 	if err := os.MkdirAll(filepath.Dir(cfg.Control), 0o700); err != nil {
 		return err
 	}
