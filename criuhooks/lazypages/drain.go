@@ -336,20 +336,23 @@ func writeDrained(path, oldPages string, entries []pagemapEntry, src snapshotPag
 					var runEnd uint64
 					useBase, runEnd = writes.run(addr, addr+uint64(chunk))
 					chunk = int64(runEnd - addr)
+					if useBase {
+						// Only what the base holds; a gap in it comes
+						// from the snapshot.
+						held, gap := base.span(addr, uint64(chunk))
+						useBase = held > 0
+						chunk = int64(max(held, gap))
+					}
 				}
 				b := buf[:chunk]
 				var data []byte
 				if useBase {
-					ok, err := base.read(b, addr)
-					if err != nil {
+					if err := base.read(b, addr); err != nil {
 						return 0, 0, err
 					}
-					if ok {
-						data = b
-						fromBase += chunk
-					}
-				}
-				if data == nil {
+					data = b
+					fromBase += chunk
+				} else {
 					if data, err = src.at(&b, uint64(chunk), addr); err != nil {
 						return 0, 0, err
 					}

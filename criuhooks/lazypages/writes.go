@@ -128,23 +128,39 @@ func openBase(t *BaseTask) (*basePages, error) {
 	return b, nil
 }
 
-// read fills buf with the base's pages from addr on, if the base holds
-// them all; ok is false when it does not.
-func (b *basePages) read(buf []byte, addr uint64) (bool, error) {
+// span says how much of [addr, addr+max) the base holds from addr on
+// (held), or, when it holds nothing at addr, how far the gap goes (gap).
+func (b *basePages) span(addr, max uint64) (held, gap uint64) {
+	i := sort.Search(len(b.entries), func(i int) bool { return b.entries[i].end > addr })
+	if i == len(b.entries) {
+		return 0, max
+	}
+	if e := b.entries[i]; e.start > addr {
+		return 0, min(e.start-addr, max)
+	}
+	for ; i < len(b.entries) && b.entries[i].start <= addr+held && held < max; i++ {
+		held = min(b.entries[i].end-addr, max)
+	}
+	return held, 0
+}
+
+// read fills buf with the base's pages from addr on, which it must hold
+// (span).
+func (b *basePages) read(buf []byte, addr uint64) error {
 	for done := uint64(0); done < uint64(len(buf)); {
 		a := addr + done
 		i := sort.Search(len(b.entries), func(i int) bool { return b.entries[i].end > a })
 		if i == len(b.entries) || b.entries[i].start > a {
-			return false, nil
+			return fmt.Errorf("lazy pages: the base has no page at %#x", a)
 		}
 		e := b.entries[i]
 		n := min(uint64(len(buf))-done, e.end-a)
 		if _, err := b.r.ReadAt(buf[done:done+n], int64(e.off+(a-e.start))); err != nil {
-			return false, fmt.Errorf("lazy pages: reading the base's pages at %#x: %w", a, err)
+			return fmt.Errorf("lazy pages: reading the base's pages at %#x: %w", a, err)
 		}
 		done += n
 	}
-	return true, nil
+	return nil
 }
 
 // PagesImageOf names the pages image the pagemap at path refers to.
