@@ -8,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
-
 )
 
 // Incremental drains. A branch capture tracks its source's writes
