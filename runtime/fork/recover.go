@@ -18,6 +18,7 @@ import (
 	"github.com/tclone/tclone/runtime/plan"
 	"github.com/tclone/tclone/runtime/procfs"
 	"github.com/tclone/tclone/runtime/rootfs"
+	"github.com/tclone/tclone/runtime/wptrack"
 )
 
 // Recovered reports what a recovery pass cleaned up.
@@ -43,6 +44,9 @@ type Recovered struct {
 	// CRIUTemps are the temporary directories (and mounts) killed CRIUs
 	// left in /tmp, removed.
 	CRIUTemps []string `json:"criu_temps,omitempty"`
+	// Trackings are the sources whose write tracking (incremental
+	// branches) had ended: its holder was gone.
+	Trackings []string `json:"trackings,omitempty"`
 	// SnapshotsHeld are not cleaned up: the copy-on-write snapshots live
 	// plans' daemons hold, by plan ID, with the memory they keep. Each is
 	// released once its plan is used up, removed or expired.
@@ -93,7 +97,9 @@ func (e *Engine) Recover(ctx context.Context) (*Recovered, error) {
 	r.CRIUTemps = temps
 	held, herr := lazy.Holders(e.Store.Layout)
 	r.SnapshotsHeld = held
-	return r, errors.Join(err, serr, lerr, derr, ierr, terr, herr)
+	tracks, trerr := wptrack.Collect(e.trackDir())
+	r.Trackings = tracks
+	return r, errors.Join(err, serr, lerr, derr, ierr, terr, herr, trerr)
 }
 
 // recoverOperations undoes operations whose process died and sweeps plans:

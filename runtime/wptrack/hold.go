@@ -3,6 +3,7 @@ package wptrack
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -376,6 +377,41 @@ func registeredAreas(pid int) ([]registered, error) {
 				start, end = s, e
 			}
 		}
+	}
+	return out, nil
+}
+
+// Collect removes the states in dir whose holder is gone (its source
+// ended, or it was killed), and returns their sources. A state whose
+// source is being captured (its lock held) is left for the next time.
+func Collect(dir string) ([]string, error) {
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, e := range entries {
+		source, ok := strings.CutSuffix(e.Name(), ".json")
+		if !ok {
+			continue
+		}
+		unlock, locked, err := flock.TryLock(filepath.Join(dir, source+".lock"))
+		if err != nil || !locked {
+			continue
+		}
+		s := &Session{dir: dir, source: source, unlock: unlock}
+		if b, err := os.ReadFile(s.path()); err == nil {
+			var st State
+			if json.Unmarshal(b, &st) != nil || !st.Holder.alive() {
+				os.Remove(s.path())
+				os.Remove(filepath.Join(dir, source+".lock"))
+				out = append(out, source)
+			}
+		}
+		unlock()
 	}
 	return out, nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"testing"
 	"time"
@@ -160,5 +161,41 @@ func TestHolderEndsWithInit(t *testing.T) {
 			t.Fatal("the holder outlived the source's init")
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// gc removes the tracking states whose holder is gone, and only those.
+func TestCollect(t *testing.T) {
+	dir := t.TempDir()
+	init := exec.Command("sleep", "60")
+	if err := init.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { init.Process.Kill(); init.Wait() }()
+	for _, source := range []string{"live", "dead"} {
+		s, err := Open(context.Background(), dir, source)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Hold("gen", init.Process.Pid, nil); err != nil {
+			t.Fatal(err)
+		}
+		if source == "dead" {
+			endProc(s.state.Holder)
+		} else {
+			holder := s.state.Holder
+			t.Cleanup(func() { endProc(holder) })
+		}
+		s.Close()
+	}
+	got, err := Collect(dir)
+	if err != nil || !slices.Equal(got, []string{"dead"}) {
+		t.Fatalf("collected %v, %v; want the dead one's", got, err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "live.json")); err != nil {
+		t.Fatalf("the live one's state: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "dead.json")); !os.IsNotExist(err) {
+		t.Fatalf("the dead one's state: %v", err)
 	}
 }
