@@ -49,20 +49,27 @@ type Drain struct {
 }
 
 // base opens task pid's pages in the base, for an incremental drain;
-// nil when the drain takes every page from the snapshot.
-func (cfg *Drain) base(pid int32) (*TaskWrites, *basePages, error) {
+// nil when the drain takes every page from the snapshot, which it does too
+// when the base cannot be read (removed since): the snapshot is still
+// there, and holds every page. Why is then the drain state's BaseErr.
+func (im *Images) base(cfg *Drain, pid int32) (*TaskWrites, *basePages) {
 	if cfg.Writes == nil || cfg.Base == nil || cfg.Writes.Tasks[pid] == nil {
-		return nil, nil, nil
+		return nil, nil
 	}
 	t, err := cfg.Base(pid)
-	if err != nil {
-		return nil, nil, err
+	var b *basePages
+	if err == nil {
+		b, err = openBase(t)
 	}
-	b, err := openBase(t)
 	if err != nil {
-		return nil, nil, err
+		im.mu.Lock()
+		if im.drainState.BaseErr == "" {
+			im.drainState.BaseErr = fmt.Sprintf("task %d: %v", pid, err)
+		}
+		im.mu.Unlock()
+		return nil, nil
 	}
-	return cfg.Writes.Tasks[pid], b, nil
+	return cfg.Writes.Tasks[pid], b
 }
 
 // snapSlot is a task's snapshot and who reads it.
@@ -125,8 +132,10 @@ type DrainState struct {
 	Drained int   `json:"drained"`
 	Bytes   int64 `json:"bytes"`
 	// FromBase is what an incremental drain took from the base branch
-	// instead of the snapshots (Bytes counts only those).
+	// instead of the snapshots (Bytes counts only those); BaseErr, why it
+	// took a task's pages from its snapshot all the same.
 	FromBase int64  `json:"from_base,omitempty"`
+	BaseErr  string `json:"base_error,omitempty"`
 	Done     bool   `json:"done"`
 	Err      string `json:"error,omitempty"`
 }
@@ -240,10 +249,7 @@ func (im *Images) drainTask(cfg *Drain, pid int32) (int64, int64, error) {
 	if err != nil {
 		return 0, 0, err
 	}
-	writes, base, err := cfg.base(pid)
-	if err != nil {
-		return 0, 0, err
-	}
+	writes, base := im.base(cfg, pid)
 	head := img.Entries[0].Message.(*pagemap.PagemapHead)
 	oldPages := filepath.Join(im.dir, fmt.Sprintf("pages-%d.img", head.GetPagesId()))
 	newID := drainedPagesID(pid)

@@ -117,6 +117,9 @@ func (f *forker) writeBranch(ctx context.Context, w *branch.Writer, opts podmanf
 			return nil, err
 		}
 		stats.CopiedBytes, stats.FromBaseBytes = st.Bytes, st.FromBase
+		if st.BaseErr != "" {
+			logrus.Warnf("branch %s: the last branch could not be read (%s); its pages were copied from the source", name, st.BaseErr)
+		}
 		capture.Memory, capture.Snapshots = "", nil
 	}
 	if runnable != nil {

@@ -280,7 +280,11 @@ func TestBranchTargets(t *testing.T) {
 	br := &BranchResult{MemMiB: 1024, DirtyMiB: 20, Samples: samples, Summary: summarizeWarm(samples),
 		Starts: []*BranchStart{{Count: 1, TotalMs: 900}, {Count: 4, TotalMs: 2000}}}
 	for i, mib := range []float64{1030, 1052, 1075, 1097, 1120} {
-		br.Successive = append(br.Successive, &BranchDisk{Index: i + 1, StoreMiB: mib})
+		copied, fromBase := 20.5, 1004.0
+		if i == 0 {
+			copied, fromBase = 1024, 0
+		}
+		br.Successive = append(br.Successive, &BranchDisk{Index: i + 1, StoreMiB: mib, PauseMs: 150 - float64(i), CopiedMiB: copied, FromBaseMiB: fromBase})
 	}
 	br.Images = []*BranchImage{
 		{Branch: "s-0", LayerMiB: 1040, PushedMiB: 500, ExportMs: 9000, PushMs: 30000, PullMs: 20000, ImportMs: 15000},
@@ -301,8 +305,20 @@ func TestBranchTargets(t *testing.T) {
 	if d := findTarget(t, ts, "branch_five_disk_over_one"); d.Status != TargetMet || math.Abs(d.Value-1120.0/1030) > 1e-9 {
 		t.Errorf("disk target %+v, want met at 1120/1030", d)
 	}
+	if p := findTarget(t, ts, "branch_second_pause_over_first"); p.Status != TargetMet || math.Abs(p.Value-149.0/150) > 1e-9 {
+		t.Errorf("second branch's pause target %+v, want met at 149/150", p)
+	}
+	if c := findTarget(t, ts, "branch_second_copied_over_first"); c.Status != TargetMet || math.Abs(c.Value-20.5/1024) > 1e-9 || !strings.Contains(c.Detail, "1004 MiB from the first") {
+		t.Errorf("second branch's copy target %+v, want met at 20.5/1024", c)
+	}
 	if p := validateBranches(r); len(p) != 0 {
 		t.Errorf("a good run flagged: %v", p)
+	}
+	br.Successive[1].CopiedMiB, br.Successive[1].PauseMs = 1024, 200
+	for _, key := range []string{"branch_second_copied_over_first", "branch_second_pause_over_first"} {
+		if c := findTarget(t, branchTargets(r), key); c.Status != TargetNotMet {
+			t.Errorf("a second branch that copied everything in a longer pause: %s %+v", key, c)
+		}
 	}
 	br.Successive[4].StoreMiB = 2100
 	if d := findTarget(t, branchTargets(r), "branch_five_disk_over_one"); d.Status != TargetNotMet {
@@ -451,7 +467,6 @@ func TestTwinTargets(t *testing.T) {
 		{"slope of a short sweep", "twin_pause_ms_per_process", TargetOtherSize, twinRun(150, nil, []int{1, 10}, 1.5), 1.5, 2},
 		{"no sweep", "twin_pause_ms_per_process", TargetNotMeasured, twinRun(150, nil, []int{10}, 1.5), 0, 2},
 		{"throughput not run", "twin_source_throughput_after_thaw", TargetNotMeasured, twinRun(150, nil, full, 1.5), 0, 0},
-		{"incremental branch", "twin_second_branch_incremental", TargetNotMeasured, twinRun(150, nil, full, 1.5), 0, 0},
 	} {
 		got := findTarget(t, targets(c.r), c.key)
 		if got.Status != c.status || math.Abs(got.Value-c.value) > 1e-9 || math.Abs(got.Bound-c.bound) > 1e-9 {
@@ -479,9 +494,6 @@ func TestTwinTargets(t *testing.T) {
 	if d := findTarget(t, targets(twinRun(150, nil, full, 1.5)), "twin_pause_ms_per_process").Detail; strings.Contains(d, "criu dump") {
 		t.Errorf("slope detail %q names a bare CRIU dump that was not measured", d)
 	}
-	if d := findTarget(t, targets(twinRun(150, nil, full, 1.5)), "twin_second_branch_incremental").Detail; !strings.Contains(d, "not built") {
-		t.Errorf("incremental branch detail %q does not say it is not built", d)
-	}
 
 	// Every twin target is in a full run's list, and validation accepts
 	// them; calling one that nothing measures met is caught.
@@ -494,15 +506,12 @@ func TestTwinTargets(t *testing.T) {
 		}
 	}
 	for i := range r.Headline.Targets {
-		if r.Headline.Targets[i].Key == "twin_second_branch_incremental" {
-			r.Headline.Targets[i].Status, r.Headline.Targets[i].Value, r.Headline.Targets[i].Bound = TargetMet, 1, 2
-		}
 		if r.Headline.Targets[i].Key == "pause_1g_twin_within_fork" {
 			r.Headline.Targets[i].Status, r.Headline.Targets[i].Value = TargetNotMeasured, 0
 		}
 	}
 	p := strings.Join(validateTargets(r), "\n")
-	for _, want := range []string{"twin_second_branch_incremental: met, though nothing in the harness measures it", "pause_1g_twin_within_fork: not measured, though the run has its workloads"} {
+	for _, want := range []string{"pause_1g_twin_within_fork: not measured, though the run has its workloads"} {
 		if !strings.Contains(p, want) {
 			t.Errorf("problems lack %q: %s", want, p)
 		}

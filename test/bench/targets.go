@@ -238,9 +238,6 @@ func twinTargets(r *Results) []Target {
 	out = append(out, t)
 
 	out = append(out, throughputTarget(r))
-	out = append(out, Target{Key: "twin_second_branch_incremental", Title: "second branch of the same source copies only what changed since the first",
-		Status: TargetNotMeasured, BoundText: "issue 30's (not computed here)",
-		Detail: "not measured: not built; each branch's capture still drains every page (only the chunk store keeps unchanged data once), and copying only what was written since the last branch needs soft-dirty or a write-protect-async userfaultfd kept on the source"})
 	return out
 }
 

@@ -59,7 +59,7 @@ var requiredFanOut = []string{"to_running_ms", "last_first_command_ms", "per_sib
 var targetKeys = []string{"first_command_1g_lazy_over_stock", "first_command_1g_copy_over_stock", "first_command_2g_lazy_over_stock",
 	"first_command_2g_copy_over_stock", "first_command_2g_over_0_lazy", "pause_1g_copy_over_lazy", "pause_2g_copy_over_lazy",
 	"first_command_1g_twin_over_stock", "first_command_2g_twin_over_stock", "pause_1g_twin_within_fork", "twin_pause_ms_per_process",
-	"twin_source_throughput_after_thaw", "twin_second_branch_incremental"}
+	"twin_source_throughput_after_thaw"}
 
 // validate checks that a run's outputs are well formed: results.json
 // parses and holds every expected workload, method and metric, the
@@ -545,17 +545,13 @@ func validateTargets(r *Results) []string {
 			need = slices.Contains(r.Config.TwinKinds, "procs") && slices.Contains(r.Config.ProcCounts, twinSweepEnds[0]) && slices.Contains(r.Config.ProcCounts, twinSweepEnds[1])
 		case "twin_source_throughput_after_thaw":
 			need = r.Config.ThroughputMemMiB == 1024
-		case "twin_second_branch_incremental":
-			if t.Status != TargetNotMeasured {
-				bad("target %s: %s, though nothing in the harness measures it", t.Key, t.Status)
-			}
 		case "volume_reflink_added_pause_ms":
 			need = r.Config.VolumeMiB == 1024
 		case "ksm_sibling_pss_over_rss_60s":
 			need = r.Config.KSMMemMiB == 1024 && r.Config.KSMWindowS >= 60
 		case proxyTargetKeys[0], proxyTargetKeys[1]:
 			need = !r.Quick
-		case branchTargetKeys[0], branchTargetKeys[1], branchTargetKeys[2]:
+		case branchTargetKeys[0], branchTargetKeys[1], branchTargetKeys[2], branchTargetKeys[3], branchTargetKeys[4]:
 			need = r.Config.BranchMemMiB == 1024 && !r.Quick
 		case criTargetKeys[0], criTargetKeys[1]:
 			need = r.Config.CRIMemMiB == 1024 && !r.Quick
