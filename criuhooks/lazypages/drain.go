@@ -167,10 +167,13 @@ func (im *Images) drain(cfg *Drain, stop <-chan struct{}) error {
 		im.mu.Unlock()
 	}
 	if cfg.PlanImages != "" {
+		// The write tracking served its purpose: the images are whole.
+		os.Remove(filepath.Join(cfg.PlanImages, WritesFile))
 		if err := os.WriteFile(filepath.Join(cfg.PlanImages, DrainedMarker), nil, 0o600); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return im.drainFailed(err)
 		}
 	}
+	os.Remove(filepath.Join(im.dir, WritesFile))
 	im.mu.Lock()
 	im.drainState.Done = true
 	im.mu.Unlock()
