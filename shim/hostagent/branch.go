@@ -118,7 +118,7 @@ func (f *forker) writeBranch(ctx context.Context, w *branch.Writer, opts podmanf
 		}
 		stats.CopiedBytes, stats.FromBaseBytes = st.Bytes, st.FromBase
 		if st.BaseErr != "" {
-			logrus.Warnf("branch %s: the last branch could not be read (%s); its pages were copied from the source", name, st.BaseErr)
+			logrus.Warnf("branch of %s: the last branch could not be read (%s); its pages were copied from the source", f.src.Name, st.BaseErr)
 		}
 		capture.Memory, capture.Snapshots = "", nil
 	}
