@@ -136,14 +136,20 @@ func (t *Tracker) Scan(start, end uint64) ([]Range, error) {
 	var out []Range
 	for at := start; at < end; {
 		a := pmScanArg{
-			Size:         uint64(unsafe.Sizeof(pmScanArg{})),
-			Flags:        pmScanWPMatching | pmScanCheckWPAsync,
-			Start:        at,
-			End:          end,
-			Vec:          uint64(uintptr(unsafe.Pointer(&t.vec[0]))),
-			VecLen:       uint64(len(t.vec)),
-			CategoryMask: pageIsWritten,
-			ReturnMask:   pageIsWritten,
+			Size:   uint64(unsafe.Sizeof(pmScanArg{})),
+			Flags:  pmScanWPMatching | pmScanCheckWPAsync,
+			Start:  at,
+			End:    end,
+			Vec:    uint64(uintptr(unsafe.Pointer(&t.vec[0]))),
+			VecLen: uint64(len(t.vec)),
+			// Written pages that are there (present or swapped out):
+			// never a hole, whose protection would install a marker
+			// that the process's pagemap then shows as a swapped-out
+			// page (to CRIU too), and costs a page table per 2 MiB of
+			// address space reserved and never touched.
+			CategoryMask:      pageIsWritten,
+			CategoryAnyofMask: pageIsPresent | pageIsSwapped,
+			ReturnMask:        pageIsWritten,
 		}
 		n, err := ioctlN(t.pagemap, pagemapScan, unsafe.Pointer(&a))
 		if err != nil {

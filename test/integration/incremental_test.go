@@ -17,7 +17,7 @@ import (
 func branchStats(t *testing.T, src, name string) podmanfork.BranchStats {
 	t.Helper()
 	var st podmanfork.BranchStats
-	if err := json.Unmarshal([]byte(branchOK(t, "create", "--print-stats", src, name)), &st); err != nil {
+	if err := json.Unmarshal([]byte(branchOK(t, "create", "--file-locks", "--print-stats", src, name)), &st); err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("branch %s: pause %.1f ms, %d KiB copied out of the twins, %d KiB from the last branch",
@@ -56,8 +56,10 @@ func TestBranchIncremental(t *testing.T) {
 	}
 	// A fork between the branches.
 	sib := uniqueName("brinc-fork")
-	podman(t, "container", "fork", "--name", sib, src)
 	t.Cleanup(func() { removeContainers(t, sib) })
+	if r := forkCLI(t, "--file-locks", "--name", sib, src); r.code != 0 {
+		t.Fatalf("podman container fork: exit %d: %s", r.code, r.stderr)
+	}
 	workloadCmd(t, srcExec, "mutate", "--tag", "second", "--mem")
 	at := workloadCmd(t, srcExec, "probe", "--hash")
 	second := branchStats(t, src, "i2")
