@@ -178,7 +178,10 @@ func (e *Engine) captureAs(ctx context.Context, src *source, req CaptureRequest,
 	case forkopts.MemoryCow:
 		op.held = &cowCapture{criu: externalCRIU(check)}
 	case forkopts.MemoryTwin:
-		tc := &twinCapture{host: twin, images: plan.ImagesDir(op.dir), branches: e.Store.Branches}
+		tc := &twinCapture{host: twin, images: plan.ImagesDir(op.dir), branches: req.Fork.BranchStore}
+		if tc.branches == "" {
+			tc.branches = e.Store.Branches
+		}
 		if req.Fork.Durable && trackingAvailable(check) {
 			tc.track = &trackRequest{e: e, source: src.id, gen: op.id}
 		}

@@ -73,6 +73,11 @@ type Fork struct {
 	// outlives it. Auto then never takes module snapshots (they live only
 	// as long as the plan); twins are drained into images, and do.
 	Durable bool `json:"durable,omitempty"`
+	// BranchStore, for a durable capture, is the branch store its branch
+	// is written to, which holds the branch before it: an incremental
+	// branch's drain reads the pages the source did not write since from
+	// there.
+	BranchStore string `json:"branch_store,omitempty"`
 	// Volumes are the source's mounted volumes each sibling gets its own
 	// copy of, as they were at the fork instant. Every other mount of a
 	// host directory is shared with the source.

@@ -64,6 +64,7 @@ func (a *Agent) CreateBranch(ctx context.Context, source, name string, opts podm
 	// drains into images, where the host can (the pause is then the
 	// fork's); its starts choose their own memory mode.
 	fo.Durable = true
+	fo.BranchStore = a.Branches().Dir
 	if err := normalize(&fo); err != nil {
 		return nil, podmanfork.WithKind(podmanfork.ErrInvalidOption, err)
 	}
