@@ -382,8 +382,10 @@ func registeredAreas(pid int) ([]registered, error) {
 }
 
 // Collect removes the states in dir whose holder is gone (its source
-// ended, or it was killed), and returns their sources. A state whose
-// source is being captured (its lock held) is left for the next time.
+// ended, or it was killed), and returns their sources, and the locks of
+// sources with no state (a capture that failed before its tracking was
+// held). A source being captured (its lock held) is left for the next
+// time.
 func Collect(dir string) ([]string, error) {
 	entries, err := os.ReadDir(dir)
 	if errors.Is(err, os.ErrNotExist) {
@@ -394,22 +396,25 @@ func Collect(dir string) ([]string, error) {
 	}
 	var out []string
 	for _, e := range entries {
-		source, ok := strings.CutSuffix(e.Name(), ".json")
+		source, ok := strings.CutSuffix(e.Name(), ".lock")
 		if !ok {
 			continue
 		}
-		unlock, locked, err := flock.TryLock(filepath.Join(dir, source+".lock"))
+		lock := filepath.Join(dir, e.Name())
+		unlock, locked, err := flock.TryLock(lock)
 		if err != nil || !locked {
 			continue
 		}
 		s := &Session{dir: dir, source: source, unlock: unlock}
-		if b, err := os.ReadFile(s.path()); err == nil {
-			var st State
-			if json.Unmarshal(b, &st) != nil || !st.Holder.alive() {
-				os.Remove(s.path())
-				os.Remove(filepath.Join(dir, source+".lock"))
-				out = append(out, source)
-			}
+		b, err := os.ReadFile(s.path())
+		var st State
+		switch {
+		case errors.Is(err, os.ErrNotExist):
+			os.Remove(lock)
+		case err == nil && (json.Unmarshal(b, &st) != nil || !st.Holder.alive()):
+			os.Remove(s.path())
+			os.Remove(lock)
+			out = append(out, source)
 		}
 		unlock()
 	}

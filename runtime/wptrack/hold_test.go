@@ -188,9 +188,23 @@ func TestCollect(t *testing.T) {
 		}
 		s.Close()
 	}
+	// A capture that failed before it held a tracking left its lock.
+	s, err := Open(context.Background(), dir, "failed")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
 	got, err := Collect(dir)
 	if err != nil || !slices.Equal(got, []string{"dead"}) {
 		t.Fatalf("collected %v, %v; want the dead one's", got, err)
+	}
+	for _, gone := range []string{"dead.lock", "failed.lock"} {
+		if _, err := os.Stat(filepath.Join(dir, gone)); !os.IsNotExist(err) {
+			t.Errorf("%s after Collect: %v", gone, err)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(dir, "live.lock")); err != nil {
+		t.Errorf("the live one's lock: %v", err)
 	}
 	if _, err := os.Stat(filepath.Join(dir, "live.json")); err != nil {
 		t.Fatalf("the live one's state: %v", err)
