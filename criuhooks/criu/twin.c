@@ -460,20 +460,21 @@ struct twin {
  * trampoline, takes it into t->uffd and closes it in the process again.
  * It is user-mode only, which a process without CAP_SYS_PTRACE may make
  * where vm.unprivileged_userfaultfd is 0, and which write-protect-async
- * tracking works with. A failure to make it only leaves the process
- * untracked; a failure to close it again fails the twin, since the
- * process would keep a descriptor of tclone's.
+ * tracking works with. A call that fails only leaves the process
+ * untracked; an injection that fails, or a close that does, fails the
+ * twin, since the process might keep a descriptor of tclone's.
  */
 static int make_uffd(pid_t pid, pid_t tid, const struct user_regs_struct *regs, unsigned long site, struct twin *t,
 		     struct twin_err *e)
 {
-	struct twin_err ignored = {};
 	long fd = -1;
 	int pidfd;
 
-	if (inject(tid, regs, site, &fd, &ignored, __NR_userfaultfd,
-		   A1(O_CLOEXEC | O_NONBLOCK | 1 /* UFFD_USER_MODE_ONLY */)) || fd < 0) {
-		t->track = fd < 0 && fd > -4096 ? (int)fd : -EIO;
+	/* A failed injection may have made the descriptor: it fails the twin. */
+	if (inject(tid, regs, site, &fd, e, __NR_userfaultfd, A1(O_CLOEXEC | O_NONBLOCK | 1 /* UFFD_USER_MODE_ONLY */)))
+		return -1;
+	if (fd < 0) {
+		t->track = fd > -4096 ? (int)fd : -EIO;
 		return 0;
 	}
 	pidfd = syscall(__NR_pidfd_open, pid, 0);

@@ -42,8 +42,9 @@ type Drain struct {
 	// at Close.
 	Release func(pid int32)
 	// Writes, for an incremental drain, is the capture's write tracking
-	// (WritesFile), and Base gives the base branch's images of a task:
-	// the pages the tracking says were not written come from there.
+	// (WritesFile), and Base gives the base branch's images of a task
+	// (nil for a task the base does not have): the pages the tracking
+	// says were not written come from there.
 	Writes *Writes
 	Base   func(pid int32) (*BaseTask, error)
 }
@@ -57,19 +58,28 @@ func (im *Images) base(cfg *Drain, pid int32) (*TaskWrites, *basePages) {
 		return nil, nil
 	}
 	t, err := cfg.Base(pid)
+	if err == nil && t == nil {
+		return nil, nil // a process the base did not have
+	}
 	var b *basePages
 	if err == nil {
 		b, err = openBase(t)
 	}
 	if err != nil {
-		im.mu.Lock()
-		if im.drainState.BaseErr == "" {
-			im.drainState.BaseErr = fmt.Sprintf("task %d: %v", pid, err)
-		}
-		im.mu.Unlock()
+		im.baseFailed(pid, err)
 		return nil, nil
 	}
 	return cfg.Writes.Tasks[pid], b
+}
+
+// baseFailed records the first failure to read the base: the task's pages
+// came from its snapshot.
+func (im *Images) baseFailed(pid int32, err error) {
+	im.mu.Lock()
+	defer im.mu.Unlock()
+	if im.drainState.BaseErr == "" {
+		im.drainState.BaseErr = fmt.Sprintf("task %d: %v", pid, err)
+	}
 }
 
 // snapSlot is a task's snapshot and who reads it.
@@ -262,6 +272,9 @@ func (im *Images) drainTask(cfg *Drain, pid int32) (int64, int64, error) {
 		os.Remove(newPages + ".tmp")
 		return 0, 0, err
 	}
+	if base != nil && base.err != nil {
+		im.baseFailed(pid, base.err)
+	}
 	// The pagemap says so last: a reader sees the old pagemap and pages,
 	// or the new ones, never a mix.
 	head.PagesId = &newID
@@ -355,13 +368,13 @@ func writeDrained(path, oldPages string, entries []pagemapEntry, src snapshotPag
 				}
 				b := buf[:chunk]
 				var data []byte
-				if useBase {
-					if err := base.read(b, addr); err != nil {
-						return 0, 0, err
+				if useBase && base.err == nil {
+					if base.err = base.read(b, addr); base.err == nil {
+						data = b
+						fromBase += chunk
 					}
-					data = b
-					fromBase += chunk
-				} else {
+				}
+				if data == nil {
 					if data, err = src.at(&b, uint64(chunk), addr); err != nil {
 						return 0, 0, err
 					}

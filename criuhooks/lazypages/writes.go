@@ -101,6 +101,9 @@ type BaseTask struct {
 type basePages struct {
 	r       io.ReaderAt
 	entries []baseEntry
+	// err is the first read that failed: its pages, and the task's
+	// later ones, came from the snapshot.
+	err error
 }
 
 type baseEntry struct {

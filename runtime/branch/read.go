@@ -222,6 +222,9 @@ func (r *Reader) WritePlan(dir string) error {
 	return nil
 }
 
+// ErrNoFile is a file the branch does not have.
+var ErrNoFile = errors.New("no such file in the branch")
+
 // WriteFile writes the branch's file rel (its path in the plan directory)
 // to dst, which must not exist, checking every chunk against its hash.
 func (r *Reader) WriteFile(rel, dst string) error {
@@ -234,7 +237,7 @@ func (r *Reader) WriteFile(rel, dst string) error {
 		}
 		return nil
 	}
-	return fmt.Errorf("branch %s has no file %s", r.b.Name, rel)
+	return fmt.Errorf("branch %s: %w: %s", r.b.Name, ErrNoFile, rel)
 }
 
 // FileReader reads one of a branch's files where it lies, chunk by chunk,
@@ -265,7 +268,7 @@ func (r *Reader) OpenFile(rel string) (*FileReader, error) {
 		}
 		return fr, nil
 	}
-	return nil, fmt.Errorf("branch %s has no file %s", r.b.Name, rel)
+	return nil, fmt.Errorf("branch %s: %w: %s", r.b.Name, ErrNoFile, rel)
 }
 
 // Size is the file's size.

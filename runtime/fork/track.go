@@ -133,8 +133,12 @@ func scanProcess(pid int, tr *wptrack.Tracker) (*lazypages.TaskWrites, error) {
 	return w, nil
 }
 
-// privateAreas lists the private areas of pid's memory (/proc/PID/maps,
-// which walks no page table), but the kernel's own.
+// privateAreas lists the private anonymous areas of pid's memory
+// (/proc/PID/maps, which walks no page table), but the kernel's own. A
+// file's private mapping is not tracked, though the kernel would register
+// it: where its pages go (reclaimed, discarded) it leaves write-protect
+// markers, which read as pages swapped out and not written, and which the
+// file's content, not the last branch's page, stands behind.
 func privateAreas(pid int) ([][2]uint64, error) {
 	f, err := os.Open(fmt.Sprintf("/proc/%d/maps", pid))
 	if err != nil {
@@ -145,7 +149,7 @@ func privateAreas(pid int) ([][2]uint64, error) {
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		fields := strings.Fields(sc.Text())
-		if len(fields) < 2 || len(fields[1]) != 4 || fields[1][3] != 'p' {
+		if len(fields) < 5 || len(fields[1]) != 4 || fields[1][3] != 'p' || fields[4] != "0" {
 			continue
 		}
 		if len(fields) >= 6 && strings.HasPrefix(fields[5], "[v") { // [vdso], [vvar], [vsyscall]
@@ -213,8 +217,12 @@ type trackRequest struct {
 }
 
 // trackingAvailable says whether the kernel has what write tracking needs:
-// write-protect-async userfaultfds and PAGEMAP_SCAN, Linux 6.7.
+// write-protect-async userfaultfds and PAGEMAP_SCAN (Linux 6.7), and an
+// mremap that clears the write-protect bits of the pages it moves out of a
+// registered area (6.13, "mm: clear uffd-wp PTE/PMD state on mremap()"):
+// before it, a moved page written in its new, unregistered place kept its
+// bit, and read as not written once the place was registered.
 func trackingAvailable(check *criucheck.Result) bool {
 	k, err := criucheck.ParseKernel(check.Kernel)
-	return err == nil && (k.Major > 6 || k.Major == 6 && k.Minor >= 7)
+	return err == nil && (k.Major > 6 || k.Major == 6 && k.Minor >= 13)
 }

@@ -1,10 +1,13 @@
 package lazy
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"sync"
+
+	"github.com/sirupsen/logrus"
 
 	"github.com/tclone/tclone/criuhooks/lazypages"
 	"github.com/tclone/tclone/runtime/branch"
@@ -38,7 +41,11 @@ func (b *baseImages) task(pid int32) (*lazypages.BaseTask, error) {
 	}
 	pagemap := filepath.Join(b.dir, fmt.Sprintf("pagemap-%d.img", pid))
 	if _, err := os.Stat(pagemap); err != nil {
-		if err := b.r.WriteFile(filepath.Join("images", filepath.Base(pagemap)), pagemap); err != nil {
+		err := b.r.WriteFile(filepath.Join("images", filepath.Base(pagemap)), pagemap)
+		if errors.Is(err, branch.ErrNoFile) {
+			return nil, nil // a process that came after the base
+		}
+		if err != nil {
 			return nil, err
 		}
 	}
@@ -69,10 +76,17 @@ func (b *baseImages) close() {
 // returns are the caller's to close once the drain is over.
 func incremental(d *lazypages.Drain, cfg daemonConfig) (*baseImages, error) {
 	w, err := lazypages.ReadWrites(cfg.PlanImages)
-	if err != nil || w == nil || w.Base == "" || cfg.Branches == "" {
-		return nil, err
+	if err != nil {
+		// The drain copies every page from the twins, as without it.
+		logrus.Warnf("incremental drain: %v (every page is copied from the twins)", err)
+		return nil, nil
 	}
-	b := &baseImages{store: branch.Store{Dir: cfg.Branches}, id: w.Base, dir: cfg.Images + ".base"}
+	if w == nil || w.Base == "" || cfg.Branches == "" {
+		return nil, nil
+	}
+	// Inside the daemon's own images directory, which tclone gc removes
+	// only with the daemon.
+	b := &baseImages{store: branch.Store{Dir: cfg.Branches}, id: w.Base, dir: filepath.Join(cfg.Images, ".base")}
 	d.Writes, d.Base = w, b.task
 	return b, nil
 }

@@ -197,15 +197,6 @@ func (s *Session) Hold(gen string, init int, trackers map[int]*Tracker) error {
 	return nil
 }
 
-// Drop ends the tracking: the holder, and with it every registration.
-func (s *Session) Drop() {
-	if s.state != nil {
-		endProc(s.state.Holder)
-	}
-	os.Remove(s.path())
-	s.state = nil
-}
-
 func (s *Session) save(st *State) error {
 	b, err := json.Marshal(st)
 	if err != nil {

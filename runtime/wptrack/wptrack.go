@@ -74,8 +74,7 @@ var (
 	// ErrForeign: the area is registered with a userfaultfd of someone
 	// else's (the process's own): its writes cannot be told.
 	ErrForeign = errors.New("the area is registered with another userfaultfd")
-	// ErrUntrackable: the kernel does not write-protect this kind of area
-	// (a private file mapping, a special one).
+	// ErrUntrackable: the kernel does not write-protect this kind of area.
 	ErrUntrackable = errors.New("the kernel cannot track writes to this area")
 )
 
@@ -89,10 +88,12 @@ type Tracker struct {
 
 // New makes a Tracker of process pid with uffd, a userfaultfd that
 // process made and that no one has used yet (the UFFDIO_API handshake is
-// New's). It fails where the kernel lacks write-protect-async tracking.
+// New's). It fails where the kernel lacks write-protect-async tracking;
+// uffd is the Tracker's, closed on failure too.
 func New(pid int, uffd *os.File) (*Tracker, error) {
 	api := uffdioAPIArg{API: uffdAPI, Features: uffdFeatureWPAsync}
 	if err := ioctl(uffd, uffdioAPI, unsafe.Pointer(&api)); err != nil {
+		uffd.Close()
 		return nil, fmt.Errorf("enabling asynchronous write-protection on the userfaultfd of process %d (Linux 6.7 or later): %w", pid, err)
 	}
 	return adopt(pid, uffd)
