@@ -34,11 +34,16 @@ func SiblingImages(planImages, dir, hostname string) error {
 		if err != nil {
 			return fmt.Errorf("reading plan images: %w", err)
 		}
+		seen := map[string]bool{}
 		for _, e := range entries {
 			name := e.Name()
-			if strings.HasSuffix(name, ".tmp") || strings.HasSuffix(name, ".drained") {
+			if strings.HasSuffix(name, ".tmp") || strings.HasSuffix(name, ".drained") || seen[name] {
+				// A name listed twice: the drain renamed and linked in the
+				// directory while it was read (a tmpfs listing may then
+				// give an entry again).
 				continue
 			}
+			seen[name] = true
 			src := filepath.Join(planImages, name)
 			dst := filepath.Join(dir, name)
 			if pass > 0 {
