@@ -311,7 +311,7 @@ func branchTargets(r *Results) []Target {
 func incrementalTargets(br *BranchResult, exact bool) (Target, Target) {
 	pause := Target{Key: branchTargetKeys[3], Bound: 1.25, BoundText: "≤ 1.25",
 		Title: fmt.Sprintf("second branch's source pause / the first's, %s source that rewrote %d MiB between them", sizeText(br.MemMiB), br.DirtyMiB), Value: math.NaN()}
-	copied := Target{Key: branchTargetKeys[4], Bound: 0.05, BoundText: "≤ 0.05 (where the kernel tracks writes: Linux 6.7)",
+	copied := Target{Key: branchTargetKeys[4], Bound: 0.05, BoundText: "≤ 0.05 (where tclone tracks writes: Linux 6.13)",
 		Title: fmt.Sprintf("memory the second branch copies / the first, %s source that rewrote %d MiB between them", sizeText(br.MemMiB), br.DirtyMiB), Value: math.NaN()}
 	if len(br.Successive) >= 2 {
 		first, second := br.Successive[0], br.Successive[1]
