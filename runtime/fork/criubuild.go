@@ -120,9 +120,9 @@ func externalCRIU(check *criucheck.Result) string {
 
 // dumpConf is what a dump d by tclone's build of CRIU is configured with,
 // where the build can: its tmpfs mounts archived by CRIU itself, not by
-// tar in the source's pause, and, unless it keeps established TCP
-// connections (whose restores may need the entries), no conntrack
-// entries.
+// tar in the source's pause, its tasks' smaps read ahead of their dumps,
+// and, unless it keeps established TCP connections (whose restores may
+// need the entries), no conntrack entries.
 func (b criuBuild) dumpConf(d forkopts.Dumped) []string {
 	if b.Path == "" {
 		return nil
@@ -133,6 +133,9 @@ func (b criuBuild) dumpConf(d forkopts.Dumped) []string {
 	}
 	if !d.TCPEstablished && slices.Contains(b.Options, criuhooks.SkipConntrack) {
 		conf = append(conf, criuhooks.SkipConntrack)
+	}
+	if slices.Contains(b.Options, criuhooks.SmapsReadAhead) {
+		conf = append(conf, criuhooks.SmapsReadAhead)
 	}
 	return conf
 }

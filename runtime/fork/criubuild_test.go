@@ -19,10 +19,11 @@ import (
 // where its criu is installed, and is given only the options its stamp
 // lists: a build from before the stamp listed them has lazy-pages-external
 // alone, and no dump of it is configured with tmpfs-builtin-tar. A dump
-// that keeps established TCP connections keeps their conntrack entries.
+// that keeps established TCP connections keeps their conntrack entries;
+// every dump of a build that has it reads smaps ahead.
 func TestInstalledBuildOptions(t *testing.T) {
 	check := &criucheck.Result{Version: criucheck.Version(40201)}
-	all := "4.2.1 sum patch\nplugin\noptions lazy-pages-external tmpfs-builtin-tar skip-conntrack\n"
+	all := "4.2.1 sum patch\nplugin\noptions lazy-pages-external tmpfs-builtin-tar skip-conntrack smaps-read-ahead\n"
 	for _, c := range []struct {
 		name, stamp string
 		criu        bool
@@ -30,8 +31,8 @@ func TestInstalledBuildOptions(t *testing.T) {
 		tcp         bool
 		conf        []string
 	}{
-		{"options listed", all, true, true, false, []string{criuhooks.TmpfsBuiltinTar, criuhooks.SkipConntrack}},
-		{"established TCP kept", all, true, true, true, []string{criuhooks.TmpfsBuiltinTar}},
+		{"options listed", all, true, true, false, []string{criuhooks.TmpfsBuiltinTar, criuhooks.SkipConntrack, criuhooks.SmapsReadAhead}},
+		{"established TCP kept", all, true, true, true, []string{criuhooks.TmpfsBuiltinTar, criuhooks.SmapsReadAhead}},
 		{"build without skip-conntrack", "4.2.1 sum patch\nplugin\noptions lazy-pages-external tmpfs-builtin-tar\n", true, true, false, []string{criuhooks.TmpfsBuiltinTar}},
 		{"older stamp", "4.2.1 sum patch\nplugin\n", true, true, false, nil},
 		{"other CRIU version", strings.Replace(all, "4.2.1", "4.1.0", 1), true, false, false, nil},
