@@ -180,7 +180,7 @@ func (s *Session) Hold(gen string, init int, trackers map[int]*Tracker) error {
 		tasks = append(tasks, Task{Proc: p, Fd: 3 + len(files)})
 		files = append(files, t.uffd)
 	}
-	holder, err := spawnHolder(holdConfig{Init: initProc, Files: len(files)}, files)
+	holder, err := spawnHolder(holdConfig{Init: initProc, Files: len(files), Dir: s.dir, Source: s.source}, files)
 	if err != nil {
 		return err
 	}
@@ -237,6 +237,9 @@ func endProc(p Proc) {
 type holdConfig struct {
 	Init  Proc `json:"init"`
 	Files int  `json:"files"`
+	// Dir and Source name the state the holder removes when Init ends.
+	Dir    string `json:"dir"`
+	Source string `json:"source"`
 }
 
 func spawnHolder(cfg holdConfig, files []*os.File) (Proc, error) {
@@ -281,7 +284,31 @@ func RunHolderIfAsked() {
 	if err == nil && cfg.Init.alive() {
 		procfs.PidfdExited(fd, -1)
 	}
+	cfg.forget()
 	os.Exit(0)
+}
+
+// forget removes the source's tracking once its init has ended, if it is
+// still this holder's: a removed container leaves no state behind (tclone
+// gc removes what a killed holder left). A capture of the source holding
+// the lock is waited for, ten seconds at most.
+func (cfg holdConfig) forget() {
+	if cfg.Dir == "" || cfg.Source == "" {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s, err := Open(ctx, cfg.Dir, cfg.Source)
+	if err != nil {
+		return
+	}
+	defer s.Close()
+	self, err := procOf(os.Getpid())
+	if err != nil || s.state == nil || s.state.Holder != self {
+		return
+	}
+	os.Remove(s.path())
+	os.Remove(filepath.Join(cfg.Dir, cfg.Source+".lock"))
 }
 
 // Owns says whether every userfaultfd registration in process pid's

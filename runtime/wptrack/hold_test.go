@@ -131,32 +131,55 @@ func TestHoldTakeCommit(t *testing.T) {
 	}
 }
 
-// A holder ends with the source's init.
+// A holder ends with the source's init, and removes the tracking unless
+// it was handed to another holder.
 func TestHolderEndsWithInit(t *testing.T) {
-	dir := t.TempDir()
-	init := exec.Command("sleep", "60")
-	if err := init.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer init.Process.Kill()
-	s := open(t, dir)
-	defer s.Close()
-	if err := s.Hold("gen1", init.Process.Pid, nil); err != nil {
-		t.Fatal(err)
-	}
-	holder := s.state.Holder
-	if !holder.alive() {
-		t.Fatal("no holder")
-	}
-	init.Process.Kill()
-	init.Wait()
-	deadline := time.Now().Add(5 * time.Second)
-	for holder.alive() {
-		if time.Now().After(deadline) {
-			endProc(holder)
-			t.Fatal("the holder outlived the source's init")
+	for _, handed := range []bool{false, true} {
+		dir := t.TempDir()
+		init := exec.Command("sleep", "60")
+		if err := init.Start(); err != nil {
+			t.Fatal(err)
 		}
-		time.Sleep(10 * time.Millisecond)
+		defer init.Process.Kill()
+		s := open(t, dir)
+		if err := s.Hold("gen1", init.Process.Pid, nil); err != nil {
+			t.Fatal(err)
+		}
+		holder := s.state.Holder
+		if !holder.alive() {
+			t.Fatal("no holder")
+		}
+		if handed {
+			// A later capture gave the tracking to another holder: the
+			// first one's end leaves that state alone.
+			other, err := procOf(os.Getpid())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := s.save(&State{Gen: "gen2", Holder: other}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		s.Close()
+		init.Process.Kill()
+		init.Wait()
+		deadline := time.Now().Add(5 * time.Second)
+		for holder.alive() {
+			if time.Now().After(deadline) {
+				endProc(holder)
+				t.Fatal("the holder outlived the source's init")
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		for _, name := range []string{"source.json", "source.lock"} {
+			_, err := os.Stat(filepath.Join(dir, name))
+			if handed && err != nil {
+				t.Errorf("the holder of a tracking handed on removed %s: %v", name, err)
+			}
+			if !handed && !os.IsNotExist(err) {
+				t.Errorf("%s after the source's init and its holder ended: %v", name, err)
+			}
+		}
 	}
 }
 

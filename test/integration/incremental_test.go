@@ -43,7 +43,8 @@ func requireBranchMemory(t *testing.T, name string, at report) {
 // containers hold the source's memory as it was at the second branch. A
 // fork between two branches changes nothing of that (a fork never reads
 // the tracking), and a tracking whose holder was killed makes the next
-// branch copy everything again, never take a stale page.
+// branch copy everything again, never take a stale page. A removed
+// source's tracking goes with it.
 func TestBranchIncremental(t *testing.T) {
 	requireStack(t)
 	branchStore(t)
@@ -97,4 +98,18 @@ func TestBranchIncremental(t *testing.T) {
 		t.Errorf("fourth branch: %d bytes from the third, want most of the 64 MiB", fourth.FromBaseBytes)
 	}
 	requireBranchMemory(t, "i4", at)
+
+	// A removed source leaves no tracking behind: its holder removes it.
+	removeContainers(t, src)
+	state := filepath.Join("/run/tclone/track", strings.TrimSpace(id))
+	deadline := time.Now().Add(15 * time.Second)
+	for _, err := os.Stat(state + ".json"); err == nil; _, err = os.Stat(state + ".json") {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s.json outlived the source by 15 s", state)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if _, err := os.Stat(state + ".lock"); !os.IsNotExist(err) {
+		t.Errorf("%s.lock after the source was removed: %v", state, err)
+	}
 }
