@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds tclone's CRIU (the host's CRIU version with criuhooks/criu's
-# patches: lazy-pages-external, tmpfs-builtin-tar, skip-conntrack, and two
-# speed-ups of dumps) and tclone's twin plugin, from Debian's source of the CRIU the host
+# patches: the options lazy-pages-external, tmpfs-builtin-tar,
+# skip-conntrack and smaps-read-ahead, and two speed-ups of dumps)
+# and tclone's twin plugin, from Debian's source of the CRIU the host
 # runs, and installs both under $TCLONE_CRIU_DIR
 # (default /usr/local/lib/tclone/criu): criu, and plugins/tclone_twin.so.
 # The host's own /usr/sbin/criu is not touched; only tclone's dumps use this
