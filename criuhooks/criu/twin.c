@@ -204,16 +204,19 @@ static int wait_stop(pid_t tid, int *status, struct twin_err *e)
 }
 
 /*
- * inject runs one system call in tid, a stopped tracee, at site, and leaves
- * it stopped at the call's exit with its registers changed: the caller
- * saved them (orig) and puts them back. A result of -4095..-1 is an errno.
+ * inject_begin starts one system call in tid, a stopped tracee, at site:
+ * the thread runs on to the call's entry. inject_next lets it on into the
+ * call, and inject_end waits until it stops at the call's exit and reads
+ * the result, leaving the thread stopped there with its registers
+ * changed: the caller saved them (orig) and puts them back. Between these
+ * steps the caller may take other tracees through theirs, so that their
+ * calls run side by side. A result of -4095..-1 is an errno.
  */
-static int inject(pid_t tid, const struct user_regs_struct *orig, unsigned long site, long *ret, struct twin_err *e,
-		  long nr, unsigned long a1, unsigned long a2, unsigned long a3, unsigned long a4, unsigned long a5,
-		  unsigned long a6)
+static int inject_begin(pid_t tid, const struct user_regs_struct *orig, unsigned long site, struct twin_err *e,
+			long nr, unsigned long a1, unsigned long a2, unsigned long a3, unsigned long a4,
+			unsigned long a5, unsigned long a6)
 {
 	struct user_regs_struct r = *orig;
-	int status, stops = 0;
 
 	r.rip = site;
 	r.rax = nr;
@@ -227,26 +230,62 @@ static int inject(pid_t tid, const struct user_regs_struct *orig, unsigned long 
 	r.eflags &= ~(0x100UL /* TF */ | 0x400UL /* DF */);
 	if (ptrace(PTRACE_SETREGS, tid, NULL, &r))
 		return fail(e, errno, "setting the registers of thread %d: %s", tid, strerror(errno));
-	/* Two syscall stops, the entry and the exit; event stops (a clone's) are passed. */
-	while (stops < 2) {
-		if (ptrace(PTRACE_SYSCALL, tid, NULL, NULL))
-			return fail(e, errno, "resuming thread %d: %s", tid, strerror(errno));
+	if (ptrace(PTRACE_SYSCALL, tid, NULL, NULL))
+		return fail(e, errno, "resuming thread %d: %s", tid, strerror(errno));
+	return 0;
+}
+
+/*
+ * inject_next waits for the next stop of the call inject_begin started,
+ * passing event stops (a clone's): at the call's entry it lets the thread
+ * on into the call; at its exit it leaves it stopped. stops counts them.
+ */
+static int inject_next(pid_t tid, int *stops, struct twin_err *e)
+{
+	int status;
+
+	for (;;) {
 		if (wait_stop(tid, &status, e))
 			return -1;
-		if ((status >> 16) != 0)
-			continue;
-		if (WSTOPSIG(status) == (SIGTRAP | 0x80)) {
-			stops++;
-			continue;
+		if ((status >> 16) == 0) {
+			/* Every signal is blocked but SIGKILL and SIGSTOP. */
+			if (WSTOPSIG(status) != (SIGTRAP | 0x80))
+				return fail(e, EINTR, "thread %d stopped with signal %d while it ran a system call for tclone",
+					    tid, WSTOPSIG(status));
+			if (++*stops == 2)
+				return 0;
 		}
-		/* Every signal is blocked but SIGKILL and SIGSTOP. */
-		return fail(e, EINTR, "thread %d stopped with signal %d while it ran a system call for tclone", tid,
-			    WSTOPSIG(status));
+		if (ptrace(PTRACE_SYSCALL, tid, NULL, NULL))
+			return fail(e, errno, "resuming thread %d: %s", tid, strerror(errno));
+		if (*stops == 1 && (status >> 16) == 0)
+			return 0;
 	}
+}
+
+/* inject_end waits until the call reaches its exit and reads its result. */
+static int inject_end(pid_t tid, int *stops, long *ret, struct twin_err *e)
+{
+	struct user_regs_struct r;
+
+	while (*stops < 2)
+		if (inject_next(tid, stops, e))
+			return -1;
 	if (ptrace(PTRACE_GETREGS, tid, NULL, &r))
 		return fail(e, errno, "reading the registers of thread %d: %s", tid, strerror(errno));
 	*ret = (long)r.rax;
 	return 0;
+}
+
+/* inject runs one system call in tid and waits for it (inject_begin). */
+static int inject(pid_t tid, const struct user_regs_struct *orig, unsigned long site, long *ret, struct twin_err *e,
+		  long nr, unsigned long a1, unsigned long a2, unsigned long a3, unsigned long a4, unsigned long a5,
+		  unsigned long a6)
+{
+	int stops = 0;
+
+	if (inject_begin(tid, orig, site, e, nr, a1, a2, a3, a4, a5, a6))
+		return -1;
+	return inject_end(tid, &stops, ret, e);
 }
 
 /* call is inject for calls whose failure fails the twin. */
@@ -492,75 +531,176 @@ static int make_uffd(pid_t pid, pid_t tid, const struct user_regs_struct *regs, 
 	return 0;
 }
 
-/*
- * make_twin runs the clone in process pid, at the trampoline (tramp.S) in
- * its vDSO's padding, and returns the twin, stopped at its birth and
- * traced, and where the trampoline is. From the moment the trampoline is
- * in place until the process's registers are back, a CRIU that dies lets
- * the process resume there: the trampoline puts it back as it was.
- */
-static int make_twin(pid_t pid, unsigned long *site, struct twin *t, struct twin_err *e)
+/* ns_pids reads pid's NSpid line: its pid at each level of its PID namespaces. */
+static int ns_pids(pid_t pid, struct twin *t, struct twin_err *e)
 {
-	struct user_regs_struct saved, resume, regs;
-	uint64_t mask, all = ~0ULL;
-	unsigned char tramp[1024];
-	struct timespec t0;
-	long child = -1;
-	pid_t before[4096];
+	char path[64], line[512];
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/proc/%d/status", pid);
+	f = fopen(path, "re");
+	if (!f)
+		return fail(e, errno, "reading %s: %s", path, strerror(errno));
+	t->nslevels = 0;
+	while (fgets(line, sizeof(line), f)) {
+		char *p = line + 6, *end;
+
+		if (strncmp(line, "NSpid:", 6))
+			continue;
+		for (;;) {
+			long v = strtol(p, &end, 10);
+
+			if (end == p)
+				break;
+			if (t->nslevels == TWIN_NS_MAX) {
+				fclose(f);
+				return fail(e, E2BIG, "process %d is %d PID namespaces deep or more; tclone takes twins %d deep",
+					    pid, TWIN_NS_MAX + 1, TWIN_NS_MAX);
+			}
+			t->nspid[t->nslevels++] = v;
+			p = end;
+		}
+		break;
+	}
+	fclose(f);
+	if (!t->nslevels)
+		return fail(e, ENOENT, "%s has no NSpid line", path);
+	return 0;
+}
+
+/*
+ * A job is the making of one process's twin. Its steps that wait for a
+ * tracee (the clone, the parking) are split in two: begin starts the
+ * tracee, end waits for it, so that the steps of many jobs can run side by
+ * side (twin_batch).
+ */
+struct job {
+	pid_t pid;		/* the process */
+	pid_t tid;		/* the thread that makes the clone */
+	unsigned long site;	/* where the trampoline is */
+	struct user_regs_struct saved, resume;
+	uint64_t mask;		/* the thread's signal mask */
+	pid_t *before;		/* the thread's children before the clone */
 	int nbefore;
-	pid_t tid;
+	bool placed;		/* the trampoline is in place, signals blocked */
+	bool cloning;		/* the clone is started */
+	int stops;		/* of the clone, inject_next */
+	struct timespec t0;
+	struct twin t;
+	struct twin_err e;
+	int ret;		/* 0 once the twin is made and let go */
+};
+
+static void job_init(struct job *j, pid_t pid)
+{
+	memset(j, 0, sizeof(*j));
+	j->pid = pid;
+	j->t.pidfd = j->t.lifeline = j->t.uffd = -1;
+	j->ret = -1;
+}
+
+static void job_free(struct job *j)
+{
+	free(j->before);
+	j->before = NULL;
+	if (j->t.pidfd >= 0)
+		close(j->t.pidfd);
+	if (j->t.lifeline >= 0)
+		close(j->t.lifeline);
+	if (j->t.uffd >= 0)
+		close(j->t.uffd);
+	j->t.pidfd = j->t.lifeline = j->t.uffd = -1;
+}
+
+/*
+ * clone_begin puts the trampoline (tramp.S) in the padding of process
+ * pid's vDSO and starts the clone there. From the moment the trampoline is
+ * in place until the process's registers are back (clone_end), a CRIU that
+ * dies lets the process resume there: the trampoline puts it back as it
+ * was.
+ */
+static int clone_begin(struct job *j)
+{
+	unsigned char tramp[1024];
+	pid_t before[4096];
+	uint64_t all = ~0ULL;
+	struct twin_err *e = &j->e;
 
 	if (TRAMP_LEN > sizeof(tramp))
 		return fail(e, E2BIG, "the trampoline is %zu bytes", TRAMP_LEN);
-	tid = live_thread(pid, &saved, e);
-	if (tid < 0)
+	if (ns_pids(j->pid, &j->t, e))
 		return -1;
-	if (saved.cs != 0x33)
-		return fail(e, EOPNOTSUPP, "process %d runs in 32-bit mode", pid);
-	if (vdso_pad(pid, site, e))
+	j->tid = live_thread(j->pid, &j->saved, e);
+	if (j->tid < 0)
 		return -1;
-	if (ptrace(PTRACE_GETSIGMASK, tid, sizeof(mask), &mask))
-		return fail(e, errno, "reading the signal mask of process %d: %s", pid, strerror(errno));
-	resume = saved;
-	resumable(&resume);
+	if (j->saved.cs != 0x33)
+		return fail(e, EOPNOTSUPP, "process %d runs in 32-bit mode", j->pid);
+	if (vdso_pad(j->pid, &j->site, e))
+		return -1;
+	if (ptrace(PTRACE_GETSIGMASK, j->tid, sizeof(j->mask), &j->mask))
+		return fail(e, errno, "reading the signal mask of process %d: %s", j->pid, strerror(errno));
+	j->resume = j->saved;
+	resumable(&j->resume);
 	memcpy(tramp, twin_tramp_start, TRAMP_LEN);
 	tramp[TRAMP_OFF(twin_tramp_parent)] = 1;
-	memcpy(tramp + TRAMP_OFF(twin_tramp_mask), &mask, sizeof(mask));
-	memcpy(tramp + TRAMP_OFF(twin_tramp_regs), &resume, sizeof(resume));
-	nbefore = children(pid, tid, before, 4096);
-	if (nbefore < 0)
-		return fail(e, errno, "reading the children of thread %d of %d: %s", tid, pid, strerror(errno));
-	clock_gettime(CLOCK_MONOTONIC, &t0);
-	if (poke(pid, *site, tramp, TRAMP_LEN, e))
+	memcpy(tramp + TRAMP_OFF(twin_tramp_mask), &j->mask, sizeof(j->mask));
+	memcpy(tramp + TRAMP_OFF(twin_tramp_regs), &j->resume, sizeof(j->resume));
+	j->nbefore = children(j->pid, j->tid, before, 4096);
+	if (j->nbefore < 0)
+		return fail(e, errno, "reading the children of thread %d of %d: %s", j->tid, j->pid, strerror(errno));
+	j->before = malloc((j->nbefore + 1) * sizeof(pid_t));
+	if (!j->before)
+		return fail(e, ENOMEM, "no memory for the children of process %d", j->pid);
+	memcpy(j->before, before, j->nbefore * sizeof(pid_t));
+	clock_gettime(CLOCK_MONOTONIC, &j->t0);
+	if (poke(j->pid, j->site, tramp, TRAMP_LEN, e))
 		return -1;
-	if (ptrace(PTRACE_SETSIGMASK, tid, sizeof(all), &all)) {
-		fail(e, errno, "blocking the signals of process %d: %s", pid, strerror(errno));
-		goto restore;
-	}
+	j->placed = true;
+	if (ptrace(PTRACE_SETSIGMASK, j->tid, sizeof(all), &all))
+		return fail(e, errno, "blocking the signals of process %d: %s", j->pid, strerror(errno));
 	/*
 	 * No exit signal: the twin's birth and death are no SIGCHLD of the
 	 * process's. The clone returns the twin's pid in the process's PID
 	 * namespace; its pid here is the thread's one new child.
 	 */
-	regs = saved;
-	if (CALL(tid, &regs, *site, e, __NR_clone, A1(CLONE_PTRACE | CLONE_FILES | CLONE_FS)) > 0) {
-		child = new_child(pid, tid, before, nbefore);
-		if (child < 0)
-			fail(e, ESRCH, "the clone in process %d made no child that can be found", pid);
-		else if (track_wanted(pid) && make_uffd(pid, tid, &regs, *site, t, e))
-			goto restore;
+	if (inject_begin(j->tid, &j->saved, j->site, e, __NR_clone, A1(CLONE_PTRACE | CLONE_FILES | CLONE_FS)))
+		return -1;
+	j->cloning = true;
+	return 0;
+}
+
+/*
+ * clone_end waits for the clone clone_begin started, makes the process's
+ * userfaultfd where tracking is asked for, and puts the process back as it
+ * was, whatever failed on the way. It leaves the twin, stopped at its
+ * birth and traced, in j->t.pid.
+ */
+static int clone_end(struct job *j)
+{
+	static const unsigned char zeros[1024];
+	struct twin_err *e = &j->e;
+	long child = -1, ret = 0;
+
+	if (j->cloning && !inject_end(j->tid, &j->stops, &ret, e)) {
+		if (ret < 0 && ret > -4096)
+			fail(e, (int)-ret, "system call %d in %d failed: %s", __NR_clone, j->tid, strerror((int)-ret));
+		else if ((child = new_child(j->pid, j->tid, j->before, j->nbefore)) < 0)
+			fail(e, ESRCH, "the clone in process %d made no child that can be found", j->pid);
+		else if (track_wanted(j->pid))
+			make_uffd(j->pid, j->tid, &j->saved, j->site, &j->t, e);
+		test_stall("after-clone");
 	}
-	test_stall("after-clone");
-restore:
-	if (ptrace(PTRACE_SETREGS, tid, NULL, &resume) || ptrace(PTRACE_SETSIGMASK, tid, sizeof(mask), &mask)) {
-		fail(e, errno, "putting process %d back as it was: %s", pid, strerror(errno));
+	if (!j->placed)
+		return -1;
+	if (ptrace(PTRACE_SETREGS, j->tid, NULL, &j->resume) ||
+	    ptrace(PTRACE_SETSIGMASK, j->tid, sizeof(j->mask), &j->mask)) {
+		fail(e, errno, "putting process %d back as it was: %s", j->pid, strerror(errno));
 		if (child > 0)
 			kill(child, SIGKILL);
 		return -1;
 	}
 	/* The twin has its own copy of the page by now (the clone shared it). */
-	memset(tramp, 0, TRAMP_LEN);
-	if (poke(pid, *site, tramp, TRAMP_LEN, e) && child > 0) {
+	if (poke(j->pid, j->site, zeros, TRAMP_LEN, e) && child > 0) {
 		kill(child, SIGKILL);
 		return -1;
 	}
@@ -569,14 +709,14 @@ restore:
 			kill(child, SIGKILL);
 		return -1;
 	}
-	t->pid = child;
-	twin_info("process %d (thread %d): twin %ld in %.3f ms", pid, tid, child, ms_since(&t0));
+	j->t.pid = child;
+	twin_info("process %d (thread %d): twin %ld in %.3f ms", j->pid, j->tid, child, ms_since(&j->t0));
 	return 0;
 }
 
 /*
- * park makes the twin harmless for when CRIU lets it go (see the top of
- * this file), t->pid being stopped at its birth. The twin does it itself,
+ * park_begin starts making the twin harmless for when CRIU lets it go (see
+ * the top of this file), once t->pid stops at its birth. The twin does it itself,
  * at twin_tramp_park (tramp.S), traced and dying with CRIU: its name, a
  * descriptor table of its own with nothing of the process's in it, a
  * session of its own, and a pipe. It stops at an int3 with the pipe's ends
@@ -584,14 +724,15 @@ restore:
  * write end is left, and takes the write end as its lifeline. Let go, the
  * twin closes its own copy of the write end and enters pause().
  */
-static int park(struct twin *t, unsigned long code, struct twin_err *e)
+static int park_begin(struct twin *t, unsigned long code, struct twin_err *e)
 {
 	struct user_regs_struct regs;
 	uint64_t all = ~0ULL;
-	char path[64];
-	int status, rd;
-	FILE *f;
+	int status;
 
+	/* The twin is born traced and stops before it reaches user space. */
+	if (wait_stop(t->pid, &status, e))
+		return -1;
 	/* The twin dies with CRIU from here on. */
 	if (ptrace(PTRACE_SETOPTIONS, t->pid, NULL, PTRACE_O_EXITKILL | PTRACE_O_TRACESYSGOOD) ||
 	    ptrace(PTRACE_SETSIGMASK, t->pid, sizeof(all), &all) || ptrace(PTRACE_GETREGS, t->pid, NULL, &regs))
@@ -601,6 +742,18 @@ static int park(struct twin *t, unsigned long code, struct twin_err *e)
 	regs.eflags &= ~(0x100UL /* TF */ | 0x400UL /* DF */);
 	if (ptrace(PTRACE_SETREGS, t->pid, NULL, &regs) || ptrace(PTRACE_CONT, t->pid, NULL, NULL))
 		return fail(e, errno, "starting the parking of the twin %d: %s", t->pid, strerror(errno));
+	return 0;
+}
+
+/* park_end waits for the parking park_begin started and takes the lifeline. */
+static int park_end(struct twin *t, unsigned long code, struct twin_err *e)
+{
+	struct user_regs_struct regs;
+	uint64_t all = ~0ULL;
+	char path[64];
+	int status, rd;
+	FILE *f;
+
 	if (wait_stop(t->pid, &status, e))
 		return -1;
 	if ((status >> 16) != 0 || WSTOPSIG(status) != SIGTRAP)
@@ -689,74 +842,209 @@ static int send_twin(pid_t pid, const struct twin *t, const struct twin_err *e)
 	return sendmsg(twin_sock, &mh, MSG_NOSIGNAL) == sizeof(m) ? 0 : -1;
 }
 
-/* ns_pids reads pid's NSpid line: its pid at each level of its PID namespaces. */
-static int ns_pids(pid_t pid, struct twin *t, struct twin_err *e)
-{
-	char path[64], line[512];
-	FILE *f;
-
-	snprintf(path, sizeof(path), "/proc/%d/status", pid);
-	f = fopen(path, "re");
-	if (!f)
-		return fail(e, errno, "reading %s: %s", path, strerror(errno));
-	t->nslevels = 0;
-	while (fgets(line, sizeof(line), f)) {
-		char *p = line + 6, *end;
-
-		if (strncmp(line, "NSpid:", 6))
-			continue;
-		for (;;) {
-			long v = strtol(p, &end, 10);
-
-			if (end == p)
-				break;
-			if (t->nslevels == TWIN_NS_MAX) {
-				fclose(f);
-				return fail(e, E2BIG, "process %d is %d PID namespaces deep or more; tclone takes twins %d deep",
-					    pid, TWIN_NS_MAX + 1, TWIN_NS_MAX);
-			}
-			t->nspid[t->nslevels++] = v;
-			p = end;
-		}
-		break;
-	}
-	fclose(f);
-	if (!t->nslevels)
-		return fail(e, ENOENT, "%s has no NSpid line", path);
-	return 0;
-}
-
-static int twin_of(pid_t pid, struct twin *t, struct twin_err *e)
+/*
+ * job_park parks the twin clone_end left and lets it go; park_begin has
+ * run when begun is set. A twin that fails is killed.
+ */
+static int job_park(struct job *j, bool begun)
 {
 	struct timespec t0;
-	unsigned long code = 0;
-	int status;
 
 	clock_gettime(CLOCK_MONOTONIC, &t0);
-	if (ns_pids(pid, t, e) || make_twin(pid, &code, t, e))
-		return -1;
-	t->clone_ms = ms_since(&t0);
-	clock_gettime(CLOCK_MONOTONIC, &t0);
-	/* The twin is born traced and stops before it reaches user space. */
-	if (wait_stop(t->pid, &status, e) || park(t, code, e)) {
-		kill(t->pid, SIGKILL);
-		return -1;
+	if ((!begun && park_begin(&j->t, j->site, &j->e)) || park_end(&j->t, j->site, &j->e))
+		goto fail;
+	if (ptrace(PTRACE_DETACH, j->t.pid, NULL, NULL)) {
+		fail(&j->e, errno, "letting the twin %d go: %s", j->t.pid, strerror(errno));
+		goto fail;
 	}
-	if (ptrace(PTRACE_DETACH, t->pid, NULL, NULL)) {
-		fail(e, errno, "letting the twin %d go: %s", t->pid, strerror(errno));
-		kill(t->pid, SIGKILL);
-		return -1;
-	}
-	t->park_ms = ms_since(&t0);
+	j->t.park_ms = ms_since(&t0);
+	j->ret = 0;
 	return 0;
+fail:
+	kill(j->t.pid, SIGKILL);
+	return -1;
+}
+
+/* job_send hands the job's twin to tclone, or says why there is none. */
+static int job_send(struct job *j)
+{
+	int ret = j->ret;
+
+	if (send_twin(j->pid, &j->t, ret ? &j->e : NULL)) {
+		twin_error("cannot hand the twin of %d to tclone: %s", j->pid, strerror(errno));
+		if (!ret && j->t.pid > 0)
+			kill(j->t.pid, SIGKILL);
+		ret = -1;
+	} else if (ret) {
+		twin_error("%s", j->e.why);
+	} else {
+		twin_info("process %d: twin %d parked in %.3f ms", j->pid, j->t.pid, j->t.park_ms);
+	}
+	job_free(j);
+	return ret ? -1 : 0;
+}
+
+/* alive tells whether pid is a task CRIU dumps (not a zombie, not dead). */
+static bool alive(pid_t pid)
+{
+	char path[64], buf[512], *p;
+	ssize_t n;
+	int fd;
+
+	snprintf(path, sizeof(path), "/proc/%d/stat", pid);
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return false;
+	n = read(fd, buf, sizeof(buf) - 1);
+	close(fd);
+	if (n <= 0)
+		return false;
+	buf[n] = 0;
+	p = strrchr(buf, ')');
+	return p && p[1] == ' ' && p[2] != 'Z' && p[2] != 'X' && p[2] != 'x';
+}
+
+/*
+ * tree lists root and every live process under it, as CRIU collects its
+ * tree (the children of every thread, from /proc), root first. The tree
+ * is frozen and seized: it does not change under the walk.
+ */
+static int tree(pid_t root, pid_t **out)
+{
+	pid_t *list = malloc(64 * sizeof(*list)), kids[4096];
+	int n = 1, cap = 64;
+
+	if (!list)
+		return -1;
+	list[0] = root;
+	for (int i = 0; i < n; i++) {
+		char path[64];
+		struct dirent *d;
+		DIR *dir;
+
+		snprintf(path, sizeof(path), "/proc/%d/task", list[i]);
+		dir = opendir(path);
+		if (!dir)
+			goto err;
+		while ((d = readdir(dir))) {
+			pid_t tid = atoi(d->d_name);
+			int nk = tid > 0 ? children(list[i], tid, kids, 4096) : 0;
+
+			for (int k = 0; k < nk; k++) {
+				if (!alive(kids[k]))
+					continue;
+				if (n == cap) {
+					pid_t *m = realloc(list, (cap *= 2) * sizeof(*m));
+
+					if (!m) {
+						closedir(dir);
+						goto err;
+					}
+					list = m;
+				}
+				list[n++] = kids[k];
+			}
+			if (nk < 0) {
+				closedir(dir);
+				goto err;
+			}
+		}
+		closedir(dir);
+	}
+	*out = list;
+	return n;
+err:
+	free(list);
+	return -1;
+}
+
+/*
+ * The batch: on CRIU's first call (the tree's root), the plugin makes the
+ * twins of the whole tree side by side, and hands every one to tclone at
+ * once. Each step that waits for a tracee is started in every process
+ * before the first is waited for, so that the processes run their clones
+ * and their twins park on every CPU at once, instead of one after another
+ * with the plugin waiting on each. CRIU's later calls find their process
+ * done; a process the walk did not find is made alone.
+ */
+static pid_t *batch_pids;
+static int batch_n = -1;
+static int batch_ret;
+
+static bool in_batch(pid_t pid)
+{
+	for (int i = 0; i < batch_n; i++)
+		if (batch_pids[i] == pid)
+			return true;
+	return false;
+}
+
+static void twin_batch(pid_t root)
+{
+	struct timespec t0;
+	struct job *jobs;
+	double clone_ms, park_ms;
+	pid_t *pids;
+	int n, made = 0;
+
+	batch_n = 0;
+	n = tree(root, &pids);
+	if (n < 2) {
+		/* One process, or no walk: it is made alone. */
+		if (n > 0)
+			free(pids);
+		return;
+	}
+	jobs = calloc(n, sizeof(*jobs));
+	if (!jobs) {
+		free(pids);
+		return;
+	}
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	for (int i = 0; i < n; i++) {
+		job_init(&jobs[i], pids[i]);
+		clone_begin(&jobs[i]);
+	}
+	/* Every thread waits at its clone's entry: into the clones, all at once. */
+	for (int i = 0; i < n; i++)
+		if (jobs[i].cloning && inject_next(jobs[i].tid, &jobs[i].stops, &jobs[i].e))
+			jobs[i].cloning = false;
+	for (int i = 0; i < n; i++)
+		jobs[i].ret = clone_end(&jobs[i]);
+	clone_ms = ms_since(&t0);
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	for (int i = 0; i < n; i++) {
+		if (jobs[i].ret)
+			continue;
+		jobs[i].ret = park_begin(&jobs[i].t, jobs[i].site, &jobs[i].e);
+		if (jobs[i].ret)
+			kill(jobs[i].t.pid, SIGKILL);
+	}
+	for (int i = 0; i < n; i++) {
+		jobs[i].ret = -1;
+		if (!jobs[i].e.err && jobs[i].t.pid > 0 && !job_park(&jobs[i], true))
+			made++;
+	}
+	park_ms = ms_since(&t0);
+	twin_info("%d twins of %d processes side by side: clones %.3f ms, parking %.3f ms", made, n, clone_ms,
+		  park_ms);
+	for (int i = 0; i < n; i++) {
+		/* What each adds to the pause: its share of the batch. */
+		jobs[i].t.clone_ms = clone_ms / n;
+		jobs[i].t.park_ms = park_ms / n;
+		if (job_send(&jobs[i]))
+			batch_ret = -1;
+	}
+	free(jobs);
+	batch_pids = pids;
+	batch_n = n;
 }
 
 static int twin_checkpoint(int pid)
 {
-	struct twin t = { .pidfd = -1, .lifeline = -1, .uffd = -1 };
-	struct twin_err e = {};
 	sigset_t chld, old;
-	int ret;
+	struct timespec t0;
+	struct job j;
 
 	if (twin_sock < 0)
 		return -ENOTSUP;
@@ -764,26 +1052,22 @@ static int twin_checkpoint(int pid)
 	sigemptyset(&chld);
 	sigaddset(&chld, SIGCHLD);
 	sigprocmask(SIG_BLOCK, &chld, &old);
-	ret = twin_of(pid, &t, &e);
-	sigprocmask(SIG_SETMASK, &old, NULL);
-
-	if (send_twin(pid, &t, ret ? &e : NULL)) {
-		twin_error("cannot hand the twin of %d to tclone: %s", pid, strerror(errno));
-		if (!ret && t.pid > 0)
-			kill(t.pid, SIGKILL);
-		ret = -1;
-	} else if (ret) {
-		twin_error("%s", e.why);
-	} else {
-		twin_info("process %d: twin %d parked in %.3f ms", pid, t.pid, t.park_ms);
+	if (batch_n < 0)
+		twin_batch(pid);
+	if (in_batch(pid)) {
+		sigprocmask(SIG_SETMASK, &old, NULL);
+		/* A failed twin fails the dump, as on its own call. */
+		return batch_ret;
 	}
-	if (t.pidfd >= 0)
-		close(t.pidfd);
-	if (t.lifeline >= 0)
-		close(t.lifeline);
-	if (t.uffd >= 0)
-		close(t.uffd);
-	return ret ? -1 : 0;
+	job_init(&j, pid);
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	clone_begin(&j); /* clone_end puts back whatever it did */
+	if (!clone_end(&j)) {
+		j.t.clone_ms = ms_since(&t0);
+		job_park(&j, false);
+	}
+	sigprocmask(SIG_SETMASK, &old, NULL);
+	return job_send(&j);
 }
 
 static int twin_init(int stage)
@@ -808,6 +1092,10 @@ static int twin_init(int stage)
 
 static void twin_exit(int stage, int ret)
 {
+	free(batch_pids);
+	batch_pids = NULL;
+	batch_n = -1;
+	batch_ret = 0;
 	if (twin_sock >= 0)
 		close(twin_sock);
 	twin_sock = -1;

@@ -63,13 +63,23 @@ func podmanTwins(t *testing.T, name string) []string {
 	return twinsUnder(pid)
 }
 
-// twinsUnder lists the twins (live or zombie) in the tree of root.
+// twinsUnder lists the twins (live or zombie) in the tree of root, as
+// "STATE PID": processes named as twins, and processes with no exit
+// signal, which is how a twin is born (before it names itself) and what no
+// program of the source's makes.
 func twinsUnder(root int) []string {
 	var out []string
 	for _, pid := range processTreeOf(root) {
 		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-		if err == nil && strings.Contains(string(stat), "("+lazy.TwinName+")") {
-			out = append(out, strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))[0]+" "+strconv.Itoa(pid))
+		if err != nil {
+			continue
+		}
+		s := string(stat)
+		rest := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+		// The exit signal is the 38th field: the 36th after the name.
+		unsignalled := len(rest) > 35 && rest[35] == "0"
+		if strings.Contains(s, "("+lazy.TwinName+")") || unsignalled {
+			out = append(out, rest[0]+" "+strconv.Itoa(pid))
 		}
 	}
 	return out
