@@ -4,18 +4,21 @@
  * and in its twin (twin.c). The plugin copies it, with its data, into the
  * zero padding at the end of the process's vDSO, where nothing of the
  * process's ever runs, and runs the clone at its first instruction. What
- * follows the call runs only if CRIU dies while the clone is in flight,
- * and makes that harmless:
- *  - in the process (the clone returned a pid, and the parent flag is
- *    set), it puts back the process's signal mask and every register as
- *    they were when CRIU stopped it, and jumps back to where it was: the
- *    process goes on as if nothing had happened;
+ * follows the call runs only if CRIU dies while the thread is here (the
+ * plugin puts its registers back otherwise), and makes that harmless:
+ *  - in the process (the clone returned a pid or failed, and the parent
+ *    flag is set), it puts back the process's signal mask and every
+ *    register as they were when CRIU stopped it, and jumps back to where
+ *    it was: the process goes on as if nothing had happened;
  *  - in the twin (the clone returned 0), it names the twin "tclone-twin"
  *    and exits: the twin never runs the process's code.
+ * The plugin's other calls in the process (its userfaultfd, for write
+ * tracking) run at twin_tramp_call, which puts the process back whatever
+ * the call returned: a 0 there is no twin.
  * The twin's parking runs here too (twin_tramp_park): the plugin points
  * the twin at it once the twin is traced and dies with CRIU, and the twin
  * makes itself harmless with its own system calls, one after another,
- * instead of one ptrace round trip each (see park() in twin.c). It stops
+ * instead of one ptrace round trip each (see park_begin() in twin.c). It stops
  * once, at an int3, for the plugin to take its lifeline; let go, it
  * closes its own copy and waits in pause() for SIGKILL. Nothing else ever
  * runs it: a twin that runs untraced comes out of the clone at the exit.
@@ -46,9 +49,11 @@
 	.text
 	.globl	twin_tramp_start, twin_tramp_end
 	.globl	twin_tramp_parent, twin_tramp_mask, twin_tramp_regs, twin_tramp_name, twin_tramp_park, twin_tramp_park_stop
+	.globl	twin_tramp_call
 	/* Not for any other object: references stay PC-relative. */
 	.hidden	twin_tramp_start, twin_tramp_end
 	.hidden	twin_tramp_parent, twin_tramp_mask, twin_tramp_regs, twin_tramp_name, twin_tramp_park, twin_tramp_park_stop
+	.hidden	twin_tramp_call
 
 /*
  * A parking step: the call whose number and arguments are loaded, with
@@ -68,7 +73,7 @@ twin_tramp_start:
 	jz	1f
 	cmpb	$1, twin_tramp_parent(%rip)
 	jne	1f
-	/* The process: its mask first (on its own stack, below the red zone). */
+2:	/* The process: its mask first (on its own stack, below the red zone). */
 	movq	twin_tramp_regs+RSP(%rip), %rsp
 	subq	$256, %rsp
 	movl	$14, %eax			/* rt_sigprocmask */
@@ -105,6 +110,10 @@ twin_tramp_start:
 	xorl	%edi, %edi
 	syscall
 	ud2
+
+twin_tramp_call:
+	syscall
+	jmp	2b
 
 twin_tramp_park:
 	/* Its name, and no descriptor of the process's (a table of its own). */

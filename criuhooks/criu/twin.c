@@ -15,8 +15,9 @@
  *    right after it, so the twin is born at code that names it
  *    "tclone-twin" and exits;
  *  - it is born traced (CLONE_PTRACE: it stops before it reaches user
- *    space), and from its first stop CRIU's death kills it
- *    (PTRACE_O_EXITKILL);
+ *    space); once its parking starts CRIU's death kills it
+ *    (PTRACE_O_EXITKILL), and a CRIU that dies before lets it run the
+ *    trampoline's exit;
  *  - before CRIU lets it go, it parks itself, by its own calls at the
  *    trampoline, in pause() with every signal blocked, in a session of its
  *    own, with no descriptor of the process's and a single one of its own:
@@ -87,6 +88,12 @@ extern void print_on_level(unsigned int loglevel, const char *format, ...) __att
 #ifndef __NR_pidfd_getfd
 #define __NR_pidfd_getfd 438
 #endif
+#ifndef __NR_kcmp
+#define __NR_kcmp 312
+#endif
+#ifndef KCMP_VM
+#define KCMP_VM 1
+#endif
 #ifndef PTRACE_GETSIGMASK
 #define PTRACE_GETSIGMASK 0x420a
 #define PTRACE_SETSIGMASK 0x420b
@@ -101,7 +108,7 @@ extern void print_on_level(unsigned int loglevel, const char *format, ...) __att
 /* tramp.S: the code every system call runs at, with its data. */
 extern const unsigned char twin_tramp_start[], twin_tramp_end[];
 extern const unsigned char twin_tramp_parent[], twin_tramp_mask[], twin_tramp_regs[], twin_tramp_name[];
-extern const unsigned char twin_tramp_park[], twin_tramp_park_stop[];
+extern const unsigned char twin_tramp_park[], twin_tramp_park_stop[], twin_tramp_call[];
 #define TRAMP_LEN ((size_t)(twin_tramp_end - twin_tramp_start))
 #define TRAMP_OFF(sym) ((size_t)((sym) - twin_tramp_start))
 
@@ -150,15 +157,19 @@ static int track_init(const char *path)
 /*
  * test_stall waits where TCLONE_TWIN_TEST_STALL (POINT:MS) says, for the
  * tests that kill CRIU there: "after-clone" (the process at the trampoline,
- * its twin just born) or "parking" (the twin half parked).
+ * its twin just born), "uffd" (the process at the trampoline after its
+ * userfaultfd's calls) or "parking" (the twin half parked). It says so in
+ * CRIU's log first.
  */
 static void test_stall(const char *point)
 {
 	const char *v = getenv("TCLONE_TWIN_TEST_STALL");
 	size_t n = strlen(point);
 
-	if (v && !strncmp(v, point, n) && v[n] == ':')
+	if (v && !strncmp(v, point, n) && v[n] == ':') {
+		twin_info("test stall at %s for %d ms", point, atoi(v + n + 1));
 		usleep(atoi(v + n + 1) * 1000);
+	}
 }
 
 struct twin_err {
@@ -204,17 +215,17 @@ static int wait_stop(pid_t tid, int *status, struct twin_err *e)
 }
 
 /*
- * inject_begin starts one system call in tid, a stopped tracee, at site:
- * the thread runs on to the call's entry. inject_next lets it on into the
+ * inject_regs and inject_go start one system call in tid, a stopped
+ * tracee, at site: the thread runs on to the call's entry. inject_next lets it on into the
  * call, and inject_end waits until it stops at the call's exit and reads
  * the result, leaving the thread stopped there with its registers
  * changed: the caller saved them (orig) and puts them back. Between these
  * steps the caller may take other tracees through theirs, so that their
  * calls run side by side. A result of -4095..-1 is an errno.
  */
-static int inject_begin(pid_t tid, const struct user_regs_struct *orig, unsigned long site, struct twin_err *e,
-			long nr, unsigned long a1, unsigned long a2, unsigned long a3, unsigned long a4,
-			unsigned long a5, unsigned long a6)
+static int inject_regs(pid_t tid, const struct user_regs_struct *orig, unsigned long site, struct twin_err *e,
+		       long nr, unsigned long a1, unsigned long a2, unsigned long a3, unsigned long a4,
+		       unsigned long a5, unsigned long a6)
 {
 	struct user_regs_struct r = *orig;
 
@@ -230,13 +241,19 @@ static int inject_begin(pid_t tid, const struct user_regs_struct *orig, unsigned
 	r.eflags &= ~(0x100UL /* TF */ | 0x400UL /* DF */);
 	if (ptrace(PTRACE_SETREGS, tid, NULL, &r))
 		return fail(e, errno, "setting the registers of thread %d: %s", tid, strerror(errno));
+	return 0;
+}
+
+/* inject_go sends tid, its registers set (inject_regs), to its call's entry. */
+static int inject_go(pid_t tid, struct twin_err *e)
+{
 	if (ptrace(PTRACE_SYSCALL, tid, NULL, NULL))
 		return fail(e, errno, "resuming thread %d: %s", tid, strerror(errno));
 	return 0;
 }
 
 /*
- * inject_next waits for the next stop of the call inject_begin started,
+ * inject_next waits for the next stop of the call inject_go started,
  * passing event stops (a clone's): at the call's entry it lets the thread
  * on into the call; at its exit it leaves it stopped. stops counts them.
  */
@@ -276,14 +293,14 @@ static int inject_end(pid_t tid, int *stops, long *ret, struct twin_err *e)
 	return 0;
 }
 
-/* inject runs one system call in tid and waits for it (inject_begin). */
+/* inject runs one system call in tid and waits for it. */
 static int inject(pid_t tid, const struct user_regs_struct *orig, unsigned long site, long *ret, struct twin_err *e,
 		  long nr, unsigned long a1, unsigned long a2, unsigned long a3, unsigned long a4, unsigned long a5,
 		  unsigned long a6)
 {
 	int stops = 0;
 
-	if (inject_begin(tid, orig, site, e, nr, a1, a2, a3, a4, a5, a6))
+	if (inject_regs(tid, orig, site, e, nr, a1, a2, a3, a4, a5, a6) || inject_go(tid, e))
 		return -1;
 	return inject_end(tid, &stops, ret, e);
 }
@@ -509,6 +526,8 @@ static int make_uffd(pid_t pid, pid_t tid, const struct user_regs_struct *regs, 
 	long fd = -1;
 	int pidfd;
 
+	/* A CRIU that dies while the thread is at these calls lets it go on there, put back. */
+	site += TRAMP_OFF(twin_tramp_call);
 	/* A failed injection may have made the descriptor: it fails the twin. */
 	if (inject(tid, regs, site, &fd, e, __NR_userfaultfd, A1(O_CLOEXEC | O_NONBLOCK | 1 /* UFFD_USER_MODE_ONLY */)))
 		return -1;
@@ -528,6 +547,7 @@ static int make_uffd(pid_t pid, pid_t tid, const struct user_regs_struct *regs, 
 		t->uffd = -1;
 		return -1;
 	}
+	test_stall("uffd");
 	return 0;
 }
 
@@ -614,10 +634,10 @@ static void job_free(struct job *j)
 
 /*
  * clone_begin puts the trampoline (tramp.S) in the padding of process
- * pid's vDSO and starts the clone there. From the moment the trampoline is
- * in place until the process's registers are back (clone_end), a CRIU that
- * dies lets the process resume there: the trampoline puts it back as it
- * was.
+ * pid's vDSO and starts the clone there. From the moment the thread is
+ * pointed at the trampoline until its registers are back (clone_end), a
+ * CRIU that dies lets the process resume there: the trampoline puts it
+ * back as it was.
  */
 static int clone_begin(struct job *j)
 {
@@ -656,14 +676,19 @@ static int clone_begin(struct job *j)
 	if (poke(j->pid, j->site, tramp, TRAMP_LEN, e))
 		return -1;
 	j->placed = true;
-	if (ptrace(PTRACE_SETSIGMASK, j->tid, sizeof(all), &all))
-		return fail(e, errno, "blocking the signals of process %d: %s", j->pid, strerror(errno));
 	/*
 	 * No exit signal: the twin's birth and death are no SIGCHLD of the
 	 * process's. The clone returns the twin's pid in the process's PID
-	 * namespace; its pid here is the thread's one new child.
+	 * namespace; its pid here is the thread's one new child. The thread
+	 * is at the trampoline before its signals are blocked, so that a CRIU
+	 * that dies in between leaves it where the trampoline puts the mask
+	 * back.
 	 */
-	if (inject_begin(j->tid, &j->saved, j->site, e, __NR_clone, A1(CLONE_PTRACE | CLONE_FILES | CLONE_FS)))
+	if (inject_regs(j->tid, &j->saved, j->site, e, __NR_clone, A1(CLONE_PTRACE | CLONE_FILES | CLONE_FS)))
+		return -1;
+	if (ptrace(PTRACE_SETSIGMASK, j->tid, sizeof(all), &all))
+		return fail(e, errno, "blocking the signals of process %d: %s", j->pid, strerror(errno));
+	if (inject_go(j->tid, e))
 		return -1;
 	j->cloning = true;
 	return 0;
@@ -692,8 +717,9 @@ static int clone_end(struct job *j)
 	}
 	if (!j->placed)
 		return -1;
-	if (ptrace(PTRACE_SETREGS, j->tid, NULL, &j->resume) ||
-	    ptrace(PTRACE_SETSIGMASK, j->tid, sizeof(j->mask), &j->mask)) {
+	/* The mask first: a thread left at the trampoline gets it back there too. */
+	if (ptrace(PTRACE_SETSIGMASK, j->tid, sizeof(j->mask), &j->mask) ||
+	    ptrace(PTRACE_SETREGS, j->tid, NULL, &j->resume)) {
 		fail(e, errno, "putting process %d back as it was: %s", j->pid, strerror(errno));
 		if (child > 0)
 			kill(child, SIGKILL);
@@ -971,6 +997,66 @@ static pid_t *batch_pids;
 static int batch_n = -1;
 static int batch_ret;
 
+/*
+ * by_mm orders processes by their memory (kcmp's order); kcmp_failed
+ * says it could not.
+ */
+static bool kcmp_failed;
+
+static int by_mm(const void *a, const void *b)
+{
+	long r = syscall(__NR_kcmp, *(const pid_t *)a, *(const pid_t *)b, KCMP_VM, 0, 0);
+
+	if (r < 0) {
+		kcmp_failed = true;
+		return 0;
+	}
+	return r == 0 ? 0 : r == 1 ? -1 : 1;
+}
+
+/*
+ * one_per_mm keeps in pids the first of the processes that share their
+ * memory (a clone with CLONE_VM that is no thread) and drops the others:
+ * they share the vDSO page the trampoline goes in, so their twins are made
+ * one at a time, on their own calls. It returns how many it kept, or -1.
+ */
+static int one_per_mm(pid_t *pids, int n)
+{
+	pid_t *sorted = malloc(n * sizeof(*sorted));
+	bool *drop = calloc(n, sizeof(*drop));
+	int kept = 0;
+
+	if (!sorted || !drop)
+		goto out;
+	memcpy(sorted, pids, n * sizeof(*sorted));
+	kcmp_failed = false;
+	qsort(sorted, n, sizeof(*sorted), by_mm);
+	for (int i = 0, j; i < n && !kcmp_failed; i = j) {
+		int first = n;
+
+		for (j = i + 1; j < n && !by_mm(&sorted[i], &sorted[j]); j++)
+			;
+		if (j - i < 2)
+			continue;
+		/* sorted[i..j) share one memory: all but the first of the walk go. */
+		for (int k = 0; k < n; k++)
+			for (int m = i; m < j; m++)
+				if (pids[k] == sorted[m]) {
+					if (first == n)
+						first = k;
+					else
+						drop[k] = true;
+				}
+	}
+	for (int k = 0; k < n; k++)
+		if (!drop[k])
+			pids[kept++] = pids[k];
+out:
+	free(sorted);
+	free(drop);
+	return !sorted || !drop || kcmp_failed ? -1 : kept;
+}
+
 static bool in_batch(pid_t pid)
 {
 	for (int i = 0; i < batch_n; i++)
@@ -984,15 +1070,16 @@ static void twin_batch(pid_t root)
 	struct timespec t0;
 	struct job *jobs;
 	double clone_ms, park_ms;
-	pid_t *pids;
+	pid_t *pids = NULL;
 	int n, made = 0;
 
 	batch_n = 0;
 	n = tree(root, &pids);
+	if (n > 0)
+		n = one_per_mm(pids, n);
 	if (n < 2) {
-		/* One process, or no walk: it is made alone. */
-		if (n > 0)
-			free(pids);
+		/* One process, or no walk: each is made alone. */
+		free(pids);
 		return;
 	}
 	jobs = calloc(n, sizeof(*jobs));

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -15,6 +16,7 @@ import (
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/tclone/tclone/runtime/fork"
 	"github.com/tclone/tclone/runtime/lazy"
 )
 
@@ -432,6 +434,88 @@ func TestTwinCaptureAfterCRIUKilledAtTheTrampoline(t *testing.T) {
 		t.Fatalf("the twin capture after the killed one: exit %d: %s", r.code, r.stderr)
 	}
 	requireSourceRuns(t, n)
+}
+
+// A CRIU killed while a branch capture's process sits at the twin plugin's
+// trampoline after its write tracking's calls (it made a userfaultfd
+// there, and closed it) lets the process go on as it was. The close
+// returned 0, which at the clone's own address sends a thread down the
+// twin's way out: the process's thread exited (found by review). Every
+// thread of every process of the source is there afterwards, and tclone
+// gc leaves no twin.
+func TestBranchCaptureAfterCRIUKilledInTheTrackingCalls(t *testing.T) {
+	requireStack(t)
+	requireTwins(t)
+	branchStore(t)
+	t.Setenv("TCLONE_TWIN_TEST_STALL", "uffd:20000")
+	svc := startAPIService(t)
+	n, pid := workloadOf(t, 16)
+	before := threadsOf(pid)
+	done := make(chan []byte, 1)
+	go func() {
+		out, _ := exec.Command("curl", "-sS", "--unix-socket", svc.socket, "-X", "POST",
+			"http://d"+apiVersion+"/libpod/containers/"+n+"/branches?name=killed").CombinedOutput()
+		done <- out
+	}()
+	var criu int
+	eventually(t, time.Minute, "the capture at its test stall after the tracking calls", func() error {
+		logs, _ := filepath.Glob(filepath.Join(hostStore.Dir("*"), "work", "dump.log"))
+		for _, l := range logs {
+			if b, _ := os.ReadFile(l); strings.Contains(string(b), "test stall at uffd") {
+				if criu = fork.TracerOf(pid); criu != 0 {
+					return nil
+				}
+			}
+		}
+		return fmt.Errorf("not yet (%d capture logs)", len(logs))
+	})
+	syscall.Kill(criu, syscall.SIGKILL)
+	select {
+	case out := <-done:
+		t.Logf("branch create after CRIU was killed: %s", out)
+	case <-time.After(2 * time.Minute):
+		t.Fatal("branch create did not return after CRIU was killed")
+	}
+	requireUntraced(t, pid, releaseWait)
+	requireSourceRuns(t, n)
+	after := threadsOf(pid)
+	for p, tids := range before {
+		for tid := range tids {
+			if after[p][tid] == "" || after[p][tid] == "Z" || after[p][tid] == "X" {
+				t.Errorf("thread %d of process %d is gone after CRIU was killed (state %q)", tid, p, after[p][tid])
+			}
+		}
+	}
+	if r := run(t, time.Minute, tcloneBin(), "gc"); r.code != 0 {
+		t.Fatalf("tclone gc: %s", r.stderr)
+	}
+	eventually(t, 10*time.Second, "no twin left in the source", func() error {
+		if tw := twinsUnder(pid); len(tw) > 0 {
+			return fmt.Errorf("twins in the source after tclone gc: %v", tw)
+		}
+		return nil
+	})
+}
+
+// threadsOf gives, for every process of the tree of root, its threads'
+// states (the State letter of /proc/PID/task/TID/stat) by thread id.
+func threadsOf(root int) map[int]map[int]string {
+	out := map[int]map[int]string{}
+	for _, p := range processTreeOf(root) {
+		tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/stat", p))
+		out[p] = map[int]string{}
+		for _, f := range tasks {
+			b, err := os.ReadFile(f)
+			s := string(b)
+			i := strings.LastIndexByte(s, ')')
+			if err != nil || i < 0 || i+3 > len(s) {
+				continue
+			}
+			tid, _ := strconv.Atoi(filepath.Base(filepath.Dir(f)))
+			out[p][tid] = s[i+2 : i+3]
+		}
+	}
+	return out
 }
 
 // wipeOnForkPy keeps a marker in a page it marked MADV_WIPEONFORK, beside
