@@ -541,6 +541,7 @@ static int make_uffd(pid_t pid, pid_t tid, const struct user_regs_struct *regs, 
 		close(pidfd);
 	}
 	t->track = t->uffd >= 0 ? 1 : -errno;
+	twin_info("process %d: a userfaultfd for write tracking (%s)", pid, t->uffd >= 0 ? "taken" : strerror(-t->track));
 	if (CALL(tid, regs, site, e, __NR_close, A1(fd)) < 0) {
 		if (t->uffd >= 0)
 			close(t->uffd);
