@@ -533,6 +533,7 @@ static int make_uffd(pid_t pid, pid_t tid, const struct user_regs_struct *regs, 
 		return -1;
 	if (fd < 0) {
 		t->track = fd > -4096 ? (int)fd : -EIO;
+		test_stall("uffd");
 		return 0;
 	}
 	pidfd = syscall(__NR_pidfd_open, pid, 0);
@@ -1000,15 +1001,18 @@ static int batch_ret;
 
 /*
  * by_mm orders processes by their memory (kcmp's order); kcmp_failed
- * says it could not.
+ * says it could not, and kcmp_err why.
  */
 static bool kcmp_failed;
+static int kcmp_err;
 
 static int by_mm(const void *a, const void *b)
 {
 	long r = syscall(__NR_kcmp, *(const pid_t *)a, *(const pid_t *)b, KCMP_VM, 0, 0);
 
 	if (r < 0) {
+		if (!kcmp_failed)
+			kcmp_err = errno;
 		kcmp_failed = true;
 		return 0;
 	}
@@ -1076,8 +1080,9 @@ static void twin_batch(pid_t root)
 
 	batch_n = 0;
 	n = tree(root, &pids);
-	if (n > 0)
-		n = one_per_mm(pids, n);
+	if (n > 0 && (n = one_per_mm(pids, n)) < 0)
+		twin_info("cannot tell which processes share their memory (%s): every twin is made alone",
+			  kcmp_failed ? strerror(kcmp_err) : "no memory");
 	if (n < 2) {
 		/* One process, or no walk: each is made alone. */
 		free(pids);
