@@ -274,8 +274,8 @@ static int inject_next(pid_t tid, int *stops, struct twin_err *e)
 		}
 		if (ptrace(PTRACE_SYSCALL, tid, NULL, NULL))
 			return fail(e, errno, "resuming thread %d: %s", tid, strerror(errno));
-		if (*stops == 1 && (status >> 16) == 0)
-			return 0;
+		if ((status >> 16) == 0)
+			return 0; /* on into the call */
 	}
 }
 
@@ -1074,11 +1074,12 @@ static void twin_batch(pid_t root)
 {
 	struct timespec t0;
 	struct job *jobs;
-	double clone_ms, park_ms;
+	double walk_ms, clone_ms, park_ms;
 	pid_t *pids = NULL;
 	int n, made = 0;
 
 	batch_n = 0;
+	clock_gettime(CLOCK_MONOTONIC, &t0);
 	n = tree(root, &pids);
 	if (n > 0 && (n = one_per_mm(pids, n)) < 0)
 		twin_info("cannot tell which processes share their memory (%s): every twin is made alone",
@@ -1093,6 +1094,7 @@ static void twin_batch(pid_t root)
 		free(pids);
 		return;
 	}
+	walk_ms = ms_since(&t0);
 	clock_gettime(CLOCK_MONOTONIC, &t0);
 	for (int i = 0; i < n; i++) {
 		job_init(&jobs[i], pids[i]);
@@ -1102,25 +1104,20 @@ static void twin_batch(pid_t root)
 	for (int i = 0; i < n; i++)
 		if (jobs[i].cloning && inject_next(jobs[i].tid, &jobs[i].stops, &jobs[i].e))
 			jobs[i].cloning = false;
+	/* A step that fails says why in the job's e, and its job goes no further. */
 	for (int i = 0; i < n; i++)
-		jobs[i].ret = clone_end(&jobs[i]);
+		clone_end(&jobs[i]);
 	clone_ms = ms_since(&t0);
 	clock_gettime(CLOCK_MONOTONIC, &t0);
-	for (int i = 0; i < n; i++) {
-		if (jobs[i].ret)
-			continue;
-		jobs[i].ret = park_begin(&jobs[i].t, jobs[i].site, &jobs[i].e);
-		if (jobs[i].ret)
+	for (int i = 0; i < n; i++)
+		if (!jobs[i].e.err && park_begin(&jobs[i].t, jobs[i].site, &jobs[i].e))
 			kill(jobs[i].t.pid, SIGKILL);
-	}
-	for (int i = 0; i < n; i++) {
-		jobs[i].ret = -1;
-		if (!jobs[i].e.err && jobs[i].t.pid > 0 && !job_park(&jobs[i], true))
+	for (int i = 0; i < n; i++)
+		if (!jobs[i].e.err && !job_park(&jobs[i], true))
 			made++;
-	}
 	park_ms = ms_since(&t0);
-	twin_info("%d twins of %d processes side by side: clones %.3f ms, parking %.3f ms", made, n, clone_ms,
-		  park_ms);
+	twin_info("%d twins of %d processes side by side: walk %.3f ms, clones %.3f ms, parking %.3f ms", made, n,
+		  walk_ms, clone_ms, park_ms);
 	for (int i = 0; i < n; i++) {
 		/* What each adds to the pause: its share of the batch. */
 		jobs[i].t.clone_ms = clone_ms / n;
