@@ -94,6 +94,31 @@ func TestTwinCollectorReadsThePluginsMessages(t *testing.T) {
 	}
 }
 
+// The plugin's socket queues the messages of a thousand processes, each
+// with its twin's descriptors, while nobody reads them: the plugin sends
+// them while CRIU holds the tree, and must not wait for tclone there.
+func TestTwinSocketQueuesAThousandProcesses(t *testing.T) {
+	fds, err := twinSocket()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fds[0])
+	defer unix.Close(fds[1])
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	defer w.Close()
+	rights := unix.UnixRights(int(r.Fd()), int(w.Fd()))
+	for i := range 1000 {
+		msg := twinMsg(twinMsgVersion, int32(100+i), int32(5000+i), 0, 0, 0, "")
+		if err := unix.Sendmsg(fds[1], msg, rights, nil, unix.MSG_DONTWAIT); err != nil {
+			t.Fatalf("message %d: %v: the plugin would wait for tclone while CRIU holds the tree", i+1, err)
+		}
+	}
+}
+
 func twinVMA(start, end uint64, madv uint64) *vma.VmaEntry {
 	return &vma.VmaEntry{Start: proto.Uint64(start), End: proto.Uint64(end), Pgoff: proto.Uint64(0),
 		Shmid: proto.Uint64(0), Prot: proto.Uint32(3), Flags: proto.Uint32(0x22), Status: proto.Uint32(vmaAnonPrivate | 1),

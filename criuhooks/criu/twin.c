@@ -72,6 +72,7 @@
 /* CRIU's logger, which CRIU exports to its plugins. */
 extern void print_on_level(unsigned int loglevel, const char *format, ...) __attribute__((format(printf, 2, 3)));
 #define TWIN_LOG_ERROR 1
+#define TWIN_LOG_WARN 2
 #define TWIN_LOG_INFO 3
 #define twin_info(fmt, ...) print_on_level(TWIN_LOG_INFO, "tclone twin: " fmt "\n", ##__VA_ARGS__)
 #define twin_error(fmt, ...) print_on_level(TWIN_LOG_ERROR, "Error (tclone twin): " fmt "\n", ##__VA_ARGS__)
@@ -159,7 +160,8 @@ static int track_init(const char *path)
  * tests that kill CRIU there: "after-clone" (the process at the trampoline,
  * its twin just born), "uffd" (the process at the trampoline after its
  * userfaultfd's calls) or "parking" (the twin half parked). It says so in
- * CRIU's log first.
+ * CRIU's log first, as a warning: a capture's log keeps warnings and
+ * errors only, unless tclone runs at debug level.
  */
 static void test_stall(const char *point)
 {
@@ -167,7 +169,7 @@ static void test_stall(const char *point)
 	size_t n = strlen(point);
 
 	if (v && !strncmp(v, point, n) && v[n] == ':') {
-		twin_info("test stall at %s for %d ms", point, atoi(v + n + 1));
+		print_on_level(TWIN_LOG_WARN, "Warn (tclone twin): test stall at %s for %d ms\n", point, atoi(v + n + 1));
 		usleep(atoi(v + n + 1) * 1000);
 	}
 }

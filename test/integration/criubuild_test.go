@@ -41,10 +41,11 @@ func TestCaptureReadsAheadAndTwinsSideBySide(t *testing.T) {
 }
 
 // planDumpLog makes a plan of src with --memory memory and returns its
-// CRIU dump log; the plan goes at the test's end.
+// CRIU dump log, at debug level (a capture's CRIU logs only warnings and
+// errors otherwise); the plan goes at the test's end.
 func planDumpLog(t *testing.T, src, memory string) []byte {
 	t.Helper()
-	r := run(t, time.Minute, tcloneBin(), "fork", "--plan-only", "--memory", memory, containerID(t, src))
+	r := run(t, time.Minute, tcloneBin(), "--log-level", "debug", "fork", "--plan-only", "--memory", memory, containerID(t, src))
 	if r.code != 0 {
 		t.Fatalf("plan-only --memory %s: %s", memory, r.stderr)
 	}

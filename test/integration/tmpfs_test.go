@@ -55,8 +55,9 @@ func TestPodmanForkTmpfsContents(t *testing.T) {
 		t.Fatalf("the source's tmpfs is not as the test made it:\n%s", want)
 	}
 
-	// The capture alone: its images and its CRIU's log.
-	r := run(t, time.Minute, tcloneBin(), "fork", "--plan-only", "--memory", "copy", containerID(t, src))
+	// The capture alone: its images and its CRIU's log (at debug level,
+	// which has CRIU's info lines).
+	r := run(t, time.Minute, tcloneBin(), "--log-level", "debug", "fork", "--plan-only", "--memory", "copy", containerID(t, src))
 	if r.code != 0 {
 		t.Fatalf("plan-only: %s", r.stderr)
 	}
