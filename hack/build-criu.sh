@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Builds tclone's CRIU (the host's CRIU version with criuhooks/criu's
 # patches: the options lazy-pages-external, tmpfs-builtin-tar,
-# skip-conntrack and smaps-read-ahead, and two speed-ups of dumps)
-# and tclone's twin plugin, from Debian's source of the CRIU the host
+# skip-conntrack, smaps-read-ahead and busy-wait, and two speed-ups of
+# dumps) and tclone's twin plugin, from Debian's source of the CRIU the host
 # runs, and installs both under $TCLONE_CRIU_DIR
 # (default /usr/local/lib/tclone/criu): criu, and plugins/tclone_twin.so.
 # The host's own /usr/sbin/criu is not touched; only tclone's dumps use this
@@ -41,10 +41,10 @@ esac
 # Two stamps: CRIU is rebuilt when its source or the patch changes, the
 # plugin when its own source does (against the CRIU tree kept in $cache).
 # The patches, in the order they apply, and the files tmpfs-builtin-tar adds.
-patches=(lazy-pages-external.patch tmpfs-builtin-tar.patch lazy-dump-iovs.patch skip-conntrack.patch scan-anon-pages.patch smaps-read-ahead.patch)
+patches=(lazy-pages-external.patch tmpfs-builtin-tar.patch lazy-dump-iovs.patch skip-conntrack.patch scan-anon-pages.patch smaps-read-ahead.patch busy-wait.patch)
 added=(tmpfs-archive.c:criu/tmpfs-archive.c tmpfs-archive.h:criu/include/tmpfs-archive.h)
 # The options they add; the stamp's third line lists them for tclone.
-options="lazy-pages-external tmpfs-builtin-tar skip-conntrack smaps-read-ahead"
+options="lazy-pages-external tmpfs-builtin-tar skip-conntrack smaps-read-ahead busy-wait"
 # CRIU caches what it finds out about the kernel (kerndat, 20-30 ms of
 # probing before each dump) in RUNDIR/criu.kdat, only on a tmpfs, and marks
 # it with its build: the host's criu (restores) finds this build's cache

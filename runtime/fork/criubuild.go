@@ -1,6 +1,7 @@
 package fork
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -121,8 +122,9 @@ func externalCRIU(check *criucheck.Result) string {
 // dumpConf is what a dump d by tclone's build of CRIU is configured with,
 // where the build can: its tmpfs mounts archived by CRIU itself, not by
 // tar in the source's pause, its tasks' smaps read ahead of their dumps,
-// and, unless it keeps established TCP connections (whose restores may
-// need the entries), no conntrack entries.
+// its waits for the tasks polled before they sleep, and, unless it keeps
+// established TCP connections (whose restores may need the entries), no
+// conntrack entries.
 func (b criuBuild) dumpConf(d forkopts.Dumped) []string {
 	if b.Path == "" {
 		return nil
@@ -136,6 +138,9 @@ func (b criuBuild) dumpConf(d forkopts.Dumped) []string {
 	}
 	if slices.Contains(b.Options, criuhooks.SmapsReadAhead) {
 		conf = append(conf, criuhooks.SmapsReadAhead)
+	}
+	if slices.Contains(b.Options, criuhooks.BusyWait) {
+		conf = append(conf, fmt.Sprintf("%s %d", criuhooks.BusyWait, criuhooks.BusyWaitMicros))
 	}
 	return conf
 }

@@ -20,10 +20,12 @@ import (
 // lists: a build from before the stamp listed them has lazy-pages-external
 // alone, and no dump of it is configured with tmpfs-builtin-tar. A dump
 // that keeps established TCP connections keeps their conntrack entries;
-// every dump of a build that has it reads smaps ahead.
+// every dump of a build that has them reads smaps ahead and polls for its
+// tasks, with tclone's budget.
 func TestInstalledBuildOptions(t *testing.T) {
 	check := &criucheck.Result{Version: criucheck.Version(40201)}
-	all := "4.2.1 sum patch\nplugin\noptions lazy-pages-external tmpfs-builtin-tar skip-conntrack smaps-read-ahead\n"
+	all := "4.2.1 sum patch\nplugin\noptions lazy-pages-external tmpfs-builtin-tar skip-conntrack smaps-read-ahead busy-wait\n"
+	busy := fmt.Sprintf("busy-wait %d", criuhooks.BusyWaitMicros)
 	for _, c := range []struct {
 		name, stamp string
 		criu        bool
@@ -31,8 +33,9 @@ func TestInstalledBuildOptions(t *testing.T) {
 		tcp         bool
 		conf        []string
 	}{
-		{"options listed", all, true, true, false, []string{criuhooks.TmpfsBuiltinTar, criuhooks.SkipConntrack, criuhooks.SmapsReadAhead}},
-		{"established TCP kept", all, true, true, true, []string{criuhooks.TmpfsBuiltinTar, criuhooks.SmapsReadAhead}},
+		{"options listed", all, true, true, false, []string{criuhooks.TmpfsBuiltinTar, criuhooks.SkipConntrack, criuhooks.SmapsReadAhead, busy}},
+		{"established TCP kept", all, true, true, true, []string{criuhooks.TmpfsBuiltinTar, criuhooks.SmapsReadAhead, busy}},
+		{"build without busy-wait", strings.Replace(all, " busy-wait", "", 1), true, true, false, []string{criuhooks.TmpfsBuiltinTar, criuhooks.SkipConntrack, criuhooks.SmapsReadAhead}},
 		{"build without skip-conntrack", "4.2.1 sum patch\nplugin\noptions lazy-pages-external tmpfs-builtin-tar\n", true, true, false, []string{criuhooks.TmpfsBuiltinTar}},
 		{"older stamp", "4.2.1 sum patch\nplugin\n", true, true, false, nil},
 		{"other CRIU version", strings.Replace(all, "4.2.1", "4.1.0", 1), true, false, false, nil},
