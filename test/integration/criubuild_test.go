@@ -57,3 +57,53 @@ func planDumpLog(t *testing.T, src, memory string) []byte {
 	}
 	return log
 }
+
+// tclone's build of CRIU dumps a directory that several processes work in
+// once, under one id (file-ids-dirs.patch), where stock CRIU dumps every
+// process's cwd and root again: processes in distinct directories, two of
+// them sharing one, and one in a directory of a bind mount whose path
+// exists in the image too, each keep their own in the sibling, with copied
+// memory and with twins.
+func TestForkKeepsEveryWorkingDirectory(t *testing.T) {
+	requireStack(t)
+	requireTwins(t)
+	src := name(t, "cwd")
+	vol := t.TempDir()
+	if err := os.Mkdir(filepath.Join(vol, "tmp"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// "/srv/tmp" is a directory of the bind mount; "/tmp" is the image's.
+	script := "mkdir -p /w/a /w/b; " +
+		"(cd /w/a && exec sleep 100001) & (cd /w/b && exec sleep 100002) & (cd /w/b && exec sleep 100003) & " +
+		"(cd /srv/tmp && exec sleep 100004) & (cd /tmp && exec sleep 100005) & " +
+		"touch /ready; cd /w; wait"
+	podman(t, "run", "-d", "--name", src, "-v", vol+":/srv", busybox, "sh", "-c", script)
+	eventually(t, 30*time.Second, "the source's processes started", func() error {
+		if r := podmanTry(t, "exec", src, "cat", "/ready"); r.code != 0 {
+			return errorf("not yet: %s", r.stderr)
+		}
+		return nil
+	})
+	cwds := func(c string) string {
+		t.Helper()
+		// Each sleep's argument and its cwd, and the shell's.
+		return podman(t, "exec", c, "sh", "-c",
+			`for p in /proc/[0-9]*; do a=$(tr '\0' ' ' <$p/cmdline); case "$a" in sleep*) echo "$a: $(readlink $p/cwd) $(readlink $p/root)";; "sh -c mkdir"*) echo "the shell: $(readlink $p/cwd) $(readlink $p/root)";; esac; done | sort`)
+	}
+	want := cwds(src)
+	for _, w := range []string{"sleep 100001 : /w/a /", "sleep 100003 : /w/b /", "sleep 100004 : /srv/tmp /", "sleep 100005 : /tmp /", "the shell: /w /"} {
+		if !strings.Contains(want, w) {
+			t.Fatalf("the source is not as the test made it: no %q in\n%s", w, want)
+		}
+	}
+	for _, memory := range []string{"copy", "twin"} {
+		sib := src + "-" + memory
+		t.Cleanup(func() { podmanTry(t, "rm", "-f", sib) })
+		if r := forkCLI(t, "--memory", memory, "--name", sib, src); r.code != 0 {
+			t.Fatalf("fork --memory %s: exit %d: %s", memory, r.code, r.stderr)
+		}
+		if got := cwds(sib); got != want {
+			t.Errorf("--memory %s: the sibling's processes work in\n%s\nwant\n%s", memory, got, want)
+		}
+	}
+}
