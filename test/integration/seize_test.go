@@ -363,17 +363,46 @@ func TestKilledCaptureNetworkIsRecovered(t *testing.T) {
 	n := name(t, "net")
 	podman(t, "run", "-d", "--name", n, busybox, "sh", "-c",
 		"sleep 100000 | nc -l -p 9000 > /tmp/recv & sleep 1; i=0; while :; do i=$((i+1)); echo $i; sleep 0.05; done | nc 127.0.0.1 9000")
-	received := func() int {
+	// The last number the listener wrote, or why there is none: a failed
+	// exec, or a last line caught half written, is not a stopped
+	// connection.
+	reading := func() (int, error) {
 		r := podmanTry(t, "exec", n, "sh", "-c", "tail -n 1 /tmp/recv")
-		v, _ := strconv.Atoi(strings.TrimSpace(r.stdout))
-		return v
+		if r.code != 0 {
+			return 0, fmt.Errorf("podman exec: exit %d: %s", r.code, strings.TrimSpace(r.stderr))
+		}
+		v, err := strconv.Atoi(strings.TrimSpace(r.stdout))
+		if err != nil {
+			return 0, fmt.Errorf("the listener's last line %q: %w", r.stdout, err)
+		}
+		return v, nil
+	}
+	received := func() int {
+		t.Helper()
+		for i := 0; ; i++ {
+			v, err := reading()
+			if err == nil {
+				return v
+			}
+			if i == 20 {
+				t.Fatalf("reading what the connection carried: %v", err)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
 	}
 	flowing := func(what string) {
 		t.Helper()
 		eventually(t, 10*time.Second, what, func() error {
-			a := received()
+			a, err := reading()
+			if err != nil {
+				return err
+			}
 			time.Sleep(300 * time.Millisecond)
-			if b := received(); b <= a {
+			b, err := reading()
+			if err != nil {
+				return err
+			}
+			if b <= a {
 				return fmt.Errorf("the connection carries nothing: %d then %d", a, b)
 			}
 			return nil
