@@ -61,9 +61,9 @@ func planDumpLog(t *testing.T, src, memory string) []byte {
 // tclone's build of CRIU dumps a directory that several processes work in
 // once, under one id (file-ids-dirs.patch), where stock CRIU dumps every
 // process's cwd and root again: processes in distinct directories, two of
-// them sharing one, and one in a directory of a bind mount whose path
-// exists in the image too, each keep their own in the sibling, with copied
-// memory and with twins.
+// them sharing one, and one in a bind mount's directory named like one of
+// the image's (/srv/tmp and /tmp), each keep their own in the sibling,
+// with copied memory and with twins.
 func TestForkKeepsEveryWorkingDirectory(t *testing.T) {
 	requireStack(t)
 	requireTwins(t)
