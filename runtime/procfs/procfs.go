@@ -51,6 +51,15 @@ func ReadStat(pid int) (Stat, error) {
 	return ParseStat(data)
 }
 
+// ReadTaskStat reads /proc/PID/task/TID/stat, thread tid's of process pid.
+func ReadTaskStat(pid, tid int) (Stat, error) {
+	data, err := readProc(pid, fmt.Sprintf("task/%d/stat", tid))
+	if err != nil {
+		return Stat{}, err
+	}
+	return ParseStat(data)
+}
+
 // ParseStat parses the content of a /proc/PID/stat file.
 func ParseStat(s string) (Stat, error) {
 	// The command name (field 2) may hold spaces and parentheses: it runs

@@ -66,6 +66,21 @@ func TestReadStatSelf(t *testing.T) {
 	}
 }
 
+// A thread's stat is its own: the main thread's names the process's
+// parent; a thread the process does not have has none.
+func TestReadTaskStatSelf(t *testing.T) {
+	st, err := ReadTaskStat(os.Getpid(), os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.PPid != os.Getppid() || st.StartTime == 0 || st.Exited() {
+		t.Fatalf("%+v", st)
+	}
+	if _, err := ReadTaskStat(os.Getpid(), os.Getppid()); err == nil {
+		t.Fatal("read the stat of a thread this process does not have")
+	}
+}
+
 func TestBootIDTrimmed(t *testing.T) {
 	id, err := BootID()
 	if err != nil {

@@ -6,6 +6,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/checkpoint-restore/go-criu/v7/crit"
+	"github.com/checkpoint-restore/go-criu/v7/crit/images/fdinfo"
 )
 
 // tclone's build of CRIU reads its tasks' smaps ahead of their dumps
@@ -63,7 +66,8 @@ func planDumpLog(t *testing.T, src, memory string) []byte {
 // process's cwd and root again: processes in distinct directories, two of
 // them sharing one, and one in a bind mount's directory named like one of
 // the image's (/srv/tmp and /tmp), each keep their own in the sibling,
-// with copied memory and with twins.
+// with copied memory and with twins. The capture's images hold each
+// directory once.
 func TestForkKeepsEveryWorkingDirectory(t *testing.T) {
 	requireStack(t)
 	requireTwins(t)
@@ -96,6 +100,19 @@ func TestForkKeepsEveryWorkingDirectory(t *testing.T) {
 			t.Fatalf("the source is not as the test made it: no %q in\n%s", w, want)
 		}
 	}
+	// One file entry for each directory, whoever works in it: the shell's
+	// and the sleeps' root (/), /w/b of two sleeps.
+	names := map[string]int{}
+	for _, f := range planFiles(t, src) {
+		if r := f.GetReg(); r != nil {
+			names[r.GetName()]++
+		}
+	}
+	for _, dir := range []string{"/", "/w", "/w/a", "/w/b", "/srv/tmp", "/tmp"} {
+		if names[dir] != 1 {
+			t.Errorf("the capture's images hold %d entries of %s, want 1 (all: %v)", names[dir], dir, names)
+		}
+	}
 	for _, memory := range []string{"copy", "twin"} {
 		sib := src + "-" + memory
 		t.Cleanup(func() { podmanTry(t, "rm", "-f", sib) })
@@ -106,4 +123,29 @@ func TestForkKeepsEveryWorkingDirectory(t *testing.T) {
 			t.Errorf("--memory %s: the sibling's processes work in\n%s\nwant\n%s", memory, got, want)
 		}
 	}
+}
+
+// planFiles makes a plan of src and returns the entries of its files.img.
+func planFiles(t *testing.T, src string) []*fdinfo.FileEntry {
+	t.Helper()
+	r := run(t, time.Minute, tcloneBin(), "fork", "--plan-only", containerID(t, src))
+	if r.code != 0 {
+		t.Fatalf("plan-only: %s", r.stderr)
+	}
+	planDir := strings.TrimSpace(r.stdout)
+	t.Cleanup(func() { removePlan(planDir) })
+	in, err := os.Open(filepath.Join(planDir, "images", "files.img"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer in.Close()
+	img, err := crit.New(in, nil, "", false, false).Decode(&fdinfo.FileEntry{})
+	if err != nil {
+		t.Fatalf("decoding the plan's files.img: %v", err)
+	}
+	var files []*fdinfo.FileEntry
+	for _, e := range img.Entries {
+		files = append(files, e.Message.(*fdinfo.FileEntry))
+	}
+	return files
 }

@@ -18,6 +18,7 @@ import (
 
 	"github.com/tclone/tclone/criuhooks"
 	"github.com/tclone/tclone/runtime/lazy"
+	"github.com/tclone/tclone/runtime/procfs"
 )
 
 // A twin capture needs tclone's CRIU plugin, which the set-up builds
@@ -428,8 +429,8 @@ func TestTwinCaptureAfterCRIUKilledAtTheTrampoline(t *testing.T) {
 		after := threadsOf(pid)
 		for p, tids := range before {
 			for tid := range tids {
-				if st := after[p][tid]; st == "" || st == "Z" || st == "X" {
-					t.Fatalf("round %d (%s): thread %d of process %d is gone after CRIU was killed (state %q)", round, point, tid, p, st)
+				if st, ok := after[p][tid]; !ok || st.Exited() {
+					t.Fatalf("round %d (%s): thread %d of process %d is gone after CRIU was killed (state %q)", round, point, tid, p, st.State)
 				}
 			}
 		}
@@ -463,21 +464,16 @@ func TestTwinCaptureAfterCRIUKilledAtTheTrampoline(t *testing.T) {
 }
 
 // threadsOf gives, for every process of the tree of root, its threads'
-// states (the State letter of /proc/PID/task/TID/stat) by thread id.
-func threadsOf(root int) map[int]map[int]string {
-	out := map[int]map[int]string{}
+// stat lines by thread id.
+func threadsOf(root int) map[int]map[int]procfs.Stat {
+	out := map[int]map[int]procfs.Stat{}
 	for _, p := range processTreeOf(root) {
-		tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/stat", p))
-		out[p] = map[int]string{}
-		for _, f := range tasks {
-			b, err := os.ReadFile(f)
-			s := string(b)
-			i := strings.LastIndexByte(s, ')')
-			if err != nil || i < 0 || i+3 > len(s) {
-				continue
+		out[p] = map[int]procfs.Stat{}
+		tids, _ := procfs.Threads(p)
+		for _, tid := range tids {
+			if st, err := procfs.ReadTaskStat(p, tid); err == nil {
+				out[p][tid] = st
 			}
-			tid, _ := strconv.Atoi(filepath.Base(filepath.Dir(f)))
-			out[p][tid] = s[i+2 : i+3]
 		}
 	}
 	return out
