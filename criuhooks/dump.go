@@ -23,6 +23,10 @@ type CaptureHooks struct {
 	PostDumpAt time.Time
 	// PostDumpDone is when OnPostDump returned.
 	PostDumpDone time.Time
+	// ResumedAt is when CRIU said the tree runs again (its dump-resumed
+	// notification, which tclone's build of CRIU sends before it finishes
+	// what the tree need not wait for); zero from a CRIU without it.
+	ResumedAt time.Time
 
 	criuPid int
 }
@@ -39,6 +43,12 @@ func (h *CaptureHooks) PreDump() error {
 		return errors.New("pre-dump came before the criu process of the call was known")
 	}
 	return h.OnPreDump(h.criuPid)
+}
+
+// DumpResumed records when CRIU let the tree run again.
+func (h *CaptureHooks) DumpResumed() error {
+	h.ResumedAt = time.Now()
+	return nil
 }
 
 // PostDump implements criu.Notify.

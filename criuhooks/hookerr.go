@@ -41,3 +41,9 @@ func (h namedHooks) PostSetupNamespaces() error {
 	return tag("post-setup-namespaces", h.n.PostSetupNamespaces())
 }
 func (h namedHooks) PostResume() error { return tag("post-resume", h.n.PostResume()) }
+func (h namedHooks) DumpResumed() error {
+	if r, ok := h.n.(resumedNotify); ok {
+		return tag("dump-resumed", r.DumpResumed())
+	}
+	return nil
+}

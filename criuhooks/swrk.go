@@ -370,9 +370,18 @@ func notify(hooks criu.Notify, n *rpc.CriuNotify) error {
 		return hooks.PostSetupNamespaces()
 	case "post-resume":
 		return hooks.PostResume()
+	case "dump-resumed":
+		if r, ok := hooks.(resumedNotify); ok {
+			return r.DumpResumed()
+		}
 	}
 	return nil
 }
+
+// resumedNotify takes the notification tclone's build of CRIU sends once a
+// dump's tree runs again (criuhooks/criu/dump-resumed.patch), which
+// criu.Notify does not know.
+type resumedNotify interface{ DumpResumed() error }
 
 // finish closes tclone's end of the socket, which ends criu's service,
 // and waits for criu to exit. It returns err, the call's error, with how

@@ -141,7 +141,8 @@ func TestCallRunsHooks(t *testing.T) {
 			t.Fatal(err)
 		}
 		sk, peer := os.NewFile(uintptr(fds[0]), "sk"), os.NewFile(uintptr(fds[1]), "peer")
-		// peer plays CRIU: a dump that notifies pre-dump and post-dump.
+		// peer plays CRIU: a dump that notifies pre-dump, post-dump and
+		// dump-resumed (tclone's build of CRIU).
 		served := make(chan []string, 1)
 		go func() {
 			defer peer.Close()
@@ -167,7 +168,7 @@ func TestCallRunsHooks(t *testing.T) {
 			req := &rpc.CriuReq{}
 			proto.Unmarshal(buf[:n], req)
 			got = append(got, req.GetType().String(), fmt.Sprint(req.GetOpts().GetNotifyScripts()))
-			for _, script := range []string{"pre-dump", "post-dump"} {
+			for _, script := range []string{"pre-dump", "post-dump", "dump-resumed"} {
 				if !send(&rpc.CriuResp{Type: rpc.CriuReqType_NOTIFY.Enum(), Success: proto.Bool(true), Notify: &rpc.CriuNotify{Script: proto.String(script)}}) {
 					served <- append(got, "closed")
 					return
@@ -190,7 +191,7 @@ func TestCallRunsHooks(t *testing.T) {
 		_, err = s.call(&rpc.CriuReq{Type: rpc.CriuReqType_DUMP.Enum(), Opts: &rpc.CriuOpts{ImagesDirFd: proto.Int32(-1)}}, namedHooks{hooks})
 		sk.Close()
 		got := <-served
-		want := []string{"DUMP", "true", "NOTIFY", "NOTIFY"}
+		want := []string{"DUMP", "true", "NOTIFY", "NOTIFY", "NOTIFY"}
 		if failing {
 			want = []string{"DUMP", "true", "NOTIFY", "closed"}
 			var herr *HookError
@@ -200,7 +201,7 @@ func TestCallRunsHooks(t *testing.T) {
 		} else if err != nil {
 			t.Errorf("call: %v", err)
 		}
-		if !slices.Equal(got, want) || !slices.Equal(ran, []string{"post-dump"}) || hooks.PostDumpAt.IsZero() {
+		if !slices.Equal(got, want) || !slices.Equal(ran, []string{"post-dump"}) || hooks.PostDumpAt.IsZero() || hooks.ResumedAt.IsZero() != failing {
 			t.Errorf("failing=%v: CRIU got %q, want %q; hooks ran %q", failing, got, want, ran)
 		}
 	}

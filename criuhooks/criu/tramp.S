@@ -129,6 +129,19 @@ twin_tramp_park:
 	/* Out of the process's session and group: no job control or group signal reaches it. */
 	movl	$112, %eax			/* setsid */
 	step	3
+	/*
+	 * A root and working directory of its own, the working directory the
+	 * root: the process's shared with the twin would make its execve() of
+	 * a set-user-ID program run without the program's owner
+	 * (LSM_UNSAFE_SHARE), and the twin would keep the process's working
+	 * directory, and its mount, in use.
+	 */
+	movl	$272, %eax			/* unshare */
+	movl	$0x200, %edi			/* CLONE_FS */
+	step	4
+	movl	$80, %eax			/* chdir */
+	leaq	twin_tramp_root(%rip), %rdi
+	step	5
 	/* A page of its own, outside every area of the process, for pipe2's answer. */
 	movl	$9, %eax			/* mmap */
 	xorl	%edi, %edi
@@ -137,18 +150,18 @@ twin_tramp_park:
 	movl	$0x22, %r10d			/* MAP_PRIVATE | MAP_ANONYMOUS */
 	orq	$-1, %r8
 	xorl	%r9d, %r9d
-	step	4
+	step	6
 	movq	%rax, %r13
 	movl	$293, %eax			/* pipe2 */
 	movq	%r13, %rdi
 	movl	$0x80000, %esi			/* O_CLOEXEC */
-	step	5
+	step	7
 	movslq	(%r13), %r14			/* the read end */
 	movslq	4(%r13), %r15			/* the write end: the lifeline */
 	movl	$11, %eax			/* munmap */
 	movq	%r13, %rdi
 	movl	$4096, %esi
-	step	6
+	step	8
 	xorl	%eax, %eax
 8:
 twin_tramp_park_stop:
@@ -171,4 +184,6 @@ twin_tramp_regs:
 	.fill	27, 8, 0
 twin_tramp_name:
 	.asciz	"tclone-twin"
+twin_tramp_root:
+	.asciz	"/"
 twin_tramp_end:

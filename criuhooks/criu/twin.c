@@ -18,13 +18,17 @@
  *    space); once its parking starts CRIU's death kills it
  *    (PTRACE_O_EXITKILL), and a CRIU that dies before lets it run the
  *    trampoline's exit;
- *  - before CRIU lets it go, it parks itself, by its own calls at the
- *    trampoline, in pause() with every signal blocked, in a session of its
- *    own, with no descriptor of the process's and a single one of its own:
- *    the read end of a pipe that kills it (F_SETSIG SIGKILL) once the last
- *    copy of the write end is closed. The write end (its "lifeline") and a
- *    pidfd of the twin go to tclone, which ends the twin when it is done
- *    with it, or dies and so ends it.
+ *  - once the tree runs again (CRIU's dump-resumed hook: only the clone
+ *    needs the tree held), and before CRIU lets it go, it parks itself,
+ *    by its own calls at the trampoline, in pause() with every signal
+ *    blocked, in a session of its own, with a root and working directory
+ *    of its own, no descriptor of the process's and a single one of its
+ *    own: the read end of a pipe that kills it (F_SETSIG SIGKILL) once the
+ *    last copy of the write end is closed. The write end (its "lifeline")
+ *    and a pidfd of the twin go to tclone, which ends the twin when it is
+ *    done with it, or dies and so ends it. Until it parks, it runs nothing
+ *    and every signal but SIGKILL is blocked in it (its process's thread
+ *    had them blocked for the clone).
  * Its exit signal is 0: its birth and death send no SIGCHLD, and no wait()
  * of the process's own sees it (only __WALL or __WCLONE do); tclone reaps
  * it.
@@ -39,8 +43,10 @@
  * The plugin acts only when CRIU's environment names its socket
  * (TCLONE_TWIN_FD, a SOCK_SEQPACKET descriptor CRIU inherits); otherwise it
  * does nothing, so that it may sit in a plugin directory other dumps read
- * too. It runs in CRIU's checkpoint-devices hook: after CRIU has seized
- * every task and before it dumps any, in CRIU's process, the tracer.
+ * too. It makes the twins in CRIU's checkpoint-devices hook, after CRIU has
+ * seized every task and before it dumps any, and parks them in its
+ * dump-resumed hook (criuhooks/criu/dump-resumed.patch), in CRIU's
+ * process, the tracer.
  */
 #define _GNU_SOURCE
 #include <dirent.h>
@@ -709,6 +715,7 @@ static int clone_end(struct job *j)
 	static const unsigned char zeros[1024];
 	struct twin_err *e = &j->e;
 	long child = -1, ret = 0;
+	int status;
 
 	if (j->cloning && !inject_end(j->tid, &j->stops, &ret, e)) {
 		if (ret < 0 && ret > -4096)
@@ -739,6 +746,17 @@ static int clone_end(struct job *j)
 			kill(child, SIGKILL);
 		return -1;
 	}
+	/*
+	 * The twin is born traced and stops before it reaches user space. Its
+	 * stop is taken here: left to be reported, it would reach CRIU's own
+	 * waits for any of its tracees (compel's wait4(-1)) while the tree is
+	 * dumped, which would take the twin for a task of the tree's and set
+	 * it running.
+	 */
+	if (wait_stop(child, &status, e)) {
+		kill(child, SIGKILL);
+		return -1;
+	}
 	j->t.pid = child;
 	twin_info("process %d (thread %d): twin %ld in %.3f ms", j->pid, j->tid, child, ms_since(&j->t0));
 	return 0;
@@ -746,10 +764,11 @@ static int clone_end(struct job *j)
 
 /*
  * park_begin starts making the twin harmless for when CRIU lets it go (see
- * the top of this file), once t->pid stops at its birth. The twin does it itself,
- * at twin_tramp_park (tramp.S), traced and dying with CRIU: its name, a
- * descriptor table of its own with nothing of the process's in it, a
- * session of its own, and a pipe. It stops at an int3 with the pipe's ends
+ * the top of this file); t->pid is stopped at its birth. The twin does it
+ * itself, at twin_tramp_park (tramp.S), traced and dying with CRIU: its
+ * name, a descriptor table of its own with nothing of the process's in
+ * it, a session of its own, a root and working directory of its own, and a
+ * pipe. It stops at an int3 with the pipe's ends
  * in r14 and r15: the plugin arms the read end to kill the twin once no
  * write end is left, and takes the write end as its lifeline. Let go, the
  * twin closes its own copy of the write end and enters pause().
@@ -758,11 +777,7 @@ static int park_begin(struct twin *t, unsigned long code, struct twin_err *e)
 {
 	struct user_regs_struct regs;
 	uint64_t all = ~0ULL;
-	int status;
 
-	/* The twin is born traced and stops before it reaches user space. */
-	if (wait_stop(t->pid, &status, e))
-		return -1;
 	/* The twin dies with CRIU from here on. */
 	if (ptrace(PTRACE_SETOPTIONS, t->pid, NULL, PTRACE_O_EXITKILL | PTRACE_O_TRACESYSGOOD) ||
 	    ptrace(PTRACE_SETSIGMASK, t->pid, sizeof(all), &all) || ptrace(PTRACE_GETREGS, t->pid, NULL, &regs))
@@ -793,7 +808,9 @@ static int park_end(struct twin *t, unsigned long code, struct twin_err *e)
 		return fail(e, errno, "reading the registers of the twin %d: %s", t->pid, strerror(errno));
 	if ((long)regs.rax < 0) {
 		/* The steps of twin_tramp_park, by the number its step macro loads. */
-		static const char *const steps[] = { "?", "prctl(PR_SET_NAME)", "close_range", "setsid", "mmap", "pipe2", "munmap" };
+		static const char *const steps[] = {
+			"?", "prctl(PR_SET_NAME)", "close_range", "setsid", "unshare(CLONE_FS)", "chdir", "mmap", "pipe2", "munmap",
+		};
 		unsigned int n = regs.rbx & 0xff;
 
 		return fail(e, (int)-(long)regs.rax, "parking the twin %d: its %s failed: %s", t->pid,
@@ -857,7 +874,8 @@ static int send_twin(pid_t pid, const struct twin *t, const struct twin_err *e)
 
 		m.twin = t->pid;
 		m.clone_us = (int32_t)(t->clone_ms * 1000);
-		m.park_us = (int32_t)(t->park_ms * 1000);
+		/* Parked once the tree ran again: none of it was in the pause. */
+		m.park_us = 0;
 		m.nslevels = t->nslevels;
 		memcpy(m.nspid, t->nspid, sizeof(m.nspid));
 		m.track = t->track;
@@ -873,15 +891,15 @@ static int send_twin(pid_t pid, const struct twin *t, const struct twin_err *e)
 }
 
 /*
- * job_park parks the twin clone_end left and lets it go; park_begin has
- * run when begun is set. A twin that fails is killed.
+ * job_park ends the parking park_begin started and lets the twin go. A
+ * twin that fails is killed.
  */
-static int job_park(struct job *j, bool begun)
+static int job_park(struct job *j)
 {
 	struct timespec t0;
 
 	clock_gettime(CLOCK_MONOTONIC, &t0);
-	if ((!begun && park_begin(&j->t, j->site, &j->e)) || park_end(&j->t, j->site, &j->e))
+	if (park_end(&j->t, j->site, &j->e))
 		goto fail;
 	if (ptrace(PTRACE_DETACH, j->t.pid, NULL, NULL)) {
 		fail(&j->e, errno, "letting the twin %d go: %s", j->t.pid, strerror(errno));
@@ -990,16 +1008,25 @@ err:
 
 /*
  * The batch: on CRIU's first call (the tree's root), the plugin makes the
- * twins of the whole tree side by side, and hands every one to tclone at
- * once. Each step that waits for a tracee is started in every process
- * before the first is waited for, so that the processes run their clones
- * and their twins park on every CPU at once, instead of one after another
- * with the plugin waiting on each. CRIU's later calls find their process
- * done; a process the walk did not find is made alone.
+ * twins of the whole tree side by side. Each step that waits for a
+ * tracee is started in every process before the first is waited for, so
+ * that the processes run their clones on every CPU at once, instead of
+ * one after another with the plugin waiting on each. CRIU's later calls
+ * find their process done; a process the walk did not find is made alone.
+ *
+ * Only the clones need the tree held. The twins, stopped at their birth
+ * and traced, are parked once CRIU lets the tree run again (CRIU's
+ * dump-resumed hook, twin_resumed), side by side too, and handed to
+ * tclone then. Until then each shares its process's descriptor table,
+ * root and working directory, session and name, and runs nothing. A dump
+ * that fails before lets them go at the trampoline's exit (twin_exit);
+ * a CRIU that dies lets them go there too.
  */
 static pid_t *batch_pids;
 static int batch_n = -1;
 static int batch_ret;
+static struct job *pending; /* the batch's twins, made, not yet parked */
+static int npending;
 
 /*
  * by_mm orders processes by their memory (kcmp's order); kcmp_failed
@@ -1064,6 +1091,42 @@ out:
 	return !sorted || !drop || kcmp_failed ? -1 : kept;
 }
 
+/*
+ * keep keeps a job whose clone is made for twin_resumed. A job that
+ * failed fails the dump: tclone hears why at once.
+ */
+static int keep(struct job *j)
+{
+	struct job *p;
+
+	if (j->e.err) {
+		job_send(j);
+		return -1;
+	}
+	p = realloc(pending, (npending + 1) * sizeof(*p));
+	if (!p) {
+		fail(&j->e, ENOMEM, "no memory for the twin of %d", j->pid);
+		ptrace(PTRACE_DETACH, j->t.pid, NULL, NULL);
+		job_send(j);
+		return -1;
+	}
+	pending = p;
+	pending[npending++] = *j;
+	return 0;
+}
+
+/* twin_reset ends the plugin's part in a dump. */
+static void twin_reset(void)
+{
+	free(batch_pids);
+	batch_pids = NULL;
+	batch_n = -1;
+	batch_ret = 0;
+	if (twin_sock >= 0)
+		close(twin_sock);
+	twin_sock = -1;
+}
+
 static bool in_batch(pid_t pid)
 {
 	for (int i = 0; i < batch_n; i++)
@@ -1076,7 +1139,7 @@ static void twin_batch(pid_t root)
 {
 	struct timespec t0;
 	struct job *jobs;
-	double walk_ms, clone_ms, park_ms;
+	double walk_ms, clone_ms;
 	pid_t *pids = NULL;
 	int n, made = 0;
 
@@ -1110,26 +1173,55 @@ static void twin_batch(pid_t root)
 	for (int i = 0; i < n; i++)
 		clone_end(&jobs[i]);
 	clone_ms = ms_since(&t0);
-	clock_gettime(CLOCK_MONOTONIC, &t0);
-	for (int i = 0; i < n; i++)
-		if (!jobs[i].e.err && park_begin(&jobs[i].t, jobs[i].site, &jobs[i].e))
-			kill(jobs[i].t.pid, SIGKILL);
-	for (int i = 0; i < n; i++)
-		if (!jobs[i].e.err && !job_park(&jobs[i], true))
-			made++;
-	park_ms = ms_since(&t0);
-	twin_info("%d twins of %d processes side by side: walk %.3f ms, clones %.3f ms, parking %.3f ms", made, n,
-		  walk_ms, clone_ms, park_ms);
 	for (int i = 0; i < n; i++) {
-		/* What each adds to the pause: its share of the batch. */
+		/* What each adds to the pause: its share of the clones. */
 		jobs[i].t.clone_ms = clone_ms / n;
-		jobs[i].t.park_ms = park_ms / n;
-		if (job_send(&jobs[i]))
+		if (keep(&jobs[i]))
 			batch_ret = -1;
+		else
+			made++;
 	}
 	free(jobs);
+	twin_info("%d twins of %d processes side by side: walk %.3f ms, clones %.3f ms", made, n, walk_ms, clone_ms);
 	batch_pids = pids;
 	batch_n = n;
+}
+
+/*
+ * twin_resumed parks the batch's twins, side by side, once the tree runs
+ * again, and hands them to tclone. A twin that fails to park is killed,
+ * and fails the dump.
+ */
+static int twin_resumed(void)
+{
+	struct timespec t0;
+	sigset_t chld, old;
+	double park_ms;
+	int made = 0, ret = 0;
+
+	if (!pending)
+		return -ENOTSUP;
+	sigemptyset(&chld);
+	sigaddset(&chld, SIGCHLD);
+	sigprocmask(SIG_BLOCK, &chld, &old);
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	for (int i = 0; i < npending; i++)
+		if (!pending[i].e.err && park_begin(&pending[i].t, pending[i].site, &pending[i].e))
+			kill(pending[i].t.pid, SIGKILL);
+	for (int i = 0; i < npending; i++)
+		if (!pending[i].e.err && !job_park(&pending[i]))
+			made++;
+	park_ms = ms_since(&t0);
+	twin_info("%d twins of %d parked side by side once the tree ran again, in %.3f ms", made, npending, park_ms);
+	for (int i = 0; i < npending; i++)
+		if (job_send(&pending[i]))
+			ret = -1;
+	free(pending);
+	pending = NULL;
+	npending = 0;
+	sigprocmask(SIG_SETMASK, &old, NULL);
+	twin_reset();
+	return ret;
 }
 
 static int twin_checkpoint(int pid)
@@ -1154,12 +1246,10 @@ static int twin_checkpoint(int pid)
 	job_init(&j, pid);
 	clock_gettime(CLOCK_MONOTONIC, &t0);
 	clone_begin(&j); /* clone_end puts back whatever it did */
-	if (!clone_end(&j)) {
+	if (!clone_end(&j))
 		j.t.clone_ms = ms_since(&t0);
-		job_park(&j, false);
-	}
 	sigprocmask(SIG_SETMASK, &old, NULL);
-	return job_send(&j);
+	return keep(&j);
 }
 
 static int twin_init(int stage)
@@ -1182,16 +1272,27 @@ static int twin_init(int stage)
 	return 0;
 }
 
+/*
+ * twin_exit runs while CRIU still holds the tree. A dump that failed lets
+ * the batch's unparked twins go: each runs the trampoline's exit, named
+ * as a twin, and tclone reaps what it leaves. A dump that did not keeps
+ * them for twin_resumed.
+ */
 static void twin_exit(int stage, int ret)
 {
-	free(batch_pids);
-	batch_pids = NULL;
-	batch_n = -1;
-	batch_ret = 0;
-	if (twin_sock >= 0)
-		close(twin_sock);
-	twin_sock = -1;
+	if (pending && ret) {
+		for (int i = 0; i < npending; i++) {
+			ptrace(PTRACE_DETACH, pending[i].t.pid, NULL, NULL);
+			job_free(&pending[i]);
+		}
+		free(pending);
+		pending = NULL;
+		npending = 0;
+	}
+	if (!pending)
+		twin_reset();
 }
 
 CR_PLUGIN_REGISTER("tclone_twin", twin_init, twin_exit)
 CR_PLUGIN_REGISTER_HOOK(CR_PLUGIN_HOOK__CHECKPOINT_DEVICES, twin_checkpoint)
+CR_PLUGIN_REGISTER_HOOK(CR_PLUGIN_HOOK__DUMP_RESUMED, twin_resumed)

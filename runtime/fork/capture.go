@@ -497,16 +497,23 @@ func dumpPages(dir string, h *captureNotify) plan.PageStats {
 }
 
 // pauseTimings splits the source's pause, from CRIU's pre-dump notification
-// (just before it seizes the tree) to its return (the tree runs again):
-// seizing (CRIU's own figure), dumping, the post-dump hook, letting go.
+// (just before it seizes the tree) to the tree running again: seizing
+// (CRIU's own figure), dumping, the post-dump hook, letting go. The tree
+// runs again at CRIU's dump-resumed notification; a CRIU that sends none
+// (a stock one) is taken to let it go only when it returns, which counts
+// its clean-up and its exit in the pause.
 func pauseTimings(h *captureNotify, returned time.Time) plan.Timings {
+	resumed := returned
+	if !h.ResumedAt.IsZero() && h.ResumedAt.Before(returned) {
+		resumed = h.ResumedAt
+	}
 	dump := ms(h.PostDumpAt.Sub(h.seizeStart))
 	return plan.Timings{
 		FreezeMs:      h.seizeMs,
 		DumpMs:        max(0, dump-h.seizeMs),
 		SnapshotMs:    ms(h.PostDumpDone.Sub(h.PostDumpAt)),
-		ThawMs:        ms(returned.Sub(h.PostDumpDone)),
-		SourcePauseMs: ms(returned.Sub(h.seizeStart)),
+		ThawMs:        ms(resumed.Sub(h.PostDumpDone)),
+		SourcePauseMs: ms(resumed.Sub(h.seizeStart)),
 		CriuFrozenMs:  h.criuHeldMs,
 	}
 }

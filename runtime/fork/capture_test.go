@@ -31,6 +31,16 @@ func TestPauseTimingsAddUp(t *testing.T) {
 	if sum := got.FreezeMs + got.DumpMs + got.SnapshotMs + got.ThawMs; math.Abs(sum-got.SourcePauseMs) > 0.01 {
 		t.Fatalf("parts add up to %.2f, pause %.2f", sum, got.SourcePauseMs)
 	}
+	// CRIU said when the tree ran again: the pause ends there, not at
+	// CRIU's return, which comes after what the tree need not wait for.
+	h.ResumedAt = t0.Add(97 * time.Millisecond)
+	got = pauseTimings(h, t0.Add(160*time.Millisecond))
+	if got.SourcePauseMs != 97 || got.ThawMs != 2 {
+		t.Fatalf("timings %+v with the tree resumed at 97 ms", got)
+	}
+	if sum := got.FreezeMs + got.DumpMs + got.SnapshotMs + got.ThawMs; math.Abs(sum-got.SourcePauseMs) > 0.01 {
+		t.Fatalf("parts add up to %.2f, pause %.2f", sum, got.SourcePauseMs)
+	}
 }
 
 // A dump that failed on a traced process names the process and its tracer
