@@ -178,7 +178,8 @@ func (e *Engine) captureAs(ctx context.Context, src *source, req CaptureRequest,
 	case forkopts.MemoryCow:
 		op.held = &cowCapture{criu: externalCRIU(check)}
 	case forkopts.MemoryTwin:
-		tc := &twinCapture{host: twin, images: plan.ImagesDir(op.dir), branches: req.Fork.BranchStore}
+		tc := &twinCapture{host: twin, images: plan.ImagesDir(op.dir), branches: req.Fork.BranchStore,
+			source: op.src.id, procs: cgroups.ProcsDir(op.src.status.CgroupPath)}
 		if tc.branches == "" {
 			tc.branches = e.Store.Branches
 		}

@@ -148,6 +148,8 @@ type twinCapture struct {
 	// is the tracking taken for it.
 	track    *trackRequest
 	tracking *branchTracking
+	// source and procs name the source and its cgroup's process list.
+	source, procs string
 }
 
 func (c *twinCapture) begin(opts *rpc.CriuOpts, workDir string, conf []string) (dumpSetup, error) {
@@ -181,6 +183,17 @@ func (c *twinCapture) dumpDone() {
 		}
 	}
 	c.col = nil
+	if c.snaps == nil && c.procs != "" {
+		// The plugin parks the twins, and hands them over, only once the
+		// tree runs again: a dump that failed before let its twins go
+		// at the trampoline's exit (criuhooks/criu/twin.c), as zombies
+		// of the source's processes.
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := awaitTwinsGone(ctx, c.source, c.procs, 5*time.Second); err != nil {
+			logrus.Warnf("twin capture: the twins of a failed dump: %v (tclone gc reaps what is left)", err)
+		}
+	}
 }
 
 // take has nothing to do with the twins while CRIU holds the tree: the
@@ -298,7 +311,12 @@ func (e *Engine) plannedMemory(ctx context.Context, p *plan.Plan, dir string, as
 // reaps what such twins left: a dump now would take a twin for a process of
 // the source. It gives up after timeout.
 func waitTwinsGone(ctx context.Context, src *source, timeout time.Duration) error {
-	procs := cgroups.ProcsDir(src.status.CgroupPath)
+	return awaitTwinsGone(ctx, src.id, cgroups.ProcsDir(src.status.CgroupPath), timeout)
+}
+
+// awaitTwinsGone is waitTwinsGone for the source id whose cgroup's
+// processes procs lists.
+func awaitTwinsGone(ctx context.Context, id, procs string, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	for {
 		live, err := lazy.LiveTwins(procs)
@@ -307,12 +325,12 @@ func waitTwinsGone(ctx context.Context, src *source, timeout time.Duration) erro
 		}
 		if len(live) == 0 {
 			if _, err := lazy.ReapTwinZombies(procs); err != nil {
-				return fmt.Errorf("reaping the twins an earlier fork of %s left: %w", src.id, err)
+				return fmt.Errorf("reaping the twins a fork of %s left: %w", id, err)
 			}
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("%s still has %d twins of an earlier fork after %s (its plan's lazy-pages daemon copies their memory out, then ends them): try again, or run tclone gc", src.id, len(live), timeout)
+			return fmt.Errorf("%s still has %d twins of an earlier fork after %s (its plan's lazy-pages daemon copies their memory out, then ends them): try again, or run tclone gc", id, len(live), timeout)
 		}
 		select {
 		case <-ctx.Done():

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
 
 	"github.com/tclone/tclone/criuhooks"
 	"github.com/tclone/tclone/runtime/lazy"
@@ -86,6 +87,55 @@ func twinsUnder(root int) []string {
 		}
 	}
 	return out
+}
+
+// kcmp(2)'s types: the descriptor table, and the root, working directory
+// and umask (fs_struct).
+const (
+	kcmpFiles = 2
+	kcmpFS    = 3
+)
+
+// requireParkedTwins checks every live twin in the tree of root as the
+// source's programs could meet it, parked: in a session of its own, with a
+// descriptor table, a root and a working directory of its own (kcmp), and
+// the root for its working directory. A twin that shared its process's
+// fs_struct would make the process's execve() of a set-user-ID program
+// run without the owner's rights (LSM_UNSAFE_SHARE). It returns how many
+// twins it checked.
+func requireParkedTwins(t *testing.T, root int) int {
+	t.Helper()
+	n := 0
+	for _, tw := range twinsUnder(root) {
+		state, pidText, _ := strings.Cut(tw, " ")
+		pid, _ := strconv.Atoi(pidText)
+		if state == "Z" || state == "X" {
+			continue
+		}
+		st, err := procfs.ReadStat(pid)
+		if err != nil {
+			continue // gone since
+		}
+		for _, k := range []struct {
+			typ  int
+			what string
+		}{{kcmpFiles, "descriptor table"}, {kcmpFS, "root and working directory (fs_struct)"}} {
+			r, _, errno := unix.Syscall6(unix.SYS_KCMP, uintptr(pid), uintptr(st.PPid), uintptr(k.typ), 0, 0, 0)
+			if errno == 0 && r == 0 {
+				t.Errorf("twin %d shares its process %d's %s", pid, st.PPid, k.what)
+			}
+		}
+		if sid, err := unix.Getsid(pid); err == nil && sid != pid {
+			t.Errorf("twin %d is in session %d, not one of its own", pid, sid)
+		}
+		cwd, cerr := os.Readlink(fmt.Sprintf("/proc/%d/cwd", pid))
+		rootDir, rerr := os.Readlink(fmt.Sprintf("/proc/%d/root", pid))
+		if cerr == nil && rerr == nil && cwd != rootDir {
+			t.Errorf("twin %d works in %s, not in its root %s", pid, cwd, rootDir)
+		}
+		n++
+	}
+	return n
 }
 
 // The copy-on-write capture without the module (--memory twin): the source
@@ -376,6 +426,42 @@ func TestTwinDaemonKilledWhileDraining(t *testing.T) {
 	if got := workloadCmd(t, srcExec, "probe", "--hash").MemSHA256; got != want {
 		t.Fatalf("the source's memory changed: %s, want %s", got, want)
 	}
+}
+
+// Twins are parked once the source runs again, and live on while the plan's
+// daemon copies their memory out (slowly here: a pause between chunks).
+// Each, as the source's programs could meet it, keeps to itself
+// (requireParkedTwins); once the plan goes, so do they.
+func TestTwinsParkApartFromTheirProcesses(t *testing.T) {
+	requireBundleStack(t)
+	requireTwins(t)
+	requireNoLeftovers(t)
+	src, _ := twinSource(t, "tpsrc", 64, 0)
+	defer src.remove(t)
+	r := runDetached(t, []string{lazy.EnvChunkPause + "=200ms"}, tcloneBin(), "--log-level", "debug", "fork", "--plan-only", "--memory", "twin", src.id)
+	if r.code != 0 {
+		t.Fatalf("fork --plan-only --memory twin: exit %d: %s", r.code, r.stderr)
+	}
+	planDir := strings.TrimSpace(r.stdout)
+	if n := requireParkedTwins(t, crunPid(t, src.id)); n == 0 {
+		removePlan(planDir)
+		t.Fatal("the source has no live twin while the plan's daemon copies them")
+	}
+	log, err := os.ReadFile(filepath.Join(planDir, "work", "dump.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "parked side by side once the tree ran again"; !strings.Contains(string(log), want) {
+		t.Errorf("the capture's CRIU log does not say %q", want)
+	}
+	removePlan(planDir)
+	eventually(t, time.Minute, "the twins gone with the plan", func() error {
+		if tw := twinsOf(t, src); len(tw) > 0 {
+			return errorf("the source still has twins (state pid): %v", tw)
+		}
+		return nil
+	})
+	requireNoLeftovers(t)
 }
 
 // A CRIU killed while a process of the source sits at the twin plugin's
