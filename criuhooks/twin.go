@@ -42,10 +42,14 @@ type TwinCRIU struct {
 
 // twinMsgSize is sizeof(struct twin_msg) in criuhooks/criu/twin.h.
 const (
-	twinMsgVersion = 3
+	twinMsgVersion = 4
 	twinWhyLen     = 240
 	twinNSMax      = 8
-	twinMsgSize    = 6*4 + twinWhyLen + 4 + 4*twinNSMax + 4
+	twinMsgSize    = 6*4 + twinWhyLen + 4 + 4*twinNSMax + 4 + 4
+	// The messages' kinds: a twin (or why there is none), and a
+	// process's userfaultfd for write tracking.
+	twinKindTwin  = 0
+	twinKindTrack = 1
 	// twinSockBuf is the plugin's send buffer (twinSocket): room for
 	// the messages of some 7000 processes (a queued message takes about
 	// 1.1 KiB of it).
@@ -70,7 +74,8 @@ type Twin struct {
 	Pidfd, Lifeline *os.File
 	// Uffd is a userfaultfd the process made, for write tracking
 	// (TwinDump's track), nil when none was asked for or making it
-	// failed (TrackErr says why).
+	// failed (TrackErr says why). The plugin sends it in a message of its
+	// own (TwinCollector.Uffds), not with the twin.
 	Uffd     *os.File
 	TrackErr error
 	// Clone and Park are what making and parking it added to the pause.
@@ -106,7 +111,7 @@ func TwinDump(opts *rpc.CriuOpts, workDir string, c TwinCRIU, extra ...string) (
 		return nil, nil, err
 	}
 	col := &TwinCollector{recv: os.NewFile(uintptr(fds[0]), "twin socket"), send: fds[1], got: map[int]*Twin{},
-		done: make(chan struct{})}
+		tracks: map[int]*Twin{}, done: make(chan struct{})}
 	go col.gather()
 	// CRIU inherits the plugin's end; the plugin makes it close-on-exec.
 	if _, err := unix.FcntlInt(uintptr(fds[1]), unix.F_SETFD, 0); err != nil {
@@ -158,9 +163,14 @@ type TwinCollector struct {
 
 	closing atomic.Bool
 
-	mu   sync.Mutex
-	got  map[int]*Twin // by process pid
-	errs []error
+	mu  sync.Mutex
+	got map[int]*Twin // by process pid
+	// tracks holds the processes' userfaultfds (TwinDump's track), by
+	// process pid: each in a Twin of its own, with only Pid, Uffd and
+	// TrackErr set. The plugin sends them while CRIU holds the tree, its
+	// twins only once the tree runs again.
+	tracks map[int]*Twin
+	errs   []error
 }
 
 // DumpStarted closes this process's copy of the plugin's end, once CRIU
@@ -200,14 +210,18 @@ func (c *TwinCollector) gather() {
 			c.mu.Unlock()
 			return
 		}
-		t, err := parseTwinMsg(buf[:n], oob[:oobn])
+		t, track, err := parseTwinMsg(buf[:n], oob[:oobn])
+		into := c.got
+		if track {
+			into = c.tracks
+		}
 		if err != nil {
 			c.errs = append(c.errs, err)
 		} else {
-			if old := c.got[t.Pid]; old != nil {
+			if old := into[t.Pid]; old != nil {
 				old.Close()
 			}
-			c.got[t.Pid] = t
+			into[t.Pid] = t
 		}
 		c.mu.Unlock()
 	}
@@ -233,13 +247,15 @@ func (c *TwinCollector) syncLocked() {
 	}
 }
 
-// parseTwinMsg reads one plugin message: a twin, or why there is none.
-func parseTwinMsg(b, oob []byte) (*Twin, error) {
+// parseTwinMsg reads one plugin message: a twin, or why there is none; or,
+// track set, a process's userfaultfd for write tracking, or why there is
+// none (in the Twin's Uffd and TrackErr, with its Pid).
+func parseTwinMsg(b, oob []byte) (t *Twin, track bool, err error) {
 	var files []int
 	if len(oob) > 0 {
 		msgs, err := unix.ParseSocketControlMessage(oob)
 		if err != nil {
-			return nil, fmt.Errorf("twin plugin: %w", err)
+			return nil, false, fmt.Errorf("twin plugin: %w", err)
 		}
 		for _, m := range msgs {
 			if fds, err := unix.ParseUnixRights(&m); err == nil {
@@ -254,7 +270,7 @@ func parseTwinMsg(b, oob []byte) (*Twin, error) {
 	}
 	if len(b) < twinMsgSize {
 		closeFiles()
-		return nil, fmt.Errorf("twin plugin: a message of %d bytes, want %d (the plugin and tclone differ: reinstall both)", len(b), twinMsgSize)
+		return nil, false, fmt.Errorf("twin plugin: a message of %d bytes, want %d (the plugin and tclone differ: reinstall both)", len(b), twinMsgSize)
 	}
 	le := binary.LittleEndian
 	version := le.Uint32(b)
@@ -266,13 +282,21 @@ func parseTwinMsg(b, oob []byte) (*Twin, error) {
 	}
 	if version != twinMsgVersion {
 		closeFiles()
-		return nil, fmt.Errorf("twin plugin speaks version %d, tclone %d: reinstall both", version, twinMsgVersion)
+		return nil, false, fmt.Errorf("twin plugin speaks version %d, tclone %d: reinstall both", version, twinMsgVersion)
 	}
 	ns := b[24+twinWhyLen:]
+	trackVal, kind := int32(le.Uint32(ns[4+4*twinNSMax:])), int32(le.Uint32(ns[8+4*twinNSMax:]))
+	switch {
+	case kind == twinKindTrack:
+		return parseTrackMsg(int(pid), trackVal, files, closeFiles)
+	case kind != twinKindTwin:
+		closeFiles()
+		return nil, false, fmt.Errorf("twin plugin: a message of kind %d (the plugin and tclone differ: reinstall both)", kind)
+	}
 	levels := int(int32(le.Uint32(ns)))
 	if errno == 0 && (levels < 1 || levels > twinNSMax) {
 		closeFiles()
-		return nil, fmt.Errorf("twin plugin: process %d has %d PID namespace levels, want 1 to %d", pid, levels, twinNSMax)
+		return nil, false, fmt.Errorf("twin plugin: process %d has %d PID namespace levels, want 1 to %d", pid, levels, twinNSMax)
 	}
 	var nspid []int
 	for i := 0; i < levels && errno == 0; i++ {
@@ -280,28 +304,36 @@ func parseTwinMsg(b, oob []byte) (*Twin, error) {
 	}
 	if errno != 0 {
 		closeFiles()
-		return nil, &TwinError{Pid: int(pid), Errno: unix.Errno(errno), Why: why}
+		return nil, false, &TwinError{Pid: int(pid), Errno: unix.Errno(errno), Why: why}
 	}
-	track := int32(le.Uint32(ns[4+4*twinNSMax:]))
-	want := 2
-	if track == 1 {
-		want = 3
-	}
-	if len(files) != want {
+	if len(files) != 2 {
 		closeFiles()
-		return nil, fmt.Errorf("twin plugin: the twin of %d came with %d descriptors, want %d", pid, len(files), want)
+		return nil, false, fmt.Errorf("twin plugin: the twin of %d came with %d descriptors, want 2", pid, len(files))
 	}
-	t := &Twin{Pid: int(pid), TwinPid: int(twin), NSpid: nspid,
+	return &Twin{Pid: int(pid), TwinPid: int(twin), NSpid: nspid,
 		Pidfd:    os.NewFile(uintptr(files[0]), fmt.Sprintf("pidfd of twin %d", twin)),
 		Lifeline: os.NewFile(uintptr(files[1]), fmt.Sprintf("lifeline of twin %d", twin)),
-		Clone:    time.Duration(cloneUs) * time.Microsecond, Park: time.Duration(parkUs) * time.Microsecond}
-	switch {
-	case track == 1:
-		t.Uffd = os.NewFile(uintptr(files[2]), fmt.Sprintf("userfaultfd of process %d", pid))
-	case track < 0:
+		Clone:    time.Duration(cloneUs) * time.Microsecond, Park: time.Duration(parkUs) * time.Microsecond}, false, nil
+}
+
+// parseTrackMsg reads a message of the tracking kind: the userfaultfd of
+// process pid (track 1), or why it has none (a negated errno).
+func parseTrackMsg(pid int, track int32, files []int, closeFiles func()) (*Twin, bool, error) {
+	want := 0
+	if track == 1 {
+		want = 1
+	}
+	if track == 0 || track > 1 || len(files) != want {
+		closeFiles()
+		return nil, true, fmt.Errorf("twin plugin: the tracking of %d: %d with %d descriptors (the plugin and tclone differ: reinstall both)", pid, track, len(files))
+	}
+	t := &Twin{Pid: pid}
+	if track == 1 {
+		t.Uffd = os.NewFile(uintptr(files[0]), fmt.Sprintf("userfaultfd of process %d", pid))
+	} else {
 		t.TrackErr = fmt.Errorf("making a userfaultfd in process %d: %w", pid, unix.Errno(-track))
 	}
-	return t, nil
+	return t, true, nil
 }
 
 // TwinError is a process the plugin could not twin, and why.
@@ -335,6 +367,10 @@ func (c *TwinCollector) Close() []*Twin {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	for pid, t := range c.tracks {
+		t.Close()
+		delete(c.tracks, pid)
+	}
 	var left []*Twin
 	for pid, t := range c.got {
 		left = append(left, t)
@@ -343,14 +379,14 @@ func (c *TwinCollector) Close() []*Twin {
 	return left
 }
 
-// Uffds takes the userfaultfds the plugin handed over with the twins
-// (TwinTrackEnv), by process pid, and why it could make none for others.
-// Every twin was sent before CRIU reaches post-dump.
+// Uffds takes the userfaultfds the plugin handed over (TwinTrackEnv), by
+// process pid, and why it could make none for others. The plugin sends
+// them right after the clones, before CRIU reaches post-dump.
 func (c *TwinCollector) Uffds() (map[int]*os.File, map[int]error) {
 	c.syncLocked()
 	defer c.mu.Unlock()
 	uffds, errs := map[int]*os.File{}, map[int]error{}
-	for pid, t := range c.got {
+	for pid, t := range c.tracks {
 		if t.Uffd != nil {
 			uffds[pid], t.Uffd = t.Uffd, nil
 		} else if t.TrackErr != nil {

@@ -42,15 +42,29 @@ func twinMsg(version uint32, pid, twin, errno, cloneUs, parkUs int32, why string
 	return b
 }
 
+// trackMsg is a plugin message of the tracking kind: process pid's
+// userfaultfd (track 1, sent with it), or why it has none (-errno).
+func trackMsg(pid, track int32) []byte {
+	b := twinMsg(twinMsgVersion, pid, 0, 0, 0, 0, "")
+	ns := b[24+twinWhyLen:]
+	binary.LittleEndian.PutUint32(ns, 0)
+	binary.LittleEndian.PutUint32(ns[4+4*twinNSMax:], uint32(track))
+	binary.LittleEndian.PutUint32(ns[8+4*twinNSMax:], twinKindTrack)
+	return b
+}
+
 // The collector takes a twin with its two descriptors, and a refusal with
 // the plugin's reason; a message of another version or size, or a twin
-// without its descriptors, is an error that closes what came with it.
+// without its descriptors, is an error that closes what came with it. A
+// process's userfaultfd, or why it has none, comes in a message of its
+// own, before the twin's: Uffds hands them over.
 func TestTwinCollectorReadsThePluginsMessages(t *testing.T) {
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := &TwinCollector{recv: os.NewFile(uintptr(fds[0]), "recv"), send: fds[1], got: map[int]*Twin{}, done: make(chan struct{})}
+	c := &TwinCollector{recv: os.NewFile(uintptr(fds[0]), "recv"), send: fds[1], got: map[int]*Twin{}, tracks: map[int]*Twin{},
+		done: make(chan struct{})}
 	go c.gather()
 	r, w, err := os.Pipe()
 	if err != nil {
@@ -75,6 +89,14 @@ func TestTwinCollectorReadsThePluginsMessages(t *testing.T) {
 	send(twinMsg(twinMsgVersion, 101, 0, int32(unix.EAGAIN), 0, 0, "clone in process 101 failed: Resource temporarily unavailable"))
 	send(twinMsg(twinMsgVersion+1, 102, 201, 0, 0, 0, ""), r, w)
 	send(twinMsg(twinMsgVersion, 103, 202, 0, 0, 0, ""), r)
+	send(trackMsg(100, 1), w)
+	send(trackMsg(104, -int32(unix.EPERM)))
+	send(trackMsg(105, 1))
+	uffds, trackErrs := c.Uffds()
+	if len(uffds) != 1 || uffds[100] == nil || len(trackErrs) != 1 || !errors.Is(trackErrs[104], unix.EPERM) {
+		t.Fatalf("userfaultfds %v, errors %v: want 100's, and 104's EPERM", uffds, trackErrs)
+	}
+	uffds[100].Close()
 	left := c.Close()
 	if len(left) != 1 || left[0].Pid != 100 || left[0].TwinPid != 200 || left[0].Clone.Microseconds() != 1500 || left[0].Park.Microseconds() != 300 ||
 		len(left[0].NSpid) != 2 || left[0].NSpid[1] != 7 {
@@ -91,6 +113,9 @@ func TestTwinCollectorReadsThePluginsMessages(t *testing.T) {
 	}
 	if !strings.Contains(err.Error(), "came with 1 descriptors") {
 		t.Errorf("a twin without its lifeline was not refused: %v", err)
+	}
+	if !strings.Contains(err.Error(), "the tracking of 105") {
+		t.Errorf("a userfaultfd message without its descriptor was not refused: %v", err)
 	}
 }
 
@@ -165,7 +190,7 @@ func TestTwinMessageNamespaceLevels(t *testing.T) {
 	for _, levels := range []uint32{0, twinNSMax + 1} {
 		b := twinMsg(twinMsgVersion, 100, 200, 0, 0, 0, "")
 		binary.LittleEndian.PutUint32(b[24+twinWhyLen:], levels)
-		if _, err := parseTwinMsg(b, nil); err == nil || !strings.Contains(err.Error(), "PID namespace levels") {
+		if _, _, err := parseTwinMsg(b, nil); err == nil || !strings.Contains(err.Error(), "PID namespace levels") {
 			t.Errorf("%d levels: %v, want a refusal", levels, err)
 		}
 	}

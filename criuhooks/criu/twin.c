@@ -860,7 +860,7 @@ static int park_end(struct twin *t, unsigned long code, struct twin_err *e)
 static int send_twin(pid_t pid, const struct twin *t, const struct twin_err *e)
 {
 	struct twin_msg m = { .version = TWIN_MSG_VERSION, .pid = pid };
-	char cbuf[CMSG_SPACE(3 * sizeof(int))] = {};
+	char cbuf[CMSG_SPACE(2 * sizeof(int))] = {};
 	struct iovec iov = { &m, sizeof(m) };
 	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1 };
 
@@ -868,8 +868,8 @@ static int send_twin(pid_t pid, const struct twin *t, const struct twin_err *e)
 		m.err = e->err;
 		snprintf(m.why, sizeof(m.why), "%s", e->why);
 	} else {
-		int fds[3] = { t->pidfd, t->lifeline, t->uffd };
-		int nfds = t->uffd >= 0 ? 3 : 2;
+		int fds[2] = { t->pidfd, t->lifeline };
+		int nfds = 2;
 		struct cmsghdr *c;
 
 		m.twin = t->pid;
@@ -878,7 +878,6 @@ static int send_twin(pid_t pid, const struct twin *t, const struct twin_err *e)
 		m.park_us = 0;
 		m.nslevels = t->nslevels;
 		memcpy(m.nspid, t->nspid, sizeof(m.nspid));
-		m.track = t->track;
 		mh.msg_control = cbuf;
 		mh.msg_controllen = CMSG_SPACE(nfds * sizeof(int));
 		c = CMSG_FIRSTHDR(&mh);
@@ -888,6 +887,40 @@ static int send_twin(pid_t pid, const struct twin *t, const struct twin_err *e)
 		memcpy(CMSG_DATA(c), fds, nfds * sizeof(int));
 	}
 	return sendmsg(twin_sock, &mh, MSG_NOSIGNAL) == sizeof(m) ? 0 : -1;
+}
+
+/*
+ * send_track hands tclone the userfaultfd make_uffd took for process pid,
+ * or says why there is none, while CRIU holds the tree: tclone starts or
+ * re-arms its write tracking in its post-dump hook. The plugin's copy is
+ * closed either way; a process whose message is lost is only untracked.
+ */
+static void send_track(pid_t pid, struct twin *t)
+{
+	struct twin_msg m = { .version = TWIN_MSG_VERSION, .pid = pid, .kind = TWIN_KIND_TRACK, .track = t->track };
+	char cbuf[CMSG_SPACE(sizeof(int))] = {};
+	struct iovec iov = { &m, sizeof(m) };
+	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1 };
+
+	if (!t->track)
+		return;
+	if (t->uffd >= 0) {
+		struct cmsghdr *c;
+
+		mh.msg_control = cbuf;
+		mh.msg_controllen = CMSG_SPACE(sizeof(int));
+		c = CMSG_FIRSTHDR(&mh);
+		c->cmsg_level = SOL_SOCKET;
+		c->cmsg_type = SCM_RIGHTS;
+		c->cmsg_len = CMSG_LEN(sizeof(int));
+		memcpy(CMSG_DATA(c), &t->uffd, sizeof(int));
+	}
+	if (sendmsg(twin_sock, &mh, MSG_NOSIGNAL) != sizeof(m))
+		twin_error("cannot hand the userfaultfd of %d to tclone: %s", pid, strerror(errno));
+	if (t->uffd >= 0)
+		close(t->uffd);
+	t->uffd = -1;
+	t->track = 0;
 }
 
 /*
@@ -1110,6 +1143,7 @@ static int keep(struct job *j)
 		job_send(j);
 		return -1;
 	}
+	send_track(j->pid, &j->t);
 	pending = p;
 	pending[npending++] = *j;
 	return 0;

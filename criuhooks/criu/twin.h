@@ -1,7 +1,10 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * What tclone's twin plugin tells tclone, one SOCK_SEQPACKET message per
- * process of the dumped tree. criuhooks/twin.go reads the same layout.
+ * What tclone's twin plugin tells tclone, SOCK_SEQPACKET messages: for each
+ * process of the dumped tree, its twin (or why there is none), once the
+ * tree runs again, and before that, while CRIU holds the tree, the
+ * process's userfaultfd where write tracking is asked for.
+ * criuhooks/twin.go reads the same layout.
  */
 #ifndef TCLONE_TWIN_H
 #define TCLONE_TWIN_H
@@ -17,7 +20,7 @@
  */
 #define TWIN_TRACK_ENV "TCLONE_TWIN_TRACK"
 
-#define TWIN_MSG_VERSION 3
+#define TWIN_MSG_VERSION 4
 #define TWIN_WHY_LEN 240
 /* The PID namespace levels a message carries, from the host's down. */
 #define TWIN_NS_MAX 8
@@ -38,15 +41,22 @@ struct twin_msg {
 	int32_t nslevels;
 	int32_t nspid[TWIN_NS_MAX];
 	/*
-	 * With a twin: 1 when a userfaultfd of the process's follows its
-	 * descriptors, 0 when none was asked for, an errno value (negated)
-	 * when making it failed.
+	 * TWIN_KIND_TRACK: 1 when the process's userfaultfd comes with the
+	 * message, an errno value (negated) when making it failed. 0 in a
+	 * TWIN_KIND_TWIN message.
 	 */
 	int32_t track;
 	/*
-	 * With a twin: SCM_RIGHTS carries its pidfd, then its lifeline (the
-	 * pipe's write end), then the process's userfaultfd (track 1).
+	 * TWIN_KIND_TWIN: the twin, or err; SCM_RIGHTS carries its pidfd,
+	 * then its lifeline (the pipe's write end). TWIN_KIND_TRACK: sent
+	 * while CRIU holds the tree (tclone reads and re-arms the tracking in
+	 * its post-dump hook), before the twin's; SCM_RIGHTS carries the
+	 * userfaultfd (track 1).
 	 */
+	int32_t kind;
 };
+
+#define TWIN_KIND_TWIN 0
+#define TWIN_KIND_TRACK 1
 
 #endif
