@@ -130,9 +130,9 @@ twin_tramp_park:
 	movl	$112, %eax			/* setsid */
 	step	3
 	/*
-	 * A root and working directory of its own, the working directory the
-	 * root: the process's shared with the twin would make its execve() of
-	 * a set-user-ID program run without the program's owner
+	 * A root and working directory of its own, working in the root: while
+	 * the twin shared the process's, the process's execve() of a
+	 * set-user-ID program would run without its owner's rights
 	 * (LSM_UNSAFE_SHARE), and the twin would keep the process's working
 	 * directory, and its mount, in use.
 	 */
