@@ -45,7 +45,10 @@ const (
 	twinMsgVersion = 4
 	twinWhyLen     = 240
 	twinNSMax      = 8
-	twinMsgSize    = 6*4 + twinWhyLen + 4 + 4*twinNSMax + 4 + 4
+	twinMsgSize    = twinWhyOff + twinWhyLen + 4 + 4*twinNSMax + 4 + 4
+	// twinWhyOff is where the message's why starts, after its five
+	// 32-bit fields.
+	twinWhyOff = 5 * 4
 	// The messages' kinds: a twin (or why there is none), and a
 	// process's userfaultfd for write tracking.
 	twinKindTwin  = 0
@@ -78,8 +81,9 @@ type Twin struct {
 	// own (TwinCollector.Uffds), not with the twin.
 	Uffd     *os.File
 	TrackErr error
-	// Clone and Park are what making and parking it added to the pause.
-	Clone, Park time.Duration
+	// Clone is what making it added to the pause (the plugin parks
+	// it once the tree runs again).
+	Clone time.Duration
 }
 
 // Close closes the twin's descriptors; it dies once no copy of its
@@ -275,8 +279,8 @@ func parseTwinMsg(b, oob []byte) (t *Twin, track bool, err error) {
 	le := binary.LittleEndian
 	version := le.Uint32(b)
 	pid, twin, errno := int32(le.Uint32(b[4:])), int32(le.Uint32(b[8:])), int32(le.Uint32(b[12:]))
-	cloneUs, parkUs := int32(le.Uint32(b[16:])), int32(le.Uint32(b[20:]))
-	why := string(b[24 : 24+twinWhyLen])
+	cloneUs := int32(le.Uint32(b[16:]))
+	why := string(b[twinWhyOff : twinWhyOff+twinWhyLen])
 	if i := strings.IndexByte(why, 0); i >= 0 {
 		why = why[:i]
 	}
@@ -284,7 +288,7 @@ func parseTwinMsg(b, oob []byte) (t *Twin, track bool, err error) {
 		closeFiles()
 		return nil, false, fmt.Errorf("twin plugin speaks version %d, tclone %d: reinstall both", version, twinMsgVersion)
 	}
-	ns := b[24+twinWhyLen:]
+	ns := b[twinWhyOff+twinWhyLen:]
 	trackVal, kind := int32(le.Uint32(ns[4+4*twinNSMax:])), int32(le.Uint32(ns[8+4*twinNSMax:]))
 	switch {
 	case kind == twinKindTrack:
@@ -313,7 +317,7 @@ func parseTwinMsg(b, oob []byte) (t *Twin, track bool, err error) {
 	return &Twin{Pid: int(pid), TwinPid: int(twin), NSpid: nspid,
 		Pidfd:    os.NewFile(uintptr(files[0]), fmt.Sprintf("pidfd of twin %d", twin)),
 		Lifeline: os.NewFile(uintptr(files[1]), fmt.Sprintf("lifeline of twin %d", twin)),
-		Clone:    time.Duration(cloneUs) * time.Microsecond, Park: time.Duration(parkUs) * time.Microsecond}, false, nil
+		Clone:    time.Duration(cloneUs) * time.Microsecond}, false, nil
 }
 
 // parseTrackMsg reads a message of the tracking kind: the userfaultfd of
@@ -477,7 +481,7 @@ func (c *TwinCollector) Take(root int, imagesDir string) (*TwinSnapshots, error)
 		delete(c.got, t.Pid)
 		s.Twins[pid] = t
 		s.Files[pid] = mem
-		s.Took += t.Clone + t.Park
+		s.Took += t.Clone
 	}
 	return s, nil
 }

@@ -23,18 +23,18 @@ import (
 
 // twinMsg is a plugin message as twin.h lays it out, with nspid the
 // process's pids from the host's PID namespace down (pid first).
-func twinMsg(version uint32, pid, twin, errno, cloneUs, parkUs int32, why string, nspid ...int32) []byte {
+func twinMsg(version uint32, pid, twin, errno, cloneUs int32, why string, nspid ...int32) []byte {
 	b := make([]byte, twinMsgSize)
 	le := binary.LittleEndian
 	le.PutUint32(b, version)
-	for i, v := range []int32{pid, twin, errno, cloneUs, parkUs} {
+	for i, v := range []int32{pid, twin, errno, cloneUs} {
 		le.PutUint32(b[4+4*i:], uint32(v))
 	}
-	copy(b[24:], why)
+	copy(b[twinWhyOff:], why)
 	if errno == 0 && len(nspid) == 0 {
 		nspid = []int32{pid}
 	}
-	ns := b[24+twinWhyLen:]
+	ns := b[twinWhyOff+twinWhyLen:]
 	le.PutUint32(ns, uint32(len(nspid)))
 	for i, v := range nspid {
 		le.PutUint32(ns[4+4*i:], uint32(v))
@@ -45,8 +45,8 @@ func twinMsg(version uint32, pid, twin, errno, cloneUs, parkUs int32, why string
 // trackMsg is a plugin message of the tracking kind: process pid's
 // userfaultfd (track 1, sent with it), or why it has none (-errno).
 func trackMsg(pid, track int32) []byte {
-	b := twinMsg(twinMsgVersion, pid, 0, 0, 0, 0, "")
-	ns := b[24+twinWhyLen:]
+	b := twinMsg(twinMsgVersion, pid, 0, 0, 0, "")
+	ns := b[twinWhyOff+twinWhyLen:]
 	binary.LittleEndian.PutUint32(ns, 0)
 	binary.LittleEndian.PutUint32(ns[4+4*twinNSMax:], uint32(track))
 	binary.LittleEndian.PutUint32(ns[8+4*twinNSMax:], twinKindTrack)
@@ -85,10 +85,10 @@ func TestTwinCollectorReadsThePluginsMessages(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	send(twinMsg(twinMsgVersion, 100, 200, 0, 1500, 300, "", 100, 7), r, w)
-	send(twinMsg(twinMsgVersion, 101, 0, int32(unix.EAGAIN), 0, 0, "clone in process 101 failed: Resource temporarily unavailable"))
-	send(twinMsg(twinMsgVersion+1, 102, 201, 0, 0, 0, ""), r, w)
-	send(twinMsg(twinMsgVersion, 103, 202, 0, 0, 0, ""), r)
+	send(twinMsg(twinMsgVersion, 100, 200, 0, 1500, "", 100, 7), r, w)
+	send(twinMsg(twinMsgVersion, 101, 0, int32(unix.EAGAIN), 0, "clone in process 101 failed: Resource temporarily unavailable"))
+	send(twinMsg(twinMsgVersion+1, 102, 201, 0, 0, ""), r, w)
+	send(twinMsg(twinMsgVersion, 103, 202, 0, 0, ""), r)
 	send(trackMsg(100, 1), w)
 	send(trackMsg(104, -int32(unix.EPERM)))
 	send(trackMsg(105, 1))
@@ -98,7 +98,7 @@ func TestTwinCollectorReadsThePluginsMessages(t *testing.T) {
 	}
 	uffds[100].Close()
 	left := c.Close()
-	if len(left) != 1 || left[0].Pid != 100 || left[0].TwinPid != 200 || left[0].Clone.Microseconds() != 1500 || left[0].Park.Microseconds() != 300 ||
+	if len(left) != 1 || left[0].Pid != 100 || left[0].TwinPid != 200 || left[0].Clone.Microseconds() != 1500 ||
 		len(left[0].NSpid) != 2 || left[0].NSpid[1] != 7 {
 		t.Fatalf("twins gathered: %+v, want the twin of 100", left)
 	}
@@ -137,7 +137,7 @@ func TestTwinSocketQueuesAThousandProcesses(t *testing.T) {
 	defer w.Close()
 	rights := unix.UnixRights(int(r.Fd()), int(w.Fd()))
 	for i := range 1000 {
-		msg := twinMsg(twinMsgVersion, int32(100+i), int32(5000+i), 0, 0, 0, "")
+		msg := twinMsg(twinMsgVersion, int32(100+i), int32(5000+i), 0, 0, "")
 		if err := unix.Sendmsg(fds[1], msg, rights, nil, unix.MSG_DONTWAIT); err != nil {
 			t.Fatalf("message %d: %v: the plugin would wait for tclone while CRIU holds the tree", i+1, err)
 		}
@@ -188,8 +188,8 @@ func TestCheckTwinnable(t *testing.T) {
 // the plugin sends, is refused.
 func TestTwinMessageNamespaceLevels(t *testing.T) {
 	for _, levels := range []uint32{0, twinNSMax + 1} {
-		b := twinMsg(twinMsgVersion, 100, 200, 0, 0, 0, "")
-		binary.LittleEndian.PutUint32(b[24+twinWhyLen:], levels)
+		b := twinMsg(twinMsgVersion, 100, 200, 0, 0, "")
+		binary.LittleEndian.PutUint32(b[twinWhyOff+twinWhyLen:], levels)
 		if _, _, err := parseTwinMsg(b, nil); err == nil || !strings.Contains(err.Error(), "PID namespace levels") {
 			t.Errorf("%d levels: %v, want a refusal", levels, err)
 		}

@@ -874,8 +874,6 @@ static int send_twin(pid_t pid, const struct twin *t, const struct twin_err *e)
 
 		m.twin = t->pid;
 		m.clone_us = (int32_t)(t->clone_ms * 1000);
-		/* Parked once the tree ran again: none of it was in the pause. */
-		m.park_us = 0;
 		m.nslevels = t->nslevels;
 		memcpy(m.nspid, t->nspid, sizeof(m.nspid));
 		mh.msg_control = cbuf;

@@ -30,8 +30,7 @@ struct twin_msg {
 	int32_t pid;  /* the process, as CRIU sees it (CRIU's PID namespace) */
 	int32_t twin; /* its twin, likewise; 0 with err */
 	int32_t err;  /* an errno value when no twin was made */
-	int32_t clone_us; /* the clone, in the process's pause */
-	int32_t park_us;  /* parking the twin, likewise: 0 when parked after it */
+	int32_t clone_us; /* the clone, in the process's pause (parking comes after it) */
 	char why[TWIN_WHY_LEN];
 	/*
 	 * With a twin: the process's pid at each level of its PID namespaces

@@ -188,9 +188,7 @@ func (c *twinCapture) dumpDone() {
 		// tree runs again: a dump that failed before let its twins go
 		// at the trampoline's exit (criuhooks/criu/twin.c), as zombies
 		// of the source's processes.
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		if err := awaitTwinsGone(ctx, c.source, c.procs, 5*time.Second); err != nil {
+		if err := awaitTwinsGone(context.Background(), c.source, c.procs, 5*time.Second); err != nil {
 			logrus.Warnf("twin capture: the twins of a failed dump: %v (tclone gc reaps what is left)", err)
 		}
 	}
