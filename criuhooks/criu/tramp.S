@@ -12,9 +12,9 @@
  *    it was: the process goes on as if nothing had happened;
  *  - in the twin (the clone returned 0), it names the twin "tclone-twin"
  *    and exits: the twin never runs the process's code.
- * The plugin's other calls in the process (its userfaultfd, for write
- * tracking) run at twin_tramp_call, which puts the process back whatever
- * the call returned: a 0 there is no twin.
+ * The plugin's other call in the process (its userfaultfd, for write
+ * tracking) runs at twin_tramp_uffd, which closes what the call made and
+ * puts the process back whatever the call returned: a 0 there is no twin.
  * The twin's parking runs here too (twin_tramp_park): the plugin points
  * the twin at it once the twin is traced and dies with CRIU, and the twin
  * makes itself harmless with its own system calls, one after another,
@@ -49,11 +49,11 @@
 	.text
 	.globl	twin_tramp_start, twin_tramp_end
 	.globl	twin_tramp_parent, twin_tramp_mask, twin_tramp_regs, twin_tramp_name, twin_tramp_park, twin_tramp_park_stop
-	.globl	twin_tramp_call
+	.globl	twin_tramp_uffd
 	/* Not for any other object: references stay PC-relative. */
 	.hidden	twin_tramp_start, twin_tramp_end
 	.hidden	twin_tramp_parent, twin_tramp_mask, twin_tramp_regs, twin_tramp_name, twin_tramp_park, twin_tramp_park_stop
-	.hidden	twin_tramp_call
+	.hidden	twin_tramp_uffd
 
 /*
  * A parking step: the call whose number and arguments are loaded, with
@@ -111,7 +111,18 @@ twin_tramp_start:
 	syscall
 	ud2
 
-twin_tramp_call:
+/*
+ * The process's userfaultfd (make_uffd() in twin.c): the call, the close
+ * of the descriptor it made, and back. The plugin takes the descriptor at
+ * the call's exit and lets the thread on through the close: a CRIU that
+ * dies anywhere from the call on leaves no descriptor in the process.
+ */
+twin_tramp_uffd:
+	syscall
+	testq	%rax, %rax
+	js	2b
+	movq	%rax, %rdi
+	movl	$3, %eax			/* close */
 	syscall
 	jmp	2b
 

@@ -115,7 +115,7 @@ extern void print_on_level(unsigned int loglevel, const char *format, ...) __att
 /* tramp.S: the code every system call runs at, with its data. */
 extern const unsigned char twin_tramp_start[], twin_tramp_end[];
 extern const unsigned char twin_tramp_parent[], twin_tramp_mask[], twin_tramp_regs[], twin_tramp_name[];
-extern const unsigned char twin_tramp_park[], twin_tramp_park_stop[], twin_tramp_call[];
+extern const unsigned char twin_tramp_park[], twin_tramp_park_stop[], twin_tramp_uffd[];
 #define TRAMP_LEN ((size_t)(twin_tramp_end - twin_tramp_start))
 #define TRAMP_OFF(sym) ((size_t)((sym) - twin_tramp_start))
 
@@ -164,8 +164,10 @@ static int track_init(const char *path)
 /*
  * test_stall waits where TCLONE_TWIN_TEST_STALL (POINT:MS) says, for the
  * tests that kill CRIU there: "after-clone" (the process at the trampoline,
- * its twin just born), "uffd" (the process at the trampoline after its
- * userfaultfd's calls) or "parking" (the twin half parked). It says so in
+ * its twin just born), "uffd-open" (the process at the trampoline, its
+ * userfaultfd made and not closed yet), "uffd" (the process at the
+ * trampoline after its userfaultfd's calls) or "parking" (the twin half
+ * parked). It says so in
  * CRIU's log first, as a warning: a capture's log keeps warnings and
  * errors only, unless tclone runs at debug level.
  */
@@ -313,23 +315,6 @@ static int inject(pid_t tid, const struct user_regs_struct *orig, unsigned long 
 	return inject_end(tid, &stops, ret, e);
 }
 
-/* call is inject for calls whose failure fails the twin. */
-static long call(pid_t tid, const struct user_regs_struct *orig, unsigned long site, struct twin_err *e, long nr,
-		 unsigned long a1, unsigned long a2, unsigned long a3, unsigned long a4, unsigned long a5,
-		 unsigned long a6)
-{
-	long ret = 0;
-
-	if (inject(tid, orig, site, &ret, e, nr, a1, a2, a3, a4, a5, a6))
-		return -1;
-	if (ret < 0 && ret > -4096) {
-		fail(e, (int)-ret, "system call %ld in %d failed: %s", nr, tid, strerror((int)-ret));
-		return -1;
-	}
-	return ret;
-}
-
-#define CALL(tid, regs, site, e, nr, ...) call(tid, regs, site, e, nr, ##__VA_ARGS__)
 #define A1(a) (unsigned long)(a), 0, 0, 0, 0, 0
 
 /*
@@ -524,18 +509,22 @@ struct twin {
  * trampoline, takes it into t->uffd and closes it in the process again.
  * It is user-mode only, which a process without CAP_SYS_PTRACE may make
  * where vm.unprivileged_userfaultfd is 0, and which write-protect-async
- * tracking works with. A call that fails only leaves the process
- * untracked; an injection that fails, or a close that does, fails the
- * twin, since the process might keep a descriptor of tclone's.
+ * tracking works with. The close is the trampoline's own (twin_tramp_uffd):
+ * the thread goes on through it from the call's exit, so that a CRIU that
+ * dies once the call has returned leaves no descriptor in the process (an
+ * injected close left it there, and the process's next dump failed on it).
+ * A call that fails only leaves the process untracked; an injection that
+ * fails, or a close that does, fails the twin, since the process might
+ * keep a descriptor of tclone's.
  */
 static int make_uffd(pid_t pid, pid_t tid, const struct user_regs_struct *regs, unsigned long site, struct twin *t,
 		     struct twin_err *e)
 {
-	long fd = -1;
-	int pidfd;
+	long fd = -1, ret = 0;
+	int pidfd, stops = 0;
 
 	/* A CRIU that dies while the thread is at these calls lets it go on there, put back. */
-	site += TRAMP_OFF(twin_tramp_call);
+	site += TRAMP_OFF(twin_tramp_uffd);
 	/* A failed injection may have made the descriptor: it fails the twin. */
 	if (inject(tid, regs, site, &fd, e, __NR_userfaultfd, A1(O_CLOEXEC | O_NONBLOCK | 1 /* UFFD_USER_MODE_ONLY */)))
 		return -1;
@@ -551,7 +540,10 @@ static int make_uffd(pid_t pid, pid_t tid, const struct user_regs_struct *regs, 
 	}
 	t->track = t->uffd >= 0 ? 1 : -errno;
 	twin_info("process %d: a userfaultfd for write tracking (%s)", pid, t->uffd >= 0 ? "taken" : strerror(-t->track));
-	if (CALL(tid, regs, site, e, __NR_close, A1(fd)) < 0) {
+	test_stall("uffd-open");
+	/* On through the trampoline's close, to its exit. */
+	if (inject_go(tid, e) || inject_end(tid, &stops, &ret, e) ||
+	    (ret < 0 && fail(e, (int)-ret, "closing the userfaultfd %ld of process %d: %s", fd, pid, strerror((int)-ret)))) {
 		if (t->uffd >= 0)
 			close(t->uffd);
 		t->uffd = -1;

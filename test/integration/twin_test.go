@@ -4,6 +4,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"math/rand"
 	"os"
 	"path/filepath"
@@ -475,19 +476,23 @@ func TestTwinsParkApartFromTheirProcesses(t *testing.T) {
 // trampoline after the calls of a branch's write tracking (the plugin made
 // a userfaultfd there, and closed it; TCLONE_TWIN_TRACK asks for them
 // here): the close's 0, at the clone's own address, once sent the thread
-// down the twin's way out, and the source lost it (found by review). After
-// each round every thread of the source is there, nothing of a twin is
-// left once tclone gc has run, and the source runs on.
+// down the twin's way out, and the source lost it (found by review). And
+// with a CRIU killed between that userfaultfd and its close: the process
+// kept the descriptor, and its next dump failed on it (found by review).
+// After each round every thread of the source is there, no process of it
+// holds a userfaultfd it did not hold before, nothing of a twin is left
+// once tclone gc has run, and the source runs on.
 func TestTwinCaptureAfterCRIUKilledAtTheTrampoline(t *testing.T) {
 	requireStack(t)
 	requireTwins(t)
 	n, pid := workloadOf(t, 16)
 	before := threadsOf(pid)
+	uffdsBefore := userfaultfdsUnder(pid)
 	// Each trampoline left used to push the next one further into the
 	// padding, until none fitted: several rounds.
-	for round, point := range []string{"after-clone", "parking", "uffd", "after-clone", "parking", "uffd", "after-clone"} {
+	for round, point := range []string{"after-clone", "parking", "uffd", "uffd-open", "after-clone", "parking", "uffd", "uffd-open", "after-clone"} {
 		t.Setenv("TCLONE_TWIN_TEST_STALL", point+":20000")
-		if point == "uffd" {
+		if strings.HasPrefix(point, "uffd") {
 			t.Setenv(criuhooks.TwinTrackEnv, "")
 		}
 		// Only this round's capture log: an earlier round's may be left.
@@ -520,6 +525,9 @@ func TestTwinCaptureAfterCRIUKilledAtTheTrampoline(t *testing.T) {
 				}
 			}
 		}
+		if got := userfaultfdsUnder(pid); !maps.Equal(got, uffdsBefore) {
+			t.Fatalf("round %d (%s): the source's userfaultfd descriptors (process: descriptors) after CRIU was killed: %v, before: %v", round, point, got, uffdsBefore)
+		}
 		// Dead before any clean-up: it died with CRIU, or ran its exit.
 		eventually(t, 10*time.Second, "the twin dead with CRIU", func() error {
 			for _, tw := range twinsUnder(pid) {
@@ -547,6 +555,25 @@ func TestTwinCaptureAfterCRIUKilledAtTheTrampoline(t *testing.T) {
 		t.Fatalf("the twin capture after the killed one: exit %d: %s", r.code, r.stderr)
 	}
 	requireSourceRuns(t, n)
+}
+
+// userfaultfdsUnder gives, for every process of the tree of root that
+// holds userfaultfd descriptors, their numbers.
+func userfaultfdsUnder(root int) map[int]string {
+	out := map[int]string{}
+	for _, p := range processTreeOf(root) {
+		fds, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", p))
+		var held []string
+		for _, fd := range fds {
+			if l, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", p, fd.Name())); err == nil && l == "anon_inode:[userfaultfd]" {
+				held = append(held, fd.Name())
+			}
+		}
+		if len(held) > 0 {
+			out[p] = strings.Join(held, ",")
+		}
+	}
+	return out
 }
 
 // threadsOf gives, for every process of the tree of root, its threads'
