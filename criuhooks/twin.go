@@ -308,7 +308,7 @@ func parseTwinMsg(b, oob []byte) (t *Twin, track bool, err error) {
 	}
 	if errno != 0 {
 		closeFiles()
-		return nil, false, &TwinError{Pid: int(pid), Errno: unix.Errno(errno), Why: why}
+		return nil, false, &TwinError{Pid: int(pid), Errno: unix.Errno(errno), Why: why, Killed: int(twin)}
 	}
 	if len(files) != 2 {
 		closeFiles()
@@ -345,6 +345,10 @@ type TwinError struct {
 	Pid   int
 	Errno unix.Errno
 	Why   string
+	// Killed is the twin the plugin made and then killed, 0 if none.
+	// Killed before it named itself, it is a zombie of process Pid's that
+	// nothing tells from a child of the process's own: see KilledTwins.
+	Killed int
 }
 
 func (e *TwinError) Error() string {
@@ -398,6 +402,21 @@ func (c *TwinCollector) Uffds() (map[int]*os.File, map[int]error) {
 		}
 	}
 	return uffds, errs
+}
+
+// KilledTwins lists the failures the plugin reported with a twin it
+// killed (TwinError.Killed), whose zombies are the caller's to reap.
+func (c *TwinCollector) KilledTwins() []*TwinError {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []*TwinError
+	for _, err := range c.errs {
+		var te *TwinError
+		if errors.As(err, &te) && te.Killed > 0 {
+			out = append(out, te)
+		}
+	}
+	return out
 }
 
 // Err is the first failure the plugin reported, if any.

@@ -54,8 +54,9 @@ func trackMsg(pid, track int32) []byte {
 }
 
 // The collector takes a twin with its two descriptors, and a refusal with
-// the plugin's reason; a message of another version or size, or a twin
-// without its descriptors, is an error that closes what came with it. A
+// the plugin's reason (and the twin it killed, if any: KilledTwins); a
+// message of another version or size, or a twin without its descriptors,
+// is an error that closes what came with it. A
 // process's userfaultfd, or why it has none, comes in a message of its
 // own, before the twin's: Uffds hands them over.
 func TestTwinCollectorReadsThePluginsMessages(t *testing.T) {
@@ -87,6 +88,7 @@ func TestTwinCollectorReadsThePluginsMessages(t *testing.T) {
 	}
 	send(twinMsg(twinMsgVersion, 100, 200, 0, 1500, "", 100, 7), r, w)
 	send(twinMsg(twinMsgVersion, 101, 0, int32(unix.EAGAIN), 0, "clone in process 101 failed: Resource temporarily unavailable"))
+	send(twinMsg(twinMsgVersion, 106, 206, int32(unix.ESRCH), 0, "waiting for the twin 206: No such process"))
 	send(twinMsg(twinMsgVersion+1, 102, 201, 0, 0, ""), r, w)
 	send(twinMsg(twinMsgVersion, 103, 202, 0, 0, ""), r)
 	send(trackMsg(100, 1), w)
@@ -107,6 +109,9 @@ func TestTwinCollectorReadsThePluginsMessages(t *testing.T) {
 	var te *TwinError
 	if !errors.As(err, &te) || te.Pid != 101 || !errors.Is(err, unix.EAGAIN) || !strings.Contains(err.Error(), "Resource temporarily unavailable") {
 		t.Fatalf("the refusal: %v, want process 101's EAGAIN with the plugin's reason", err)
+	}
+	if k := c.KilledTwins(); len(k) != 1 || k[0].Pid != 106 || k[0].Killed != 206 {
+		t.Errorf("the twins the plugin killed: %+v, want 106's twin 206 alone", k)
 	}
 	if !strings.Contains(err.Error(), "speaks version") {
 		t.Errorf("a message of another version was not refused: %v", err)

@@ -501,8 +501,21 @@ struct twin {
 	int lifeline; /* the write end of the twin's pipe */
 	int uffd;     /* the process's userfaultfd, for write tracking */
 	int track;    /* twin_msg's track */
+	pid_t killed; /* a twin the plugin made and killed (kill_twin) */
 	double clone_ms, park_ms;
 };
+
+/*
+ * kill_twin kills the twin pid of a job that failed. Killed before it
+ * names itself, it leaves a zombie no one can tell from a child of its
+ * process's own (its process's name, no exit signal): the job's message
+ * names it, and tclone reaps it.
+ */
+static void kill_twin(struct twin *t, pid_t pid)
+{
+	kill(pid, SIGKILL);
+	t->killed = pid;
+}
 
 /*
  * make_uffd makes a userfaultfd in process pid, by thread tid at the
@@ -725,17 +738,17 @@ static int clone_end(struct job *j)
 	    ptrace(PTRACE_SETREGS, j->tid, NULL, &j->resume)) {
 		fail(e, errno, "putting process %d back as it was: %s", j->pid, strerror(errno));
 		if (child > 0)
-			kill(child, SIGKILL);
+			kill_twin(&j->t, child);
 		return -1;
 	}
 	/* The twin has its own copy of the page by now (the clone shared it). */
 	if (poke(j->pid, j->site, zeros, TRAMP_LEN, e) && child > 0) {
-		kill(child, SIGKILL);
+		kill_twin(&j->t, child);
 		return -1;
 	}
 	if (child <= 0 || e->err) {
 		if (child > 0)
-			kill(child, SIGKILL);
+			kill_twin(&j->t, child);
 		return -1;
 	}
 	/*
@@ -746,7 +759,11 @@ static int clone_end(struct job *j)
 	 * it running.
 	 */
 	if (wait_stop(child, &status, e)) {
-		kill(child, SIGKILL);
+		char why[TWIN_WHY_LEN];
+
+		snprintf(why, sizeof(why), "%s", e->why);
+		fail(e, e->err, "the twin %ld of process %d, at its birth: %s", child, j->pid, why);
+		kill_twin(&j->t, child);
 		return -1;
 	}
 	j->t.pid = child;
@@ -858,6 +875,7 @@ static int send_twin(pid_t pid, const struct twin *t, const struct twin_err *e)
 
 	if (e) {
 		m.err = e->err;
+		m.twin = t->killed;
 		snprintf(m.why, sizeof(m.why), "%s", e->why);
 	} else {
 		int fds[2] = { t->pidfd, t->lifeline };
@@ -932,7 +950,7 @@ static int job_park(struct job *j)
 	j->ret = 0;
 	return 0;
 fail:
-	kill(j->t.pid, SIGKILL);
+	kill_twin(&j->t, j->t.pid);
 	return -1;
 }
 
@@ -1231,7 +1249,7 @@ static int twin_resumed(void)
 	clock_gettime(CLOCK_MONOTONIC, &t0);
 	for (int i = 0; i < npending; i++)
 		if (!pending[i].e.err && park_begin(&pending[i].t, pending[i].site, &pending[i].e))
-			kill(pending[i].t.pid, SIGKILL);
+			kill_twin(&pending[i].t, pending[i].t.pid);
 	for (int i = 0; i < npending; i++)
 		if (!pending[i].e.err && !job_park(&pending[i]))
 			made++;

@@ -28,7 +28,11 @@
 struct twin_msg {
 	uint32_t version;
 	int32_t pid;  /* the process, as CRIU sees it (CRIU's PID namespace) */
-	int32_t twin; /* its twin, likewise; 0 with err */
+	/*
+	 * Its twin, likewise. With err: the twin the plugin made and killed,
+	 * whose zombie tclone reaps (its process's name, no exit signal), or 0.
+	 */
+	int32_t twin;
 	int32_t err;  /* an errno value when no twin was made */
 	int32_t clone_us; /* the clone, in the process's pause (parking comes after it) */
 	char why[TWIN_WHY_LEN];

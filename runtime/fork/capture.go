@@ -433,10 +433,11 @@ func (op *captureOp) dump(ctx context.Context, opts forkopts.Dumped) (*dumped, e
 	err = criuhooks.Dump(ctx, criuhooks.Request{
 		CriuPath: criuPath, Env: append(op.check.Env(), setup.env...), Opts: criuOpts, LogPath: logPath,
 	}, hooks)
+	// Why the plugin made the dump fail comes first (joined below, once
+	// the error names where the log is kept).
+	var heldErr error
 	if err != nil && op.held != nil {
-		if herr := op.held.dumpErr(); herr != nil {
-			err = fmt.Errorf("%w: %w", herr, err)
-		}
+		heldErr = op.held.dumpErr()
 	}
 	returned := time.Now()
 	crashPoint(CrashDumpDone)
@@ -459,6 +460,9 @@ func (op *captureOp) dump(ctx context.Context, opts forkopts.Dumped) (*dumped, e
 		var cerr *criuhooks.Error
 		if errors.As(err, &cerr) {
 			cerr.LogPath = op.e.keepLog(logPath, "dump", src.id)
+		}
+		if heldErr != nil {
+			err = fmt.Errorf("%w: %w", heldErr, err)
 		}
 		return nil, explainDumpError(src.id, err, timeout)
 	}

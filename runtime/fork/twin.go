@@ -182,6 +182,11 @@ func (c *twinCapture) dumpDone() {
 			logrus.Warnf("twin capture: releasing the twins of a failed dump: %v (tclone gc reaps what is left)", err)
 		}
 	}
+	for _, k := range c.col.KilledTwins() {
+		if err := lazy.ReapKilledTwin(k.Pid, k.Killed); err != nil {
+			logrus.Warnf("twin capture: %v (it stays a zombie of its process until the process ends)", err)
+		}
+	}
 	c.col = nil
 	if c.snaps == nil && c.procs != "" {
 		// The plugin parks the twins, and hands them over, only once the

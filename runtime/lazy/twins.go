@@ -251,6 +251,39 @@ func ReapTwinZombies(procsDir string) (int, error) {
 	return reaped, errors.Join(errs...)
 }
 
+// ReapKilledTwin reaps twin, which the twin plugin made in process parent
+// and killed before the twin could name itself (criuhooks.TwinError's
+// Killed): a zombie ReapTwinZombies cannot tell from a child of the
+// process's own. It waits, bounded, for the twin to exit, and reaps it
+// only while it is still parent's child with no exit signal: a twin whose
+// process died went to the container's init with SIGCHLD, which reaps it.
+func ReapKilledTwin(parent, twin int) error {
+	deadline := time.Now().Add(twinReapWait)
+	for {
+		st, err := procfs.ReadStat(twin)
+		if errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("the killed twin %d of process %d: %w", twin, parent, err)
+		}
+		if st.PPid != parent || st.ExitSignal != 0 {
+			return nil
+		}
+		if st.Exited() {
+			if err := reapRetrying(parent, twin, st.StartTime); err != nil {
+				return fmt.Errorf("the killed twin %d of process %d: %w", twin, parent, err)
+			}
+			logrus.Infof("reaped twin %d, which the twin plugin killed, a zombie of %d", twin, parent)
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the killed twin %d of process %d has not exited after %s", twin, parent, twinReapWait)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 // LiveTwins lists the twins still alive among the children of the
 // processes of the cgroup directory procsDir: while one is, a dump of the
 // container would take it for one of its processes.

@@ -7,6 +7,7 @@ import (
 	"maps"
 	"math/rand"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -495,21 +496,7 @@ func TestTwinCaptureAfterCRIUKilledAtTheTrampoline(t *testing.T) {
 		if strings.HasPrefix(point, "uffd") {
 			t.Setenv(criuhooks.TwinTrackEnv, "")
 		}
-		// Only this round's capture log: an earlier round's may be left.
-		old, _ := filepath.Glob(filepath.Join(hostStore.Dir("*"), "work", "dump.log"))
-		cmd, stderr, criu := startCapture(t, containerID(t, n), pid, "--memory", "twin")
-		eventually(t, 30*time.Second, "the capture at its test stall", func() error {
-			logs, _ := filepath.Glob(filepath.Join(hostStore.Dir("*"), "work", "dump.log"))
-			for _, l := range logs {
-				if slices.Contains(old, l) {
-					continue
-				}
-				if b, _ := os.ReadFile(l); strings.Contains(string(b), "test stall at "+point) {
-					return nil
-				}
-			}
-			return fmt.Errorf("not yet (%d capture logs): %s", len(logs), stderr.String())
-		})
+		cmd, criu := startStalledCapture(t, n, pid, point)
 		syscall.Kill(criu, syscall.SIGKILL)
 		cmd.Process.Signal(syscall.SIGKILL)
 		cmd.Wait()
@@ -555,6 +542,96 @@ func TestTwinCaptureAfterCRIUKilledAtTheTrampoline(t *testing.T) {
 		t.Fatalf("the twin capture after the killed one: exit %d: %s", r.code, r.stderr)
 	}
 	requireSourceRuns(t, n)
+}
+
+// startStalledCapture starts a twin capture of container n (its process
+// pid) and returns once the plugin waits at its test stall point
+// (TCLONE_TWIN_TEST_STALL, which the caller sets), with the capture's
+// command and its CRIU.
+func startStalledCapture(t *testing.T, n string, pid int, point string) (*exec.Cmd, int) {
+	t.Helper()
+	// Only this capture's log: an earlier one's may be left.
+	old, _ := filepath.Glob(filepath.Join(hostStore.Dir("*"), "work", "dump.log"))
+	cmd, stderr, criu := startCapture(t, containerID(t, n), pid, "--memory", "twin")
+	eventually(t, 30*time.Second, "the capture at its test stall", func() error {
+		logs, _ := filepath.Glob(filepath.Join(hostStore.Dir("*"), "work", "dump.log"))
+		for _, l := range logs {
+			if slices.Contains(old, l) {
+				continue
+			}
+			if b, _ := os.ReadFile(l); strings.Contains(string(b), "test stall at "+point) {
+				return nil
+			}
+		}
+		return fmt.Errorf("not yet (%d capture logs): %s", len(logs), stderr.String())
+	})
+	return cmd, criu
+}
+
+// A twin killed before it names itself (here by a SIGKILL to it alone,
+// while the plugin waits right after its clone) fails the fork, and leaves
+// no zombie in its process once the fork has returned, with no tclone gc:
+// the plugin names the twin in its message, and the capture reaps it.
+// Such a zombie has its process's name and no exit signal, which nothing
+// else tells from a child of the process's own; it stayed until the
+// process ended (found by review).
+func TestTwinKilledBeforeItIsNamedIsReaped(t *testing.T) {
+	requireStack(t)
+	requireTwins(t)
+	// One process: the plugin stalls once.
+	n := name(t, "killedtwin")
+	podman(t, "run", "-d", "--name", n, busybox, "sleep", "1000")
+	pid, err := strconv.Atoi(podman(t, "inspect", "--format", "{{.State.Pid}}", n))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("TCLONE_TWIN_TEST_STALL", "after-clone:20000")
+	cmd, _ := startStalledCapture(t, n, pid, "after-clone")
+	os.Unsetenv("TCLONE_TWIN_TEST_STALL")
+	var twin int
+	eventually(t, 10*time.Second, "the twin just born", func() error {
+		tw := twinsUnder(pid)
+		if len(tw) != 1 {
+			return fmt.Errorf("the source's unsignalled children (state pid): %v, want the one twin", tw)
+		}
+		var err error
+		twin, err = strconv.Atoi(strings.Fields(tw[0])[1])
+		return err
+	})
+	if err := syscall.Kill(twin, syscall.SIGKILL); err != nil {
+		t.Fatalf("killing the twin %d: %v", twin, err)
+	}
+	err = cmd.Wait()
+	stderr := cmd.Stderr.(*strings.Builder).String()
+	if err == nil {
+		t.Fatalf("the capture succeeded with its twin killed: %s", stderr)
+	}
+	t.Logf("the capture failed, as it must: %s", stderr)
+	if tw := twinsUnder(pid); len(tw) > 0 {
+		t.Fatalf("the failed capture left twins in the source (state pid): %v", tw)
+	}
+	if !strings.Contains(stderr, fmt.Sprintf("twin %d", twin)) {
+		t.Errorf("the capture's error does not name the twin %d", twin)
+	}
+	// The log it names is there: the plan's directory is gone.
+	if _, log, ok := strings.Cut(stderr, "(full log: "); !ok {
+		t.Errorf("the capture's error names no log")
+	} else if _, err := os.Stat(log[:strings.IndexByte(log, ')')]); err != nil {
+		t.Errorf("the log the capture's error names: %v", err)
+	}
+	requireUntraced(t, pid, releaseWait)
+	if st, err := procfs.ReadStat(pid); err != nil || (st.State != 'S' && st.State != 'R') {
+		t.Fatalf("the source's process after the failed capture: state %q (%v), want it running or sleeping", st.State, err)
+	}
+	// The next capture of the source works.
+	r := runDetached(t, nil, tcloneBin(), "fork", "--plan-only", "--memory", "twin", containerID(t, n))
+	if dir := strings.TrimSpace(r.stdout); hostStore.Contains(dir) {
+		removePlan(dir)
+	}
+	if r.code != 0 {
+		t.Fatalf("the twin capture after the failed one: exit %d: %s", r.code, r.stderr)
+	}
+	requireNoLeftovers(t)
 }
 
 // userfaultfdsUnder gives, for every process of the tree of root that
