@@ -175,8 +175,12 @@ make -C "$src_dir" CRIU_SRC="$build" OUT="$build/tclone_twin.so" >>"$cache/build
 	tail -20 "$cache/build.log" >&2
 	die "building the twin plugin failed (log: $cache/build.log)"
 }
+# Read whole first: grep -q stops at its match, and criu, writing the rest
+# of its help to a closed pipe, would die of SIGPIPE and fail the pipeline
+# (pipefail) now and then.
+help=$("$build/criu/criu" --help 2>&1) || true
 for o in $options; do
-	"$build/criu/criu" --help 2>&1 | grep -q -- "--$o" || die "the built criu has no --$o"
+	grep -q -- "--$o" <<<"$help" || die "the built criu has no --$o"
 done
 
 install -d -m 0755 "$dest" "$dest/plugins"

@@ -46,7 +46,9 @@ have_criu_42() {
 }
 
 have_stack() {
-	command -v nft >/dev/null && command -v iptables >/dev/null && ldconfig -p | grep -q 'libcriu\.so\.2 ' &&
+	# ldconfig's list read whole: grep -q would leave it writing to a
+	# closed pipe, and its SIGPIPE would fail the pipeline now and then.
+	command -v nft >/dev/null && command -v iptables >/dev/null && grep -q 'libcriu\.so\.2 ' <<<"$(ldconfig -p)" &&
 	command -v podman >/dev/null && command -v crun >/dev/null &&
 		command -v conmon >/dev/null && have_criu_42 &&
 		podman --version 2>/dev/null | grep -q 'version 5\.'
