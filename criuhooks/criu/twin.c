@@ -50,6 +50,7 @@
  */
 #define _GNU_SOURCE
 #include <dirent.h>
+#include <elf.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -343,17 +344,68 @@ static void resumable(struct user_regs_struct *regs)
 	regs->orig_rax = -1;
 }
 
+/* The most of a vDSO's padding the trampoline's writes cover. */
+#define TAIL_MAX 16384
+
+/* The vDSO image's length: up to the end of its section headers, which come last. */
+static size_t vdso_image_len(const unsigned char *buf, size_t len)
+{
+	const Elf64_Ehdr *h = (const Elf64_Ehdr *)buf;
+	size_t shend;
+
+	if (len < sizeof(*h) || memcmp(h->e_ident, ELFMAG, SELFMAG) || h->e_ident[EI_CLASS] != ELFCLASS64)
+		return len;
+	shend = h->e_shoff + (size_t)h->e_shnum * h->e_shentsize;
+	return shend <= len ? shend : len;
+}
+
+/* thread_at fails if a thread of pid, seized, has its next instruction in [lo, hi). */
+static int thread_at(pid_t pid, unsigned long lo, unsigned long hi, struct twin_err *e)
+{
+	struct user_regs_struct r;
+	char path[64];
+	struct dirent *d;
+	DIR *dir;
+	int ret = 0;
+
+	snprintf(path, sizeof(path), "/proc/%d/task", pid);
+	dir = opendir(path);
+	if (!dir)
+		return fail(e, errno, "reading %s: %s", path, strerror(errno));
+	while (!ret && (d = readdir(dir))) {
+		pid_t tid = atoi(d->d_name);
+
+		if (tid <= 0)
+			continue;
+		if (ptrace(PTRACE_GETREGS, tid, NULL, &r))
+			ret = fail(e, errno, "reading the registers of thread %d of %d: %s", tid, pid, strerror(errno));
+		else if (r.rip >= lo && r.rip < hi)
+			ret = fail(e, EBUSY, "thread %d of process %d runs the trampoline a killed CRIU left in its vDSO: fork again", tid, pid);
+	}
+	closedir(dir);
+	return ret;
+}
+
 /*
  * vdso_pad finds, in pid's vDSO, room for the trampoline in the zero
  * padding after the vDSO's image: an address where nothing of the
- * process's ever runs or reads.
+ * process's ever runs or reads, and tail, the bytes from there to the
+ * vDSO's end, which the trampoline and zeros fill. Every tclone has put
+ * its trampoline at the same place, 17 to 32 bytes past the image's last
+ * byte that is not zero. A trampoline found there was left by a CRIU
+ * killed while the process was at it (the process went on through it and
+ * back to its own code): this tclone's, or another's (an older one, which
+ * starts with the same clone and names the twin the same), it is written
+ * over, unless a thread of the process is at it still.
  */
-static int vdso_pad(pid_t pid, unsigned long *site, struct twin_err *e)
+static int vdso_pad(pid_t pid, unsigned long *site, size_t *tail, struct twin_err *e)
 {
+	static const unsigned char sig[] = { 0x0f, 0x05, 0x48, 0x85, 0xc0 }; /* syscall; test %rax, %rax */
+	static const char name[] = "tclone-twin";
 	unsigned long start = 0, end = 0;
 	char path[64], line[512];
 	unsigned char *buf;
-	size_t len, zeros = 0;
+	size_t len, last, off, i;
 	FILE *f;
 
 	snprintf(path, sizeof(path), "/proc/%d/maps", pid);
@@ -376,29 +428,35 @@ static int vdso_pad(pid_t pid, unsigned long *site, struct twin_err *e)
 		free(buf);
 		return fail(e, err, "reading the vDSO of process %d: %s", pid, strerror(err));
 	}
-	while (zeros < len && buf[len - 1 - zeros] == 0)
-		zeros++;
-	/*
-	 * A trampoline of tclone's may be there already: a CRIU killed while
-	 * the process was at it let the process go on through it, and left
-	 * it. Its place is the one to use again (its code is found whole,
-	 * with nothing but zeros after it).
-	 */
-	size_t code = TRAMP_OFF(twin_tramp_parent);
-	unsigned char *old = memmem(buf, len, twin_tramp_start, code);
-	if (old && (size_t)(old - buf) + TRAMP_LEN <= len && (size_t)(old - buf) + TRAMP_LEN >= len - zeros) {
-		*site = start + (old - buf);
-		free(buf);
-		twin_info("process %d: a trampoline left by a killed CRIU at %#lx is used again", pid, *site);
-		return 0;
-	}
-	free(buf);
+	last = vdso_image_len(buf, len);
+	while (last > 0 && buf[last - 1] == 0)
+		last--;
 	/* Clear of the image's last byte, 16-aligned. */
-	unsigned long at = (end - zeros + 32) & ~15UL;
-	if (at + TRAMP_LEN > end)
-		return fail(e, ENOSPC, "the vDSO of process %d has %zu bytes of padding, and tclone needs %zu", pid, zeros,
+	off = (last + 32) & ~15UL;
+	if (off + TRAMP_LEN > len) {
+		free(buf);
+		return fail(e, ENOSPC, "the vDSO of process %d has %zu bytes of padding, and tclone needs %zu", pid, len - last,
 			    TRAMP_LEN + 48);
-	*site = at;
+	}
+	for (i = off; i < len && buf[i] == 0; i++)
+		;
+	if (i < len) {
+		bool ours = i == off && !memcmp(buf + off, sig, sizeof(sig)) && memmem(buf + off, len - off, name, sizeof(name));
+		bool same = ours && !memcmp(buf + off, twin_tramp_start, TRAMP_OFF(twin_tramp_parent));
+
+		free(buf);
+		if (!ours)
+			return fail(e, EEXIST, "the vDSO of process %d holds bytes of someone else's at %#lx, where tclone puts its trampoline",
+				    pid, start + i);
+		if (thread_at(pid, start + off, end, e))
+			return -1;
+		twin_info("process %d: a trampoline%s left by a killed CRIU at %#lx is written over", pid,
+			  same ? "" : " of another tclone", start + off);
+	} else {
+		free(buf);
+	}
+	*site = start + off;
+	*tail = len - off < TAIL_MAX ? len - off : TAIL_MAX;
 	return 0;
 }
 
@@ -613,6 +671,7 @@ struct job {
 	pid_t pid;		/* the process */
 	pid_t tid;		/* the thread that makes the clone */
 	unsigned long site;	/* where the trampoline is */
+	size_t tail;		/* from site to the vDSO's end */
 	struct user_regs_struct saved, resume;
 	uint64_t mask;		/* the thread's signal mask */
 	pid_t *before;		/* the thread's children before the clone */
@@ -656,13 +715,11 @@ static void job_free(struct job *j)
  */
 static int clone_begin(struct job *j)
 {
-	unsigned char tramp[1024];
+	static unsigned char tramp[TAIL_MAX];
 	pid_t before[4096];
 	uint64_t all = ~0ULL;
 	struct twin_err *e = &j->e;
 
-	if (TRAMP_LEN > sizeof(tramp))
-		return fail(e, E2BIG, "the trampoline is %zu bytes", TRAMP_LEN);
 	if (ns_pids(j->pid, &j->t, e))
 		return -1;
 	j->tid = live_thread(j->pid, &j->saved, e);
@@ -670,12 +727,14 @@ static int clone_begin(struct job *j)
 		return -1;
 	if (j->saved.cs != 0x33)
 		return fail(e, EOPNOTSUPP, "process %d runs in 32-bit mode", j->pid);
-	if (vdso_pad(j->pid, &j->site, e))
+	if (vdso_pad(j->pid, &j->site, &j->tail, e))
 		return -1;
 	if (ptrace(PTRACE_GETSIGMASK, j->tid, sizeof(j->mask), &j->mask))
 		return fail(e, errno, "reading the signal mask of process %d: %s", j->pid, strerror(errno));
 	j->resume = j->saved;
 	resumable(&j->resume);
+	/* The trampoline, and zeros over whatever an older one left after it. */
+	memset(tramp, 0, sizeof(tramp));
 	memcpy(tramp, twin_tramp_start, TRAMP_LEN);
 	tramp[TRAMP_OFF(twin_tramp_parent)] = 1;
 	memcpy(tramp + TRAMP_OFF(twin_tramp_mask), &j->mask, sizeof(j->mask));
@@ -688,7 +747,7 @@ static int clone_begin(struct job *j)
 		return fail(e, ENOMEM, "no memory for the children of process %d", j->pid);
 	memcpy(j->before, before, j->nbefore * sizeof(pid_t));
 	clock_gettime(CLOCK_MONOTONIC, &j->t0);
-	if (poke(j->pid, j->site, tramp, TRAMP_LEN, e))
+	if (poke(j->pid, j->site, tramp, j->tail, e))
 		return -1;
 	j->placed = true;
 	/*
@@ -717,7 +776,7 @@ static int clone_begin(struct job *j)
  */
 static int clone_end(struct job *j)
 {
-	static const unsigned char zeros[1024];
+	static const unsigned char zeros[TAIL_MAX];
 	struct twin_err *e = &j->e;
 	long child = -1, ret = 0;
 	int status;
@@ -742,7 +801,7 @@ static int clone_end(struct job *j)
 		return -1;
 	}
 	/* The twin has its own copy of the page by now (the clone shared it). */
-	if (poke(j->pid, j->site, zeros, TRAMP_LEN, e) && child > 0) {
+	if (poke(j->pid, j->site, zeros, j->tail, e) && child > 0) {
 		kill_twin(&j->t, child);
 		return -1;
 	}

@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
@@ -632,6 +633,113 @@ func TestTwinKilledBeforeItIsNamedIsReaped(t *testing.T) {
 		t.Fatalf("the twin capture after the failed one: exit %d: %s", r.code, r.stderr)
 	}
 	requireNoLeftovers(t)
+}
+
+// A process's vDSO padding that holds the trampoline of another tclone
+// (an older one, left by a CRIU killed while the process was at it) is
+// written over: the twin capture works, says so, and leaves the padding
+// zeroed. It once refused ("has 8 bytes of padding"): only this tclone's
+// own trampoline was found again. Bytes there that are no trampoline of
+// tclone's are left alone, and the twin capture refuses, saying why.
+func TestTwinCaptureWritesOverAnOlderTrampoline(t *testing.T) {
+	requireStack(t)
+	requireTwins(t)
+	n := name(t, "oldtramp")
+	podman(t, "run", "-d", "--name", n, busybox, "sleep", "1000")
+	pid, err := strconv.Atoi(podman(t, "inspect", "--format", "{{.State.Pid}}", n))
+	if err != nil {
+		t.Fatal(err)
+	}
+	site, pad := vdsoPadding(t, pid)
+	// An older trampoline: the clone every one starts with, then code of
+	// its own, and the twin's name; to 8 bytes before the vDSO's end.
+	old := make([]byte, len(pad)-8)
+	for i := range old {
+		old[i] = 0x90
+	}
+	copy(old, []byte{0x0f, 0x05, 0x48, 0x85, 0xc0, 0x74, 0x10})
+	copy(old[len(old)-16:], "tclone-twin\x00/\x00")
+	writeMem(t, pid, site, old)
+	log := string(planDumpLog(t, n, "twin"))
+	if want := "a trampoline of another tclone left by a killed CRIU at"; !strings.Contains(log, want) {
+		t.Errorf("the capture's CRIU log does not say %q", want)
+	}
+	if _, pad := vdsoPadding(t, pid); slices.ContainsFunc(pad, func(b byte) bool { return b != 0 }) {
+		t.Errorf("the vDSO's padding after the capture is not zeroed: % x", pad)
+	}
+	// Someone else's bytes: refused, and left as they are.
+	junk := []byte("not tclone's")
+	writeMem(t, pid, site, junk)
+	r := run(t, time.Minute, tcloneBin(), "fork", "--plan-only", "--memory", "twin", containerID(t, n))
+	if dir := strings.TrimSpace(r.stdout); hostStore.Contains(dir) {
+		removePlan(dir)
+	}
+	if r.code == 0 || !strings.Contains(r.stderr, "holds bytes of someone else's") {
+		t.Errorf("a twin capture with someone else's bytes where the trampoline goes: exit %d: %s", r.code, r.stderr)
+	}
+	if _, pad := vdsoPadding(t, pid); string(pad[:len(junk)]) != string(junk) {
+		t.Errorf("the capture touched someone else's bytes in the vDSO: % x", pad[:len(junk)])
+	}
+	writeMem(t, pid, site, make([]byte, len(junk)))
+	if r := run(t, time.Minute, tcloneBin(), "fork", "--plan-only", "--memory", "twin", containerID(t, n)); r.code != 0 {
+		t.Errorf("the twin capture once the padding is clean: exit %d: %s", r.code, r.stderr)
+	} else {
+		removePlan(strings.TrimSpace(r.stdout))
+	}
+	if st, err := procfs.ReadStat(pid); err != nil || (st.State != 'S' && st.State != 'R') {
+		t.Fatalf("the source's process after the captures: state %q (%v), want it running or sleeping", st.State, err)
+	}
+}
+
+// vdsoPadding reads the vDSO of process pid and returns where tclone's
+// trampoline goes (17 to 32 bytes past the image's last byte that is not
+// zero, the image ending with its section headers) and the bytes from
+// there to the vDSO's end.
+func vdsoPadding(t *testing.T, pid int) (uint64, []byte) {
+	t.Helper()
+	maps, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var start, end uint64
+	for _, l := range strings.Split(string(maps), "\n") {
+		if strings.HasSuffix(l, "[vdso]") {
+			fmt.Sscanf(l, "%x-%x", &start, &end)
+		}
+	}
+	if end == 0 {
+		t.Fatalf("process %d has no vDSO", pid)
+	}
+	mem, err := os.Open(fmt.Sprintf("/proc/%d/mem", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mem.Close()
+	buf := make([]byte, end-start)
+	if _, err := mem.ReadAt(buf, int64(start)); err != nil {
+		t.Fatal(err)
+	}
+	le := binary.LittleEndian
+	image := le.Uint64(buf[0x28:]) + uint64(le.Uint16(buf[0x3a:]))*uint64(le.Uint16(buf[0x3c:]))
+	last := image
+	for last > 0 && buf[last-1] == 0 {
+		last--
+	}
+	off := (last + 32) &^ 15
+	return start + off, buf[off:]
+}
+
+// writeMem writes b at addr in process pid's memory, read-only or not.
+func writeMem(t *testing.T, pid int, addr uint64, b []byte) {
+	t.Helper()
+	mem, err := os.OpenFile(fmt.Sprintf("/proc/%d/mem", pid), os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mem.Close()
+	if _, err := mem.WriteAt(b, int64(addr)); err != nil {
+		t.Fatalf("writing %d bytes at %#x in process %d: %v", len(b), addr, pid, err)
+	}
 }
 
 // userfaultfdsUnder gives, for every process of the tree of root that
