@@ -580,12 +580,7 @@ func TestTwinKilledBeforeItIsNamedIsReaped(t *testing.T) {
 	requireStack(t)
 	requireTwins(t)
 	// One process: the plugin stalls once.
-	n := name(t, "killedtwin")
-	podman(t, "run", "-d", "--name", n, busybox, "sleep", "1000")
-	pid, err := strconv.Atoi(podman(t, "inspect", "--format", "{{.State.Pid}}", n))
-	if err != nil {
-		t.Fatal(err)
-	}
+	n, pid := sleeper(t, "killedtwin")
 	t.Setenv("TCLONE_TWIN_TEST_STALL", "after-clone:20000")
 	cmd, _ := startStalledCapture(t, n, pid, "after-clone")
 	os.Unsetenv("TCLONE_TWIN_TEST_STALL")
@@ -602,7 +597,7 @@ func TestTwinKilledBeforeItIsNamedIsReaped(t *testing.T) {
 	if err := syscall.Kill(twin, syscall.SIGKILL); err != nil {
 		t.Fatalf("killing the twin %d: %v", twin, err)
 	}
-	err = cmd.Wait()
+	err := cmd.Wait()
 	stderr := cmd.Stderr.(*strings.Builder).String()
 	if err == nil {
 		t.Fatalf("the capture succeeded with its twin killed: %s", stderr)
@@ -644,12 +639,7 @@ func TestTwinKilledBeforeItIsNamedIsReaped(t *testing.T) {
 func TestTwinCaptureWritesOverAnOlderTrampoline(t *testing.T) {
 	requireStack(t)
 	requireTwins(t)
-	n := name(t, "oldtramp")
-	podman(t, "run", "-d", "--name", n, busybox, "sleep", "1000")
-	pid, err := strconv.Atoi(podman(t, "inspect", "--format", "{{.State.Pid}}", n))
-	if err != nil {
-		t.Fatal(err)
-	}
+	n, pid := sleeper(t, "oldtramp")
 	site, pad := vdsoPadding(t, pid)
 	// An older trampoline: the clone every one starts with, then code of
 	// its own, and the twin's name; to 8 bytes before the vDSO's end.
@@ -689,6 +679,19 @@ func TestTwinCaptureWritesOverAnOlderTrampoline(t *testing.T) {
 	if st, err := procfs.ReadStat(pid); err != nil || (st.State != 'S' && st.State != 'R') {
 		t.Fatalf("the source's process after the captures: state %q (%v), want it running or sleeping", st.State, err)
 	}
+}
+
+// sleeper starts a container named after base that runs busybox's sleep
+// and nothing else, and returns its name and host PID.
+func sleeper(t *testing.T, base string) (string, int) {
+	t.Helper()
+	n := name(t, base)
+	podman(t, "run", "-d", "--name", n, busybox, "sleep", "1000")
+	pid, err := strconv.Atoi(podman(t, "inspect", "--format", "{{.State.Pid}}", n))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n, pid
 }
 
 // vdsoPadding reads the vDSO of process pid and returns where tclone's
