@@ -734,7 +734,7 @@ static int clone_begin(struct job *j)
 	j->resume = j->saved;
 	resumable(&j->resume);
 	/* The trampoline, and zeros over whatever an older one left after it. */
-	memset(tramp, 0, sizeof(tramp));
+	memset(tramp, 0, j->tail);
 	memcpy(tramp, twin_tramp_start, TRAMP_LEN);
 	tramp[TRAMP_OFF(twin_tramp_parent)] = 1;
 	memcpy(tramp + TRAMP_OFF(twin_tramp_mask), &j->mask, sizeof(j->mask));
