@@ -610,9 +610,11 @@ func TestTwinKilledBeforeItIsNamedIsReaped(t *testing.T) {
 		t.Errorf("the capture's error does not name the twin %d", twin)
 	}
 	// The log it names is there: the plan's directory is gone.
-	if _, log, ok := strings.Cut(stderr, "(full log: "); !ok {
+	_, log, named := strings.Cut(stderr, "(full log: ")
+	log, _, _ = strings.Cut(log, ")")
+	if !named {
 		t.Errorf("the capture's error names no log")
-	} else if _, err := os.Stat(log[:strings.IndexByte(log, ')')]); err != nil {
+	} else if _, err := os.Stat(log); err != nil {
 		t.Errorf("the log the capture's error names: %v", err)
 	}
 	requireUntraced(t, pid, releaseWait)
