@@ -4,12 +4,14 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"math/rand"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -680,6 +682,69 @@ func TestTwinCaptureWritesOverAnOlderTrampoline(t *testing.T) {
 	}
 	if st, err := procfs.ReadStat(pid); err != nil || (st.State != 'S' && st.State != 'R') {
 		t.Fatalf("the source's process after the captures: state %q (%v), want it running or sleeping", st.State, err)
+	}
+}
+
+// A thread still at a trampoline a killed CRIU left (here sent to a loop
+// in it) keeps the twin capture from writing over it: the capture fails,
+// saying to fork again, and the thread runs on where it was.
+func TestTwinCaptureLeavesATrampolineAThreadIsAt(t *testing.T) {
+	requireStack(t)
+	requireTwins(t)
+	n, pid := sleeper(t, "attramp")
+	site, pad := vdsoPadding(t, pid)
+	// A trampoline of tclone's, with a loop 16 bytes in.
+	tramp := make([]byte, len(pad)-8)
+	copy(tramp, []byte{0x0f, 0x05, 0x48, 0x85, 0xc0, 0x74, 0x10})
+	copy(tramp[16:], []byte{0xeb, 0xfe}) // jmp .
+	copy(tramp[len(tramp)-16:], "tclone-twin\x00/\x00")
+	writeMem(t, pid, site, tramp)
+	spinAt(t, pid, site+16)
+	r := run(t, time.Minute, tcloneBin(), "fork", "--plan-only", "--memory", "twin", containerID(t, n))
+	if dir := strings.TrimSpace(r.stdout); hostStore.Contains(dir) {
+		removePlan(dir)
+	}
+	if r.code == 0 || !strings.Contains(r.stderr, "runs the trampoline a killed CRIU left in its vDSO: fork again") {
+		t.Errorf("a twin capture with a thread at the trampoline: exit %d: %s", r.code, r.stderr)
+	}
+	if _, now := vdsoPadding(t, pid); !slices.Equal(now[:len(tramp)], tramp) {
+		t.Errorf("the capture wrote over the trampoline a thread is at")
+	}
+	requireUntraced(t, pid, releaseWait)
+	if st, err := procfs.ReadStat(pid); err != nil || st.State != 'R' {
+		t.Errorf("the thread at the loop after the capture: state %q (%v), want R", st.State, err)
+	}
+}
+
+// spinAt sends the one thread of process pid to addr, a loop, for good
+// (the container's removal ends it).
+func spinAt(t *testing.T, pid int, addr uint64) {
+	t.Helper()
+	errc := make(chan error, 1)
+	go func() {
+		// Every ptrace request from the thread that attached.
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		errc <- func() error {
+			if err := unix.PtraceAttach(pid); err != nil {
+				return err
+			}
+			var ws unix.WaitStatus
+			if _, err := unix.Wait4(pid, &ws, unix.WALL, nil); err != nil {
+				return err
+			}
+			var r unix.PtraceRegs
+			err := unix.PtraceGetRegs(pid, &r)
+			if err == nil {
+				r.Rip = addr
+				r.Orig_rax = ^uint64(0) // the sleep it was in is not restarted
+				err = unix.PtraceSetRegs(pid, &r)
+			}
+			return errors.Join(err, unix.PtraceDetach(pid))
+		}()
+	}()
+	if err := <-errc; err != nil {
+		t.Fatalf("sending process %d to %#x: %v", pid, addr, err)
 	}
 }
 
