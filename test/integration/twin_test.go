@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"bytes"
 	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
@@ -645,14 +646,9 @@ func TestTwinCaptureWritesOverAnOlderTrampoline(t *testing.T) {
 	requireTwins(t)
 	n, pid := sleeper(t, "oldtramp")
 	site, pad := vdsoPadding(t, pid)
-	// An older trampoline: the clone every one starts with, then code of
-	// its own, and the twin's name; to 8 bytes before the vDSO's end.
-	old := make([]byte, len(pad)-8)
-	for i := range old {
-		old[i] = 0x90
-	}
-	copy(old, []byte{0x0f, 0x05, 0x48, 0x85, 0xc0, 0x74, 0x10})
-	copy(old[len(old)-16:], "tclone-twin\x00/\x00")
+	// An older trampoline: code of its own (nops), to 8 bytes before the
+	// vDSO's end.
+	old := fakeTrampoline(len(pad)-8, bytes.Repeat([]byte{0x90}, len(pad)-40))
 	writeMem(t, pid, site, old)
 	log := string(planDumpLog(t, n, "twin"))
 	if want := "a trampoline of another tclone left by a killed CRIU at"; !strings.Contains(log, want) {
@@ -694,10 +690,7 @@ func TestTwinCaptureLeavesATrampolineAThreadIsAt(t *testing.T) {
 	n, pid := sleeper(t, "attramp")
 	site, pad := vdsoPadding(t, pid)
 	// A trampoline of tclone's, with a loop 16 bytes in.
-	tramp := make([]byte, len(pad)-8)
-	copy(tramp, []byte{0x0f, 0x05, 0x48, 0x85, 0xc0, 0x74, 0x10})
-	copy(tramp[16:], []byte{0xeb, 0xfe}) // jmp .
-	copy(tramp[len(tramp)-16:], "tclone-twin\x00/\x00")
+	tramp := fakeTrampoline(len(pad)-8, []byte{0xeb, 0xfe}) // jmp .
 	writeMem(t, pid, site, tramp)
 	spinAt(t, pid, site+16)
 	r := run(t, time.Minute, tcloneBin(), "fork", "--plan-only", "--memory", "twin", containerID(t, n))
@@ -714,6 +707,17 @@ func TestTwinCaptureLeavesATrampolineAThreadIsAt(t *testing.T) {
 	if st, err := procfs.ReadStat(pid); err != nil || st.State != 'R' {
 		t.Errorf("the thread at the loop after the capture: state %q (%v), want R", st.State, err)
 	}
+}
+
+// fakeTrampoline makes n bytes that the twin plugin takes for a trampoline
+// of a tclone's: the clone every one starts with, code 16 bytes in, and
+// the twin's name and root near the end.
+func fakeTrampoline(n int, code []byte) []byte {
+	b := make([]byte, n)
+	copy(b, []byte{0x0f, 0x05, 0x48, 0x85, 0xc0, 0x74, 0x10}) // syscall; test %rax, %rax; jz
+	copy(b[16:], code)
+	copy(b[n-16:], "tclone-twin\x00/\x00")
+	return b
 }
 
 // spinAt sends the one thread of process pid to addr, a loop, for good
