@@ -649,9 +649,12 @@ func (n *captureNotify) CriuStarted(pid int) {
 func explainDumpError(id string, err error, timeout time.Duration) error {
 	msg := err.Error()
 	var held *sourceHeldError
+	var noTwin *criuhooks.TwinError
 	switch {
 	case errors.As(err, &held):
 		return fmt.Errorf("capturing %s: %w", id, err)
+	case errors.As(err, &noTwin):
+		return fmt.Errorf("capturing %s: %w; the source runs on: fork again, or with --memory copy or lazy, which make no twins", id, err)
 	case errors.Is(err, criuhooks.ErrTimeout):
 		return fmt.Errorf("capturing %s: %w; CRIU was stopped after %s and the source runs on: a large workspace needs a longer --capture-timeout", id, err, timeout)
 	case errors.Is(err, context.Canceled):
