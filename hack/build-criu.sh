@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds tclone's CRIU (the host's CRIU version with criuhooks/criu's
 # patches: the options lazy-pages-external, tmpfs-builtin-tar,
-# skip-conntrack, smaps-read-ahead and busy-wait, three speed-ups of
+# skip-conntrack, smaps-read-ahead and busy-wait, four speed-ups of
 # dumps, and a plugin hook and a notification once a dump's tree runs
 # again) and tclone's twin plugin, from Debian's source of the CRIU the
 # host runs, and installs both under $TCLONE_CRIU_DIR
@@ -42,7 +42,7 @@ esac
 # Two stamps: CRIU is rebuilt when its source or the patch changes, the
 # plugin when its own source does (against the CRIU tree kept in $cache).
 # The patches, in the order they apply, and the files tmpfs-builtin-tar adds.
-patches=(lazy-pages-external.patch tmpfs-builtin-tar.patch lazy-dump-iovs.patch skip-conntrack.patch scan-anon-pages.patch smaps-read-ahead.patch busy-wait.patch file-ids-dirs.patch dump-resumed.patch)
+patches=(lazy-pages-external.patch tmpfs-builtin-tar.patch lazy-dump-iovs.patch skip-conntrack.patch scan-anon-pages.patch smaps-read-ahead.patch busy-wait.patch file-ids-dirs.patch dump-resumed.patch compel-fini-calls.patch)
 added=(tmpfs-archive.c:criu/tmpfs-archive.c tmpfs-archive.h:criu/include/tmpfs-archive.h)
 # The options they add; the stamp's third line lists them for tclone.
 options="lazy-pages-external tmpfs-builtin-tar skip-conntrack smaps-read-ahead busy-wait"
@@ -177,8 +177,8 @@ make -C "$src_dir" CRIU_SRC="$build" OUT="$build/tclone_twin.so" >>"$cache/build
 }
 # Read whole first: grep -q stops at its match, and criu, writing the rest
 # of its help to a closed pipe, would die of SIGPIPE and fail the pipeline
-# (pipefail) now and then.
-help=$("$build/criu/criu" --help 2>&1) || true
+# (pipefail) now and then. Its help holds a NUL byte, which bash would warn of.
+help=$("$build/criu/criu" --help 2>&1 | tr -d '\000') || true
 for o in $options; do
 	grep -q -- "--$o" <<<"$help" || die "the built criu has no --$o"
 done

@@ -1,14 +1,18 @@
 package integration
 
 import (
+	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/checkpoint-restore/go-criu/v7/crit"
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/fdinfo"
+	"golang.org/x/sys/unix"
 )
 
 // tclone's build of CRIU reads its tasks' smaps ahead of their dumps
@@ -148,4 +152,74 @@ func planFiles(t *testing.T, src string) []*fdinfo.FileEntry {
 		files = append(files, e.Message.(*fdinfo.FileEntry))
 	}
 	return files
+}
+
+// tclone's build of CRIU closes a parasite's control socket and log, its
+// last calls before the sigreturn, with one close_range() where the two
+// are neighbours and with two close() calls where the task holds the slot
+// between (compel-fini-calls.patch). Either way a capture leaves every
+// process of the source with exactly the descriptors it had: here a
+// process holding 0-2 only (neighbours) and one also holding 4 and 6
+// (apart), through a twin and a copy capture. Where CRIU steps the
+// parasite to its sigreturn (no hardware breakpoints), the log shows which
+// way each process went.
+func TestCaptureLeavesTheSourcesDescriptors(t *testing.T) {
+	requireStack(t)
+	requireTwins(t)
+	src := name(t, "fds")
+	podman(t, "run", "-d", "--name", src, busybox, "sh", "-c", "sleep 100000 </dev/null & exec sleep 100000 4</dev/null 6</dev/null")
+	pid, err := strconv.Atoi(podman(t, "inspect", "--format", "{{.State.Pid}}", src))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var child int
+	eventually(t, 30*time.Second, "the source's two sleeps", func() error {
+		tree := processTreeOf(pid)
+		if len(tree) != 2 || !strings.HasSuffix(descriptorsOf(pid)["6"], "/dev/null") {
+			return errorf("processes %v", tree)
+		}
+		child = tree[1]
+		return nil
+	})
+	before := map[int]map[string]string{pid: descriptorsOf(pid), child: descriptorsOf(child)}
+	for _, fd := range []string{"3", "5"} {
+		if _, ok := before[pid][fd]; ok {
+			t.Fatalf("process %d holds descriptor %s, which the test needs free: %v", pid, fd, before[pid])
+		}
+	}
+	for _, memory := range []string{"twin", "copy"} {
+		log := string(planDumpLog(t, src, memory))
+		for p, want := range before {
+			if got := descriptorsOf(p); !maps.Equal(got, want) {
+				t.Errorf("--memory %s: process %d holds %v after the capture, %v before", memory, p, got, want)
+			}
+		}
+		if !strings.Contains(log, fmt.Sprintf("%d (native) is going to execute the syscall", pid)) {
+			t.Logf("--memory %s: CRIU did not step the parasites to their sigreturn (it has hardware breakpoints here)", memory)
+			continue
+		}
+		for p, want := range map[int]string{pid: "close", child: "close_range"} {
+			var calls []string
+			for call, nr := range map[string]int{"close": unix.SYS_CLOSE, "close_range": unix.SYS_CLOSE_RANGE} {
+				if strings.Contains(log, fmt.Sprintf("%d (native) is going to execute the syscall %d,", p, nr)) {
+					calls = append(calls, call)
+				}
+			}
+			if len(calls) != 1 || calls[0] != want {
+				t.Errorf("--memory %s: process %d's parasite closed its descriptors with %v, want %s only", memory, p, calls, want)
+			}
+		}
+	}
+}
+
+// descriptorsOf gives process pid's descriptors, each with what it names.
+func descriptorsOf(pid int) map[string]string {
+	out := map[string]string{}
+	fds, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	for _, fd := range fds {
+		if l, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", pid, fd.Name())); err == nil {
+			out[fd.Name()] = l
+		}
+	}
+	return out
 }

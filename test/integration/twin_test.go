@@ -827,14 +827,14 @@ func writeMem(t *testing.T, pid int, addr uint64, b []byte) {
 func userfaultfdsUnder(root int) map[int]string {
 	out := map[int]string{}
 	for _, p := range processTreeOf(root) {
-		fds, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", p))
 		var held []string
-		for _, fd := range fds {
-			if l, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", p, fd.Name())); err == nil && l == "anon_inode:[userfaultfd]" {
-				held = append(held, fd.Name())
+		for fd, l := range descriptorsOf(p) {
+			if l == "anon_inode:[userfaultfd]" {
+				held = append(held, fd)
 			}
 		}
 		if len(held) > 0 {
+			slices.Sort(held)
 			out[p] = strings.Join(held, ",")
 		}
 	}
