@@ -63,7 +63,17 @@ const (
 	// processes' userfaultfds, but for those of the pids the file it
 	// names lists (criuhooks/criu/twin.h).
 	TwinTrackEnv = "TCLONE_TWIN_TRACK"
+	// twinBirthsEnv names, in CRIU's environment, the file the plugin
+	// notes each twin's birth in (TwinBirths).
+	twinBirthsEnv = "TCLONE_TWIN_BIRTHS"
 )
+
+// TwinBirths is the file in a twin dump's work directory where the plugin
+// notes, before each clone, the process, its cloning thread, the time and
+// that thread's children (criuhooks/criu/twin.h): what finds a twin killed
+// before it named itself once its capture died too
+// (runtime/lazy.ReapUnnamedTwins).
+func TwinBirths(workDir string) string { return filepath.Join(workDir, "twin-births") }
 
 // Twin is one process's twin, as the plugin handed it over.
 type Twin struct {
@@ -128,7 +138,7 @@ func TwinDump(opts *rpc.CriuOpts, workDir string, c TwinCRIU, extra ...string) (
 		return nil, nil, err
 	}
 	col.endDump = end
-	return col, []string{twinFDEnv + "=" + strconv.Itoa(fds[1])}, nil
+	return col, []string{twinFDEnv + "=" + strconv.Itoa(fds[1]), twinBirthsEnv + "=" + TwinBirths(workDir)}, nil
 }
 
 // twinSocket makes the socket pair the plugin sends its messages on

@@ -31,7 +31,9 @@
  *    had them blocked for the clone).
  * Its exit signal is 0: its birth and death send no SIGCHLD, and no wait()
  * of the process's own sees it (only __WALL or __WCLONE do); tclone reaps
- * it.
+ * it. Each birth is foretold in a file (TWIN_BIRTHS_ENV, twin.h), so that
+ * tclone can find a twin killed before it named itself even when no
+ * message of the plugin's names it.
  *
  * What a twin cannot hold is tclone's to find, outside the pause: memory
  * fork() does not copy (MADV_DONTFORK), which
@@ -121,6 +123,8 @@ extern const unsigned char twin_tramp_park[], twin_tramp_park_stop[], twin_tramp
 #define TRAMP_OFF(sym) ((size_t)((sym) - twin_tramp_start))
 
 static int twin_sock = -1;
+/* TWIN_BIRTHS_ENV's file, open for appending, or -1. */
+static int births_fd = -1;
 
 /* Write tracking (TWIN_TRACK_ENV): asked for, and the processes left out. */
 static bool track_asked;
@@ -706,6 +710,43 @@ static void job_free(struct job *j)
 	j->t.pidfd = j->t.lifeline = j->t.uffd = -1;
 }
 
+/* boot_ticks is now in clock ticks since boot, as /proc/PID/stat's start times. */
+static unsigned long long boot_ticks(void)
+{
+	long hz = sysconf(_SC_CLK_TCK);
+	struct timespec ts;
+
+	clock_gettime(CLOCK_BOOTTIME, &ts);
+	return (unsigned long long)ts.tv_sec * hz + ts.tv_nsec / (1000000000L / hz);
+}
+
+/*
+ * note_birth appends the job's line to the births file (TWIN_BIRTHS_ENV),
+ * before its clone: no twin is made that the file does not foretell.
+ */
+static int note_birth(const struct job *j, struct twin_err *e)
+{
+	size_t size = 64 + (size_t)j->nbefore * 12, n;
+	char *line;
+	ssize_t w;
+
+	if (births_fd < 0)
+		return 0;
+	line = malloc(size);
+	if (!line)
+		return fail(e, ENOMEM, "no memory for the birth of the twin of %d", j->pid);
+	n = snprintf(line, size, "%d %d %llu", j->pid, j->tid, boot_ticks());
+	for (int i = 0; i < j->nbefore; i++)
+		n += snprintf(line + n, size - n, " %d", j->before[i]);
+	n += snprintf(line + n, size - n, "\n");
+	w = write(births_fd, line, n);
+	free(line);
+	if (w != (ssize_t)n)
+		return fail(e, w < 0 ? errno : EIO, "noting the birth of the twin of %d (%s): %s", j->pid,
+			    getenv(TWIN_BIRTHS_ENV), w < 0 ? strerror(errno) : "a short write");
+	return 0;
+}
+
 /*
  * clone_begin puts the trampoline (tramp.S) in the padding of process
  * pid's vDSO and starts the clone there. From the moment the thread is
@@ -746,6 +787,8 @@ static int clone_begin(struct job *j)
 	if (!j->before)
 		return fail(e, ENOMEM, "no memory for the children of process %d", j->pid);
 	memcpy(j->before, before, j->nbefore * sizeof(pid_t));
+	if (note_birth(j, e))
+		return -1;
 	clock_gettime(CLOCK_MONOTONIC, &j->t0);
 	if (poke(j->pid, j->site, tramp, j->tail, e))
 		return -1;
@@ -1226,6 +1269,9 @@ static void twin_reset(void)
 	if (twin_sock >= 0)
 		close(twin_sock);
 	twin_sock = -1;
+	if (births_fd >= 0)
+		close(births_fd);
+	births_fd = -1;
 }
 
 static bool in_batch(pid_t pid)
@@ -1357,12 +1403,20 @@ static int twin_init(int stage)
 {
 	const char *fd = getenv(TWIN_FD_ENV);
 	const char *track = getenv(TWIN_TRACK_ENV);
+	const char *births = getenv(TWIN_BIRTHS_ENV);
 
 	if (stage != CR_PLUGIN_STAGE__DUMP || !fd)
 		return 0;
 	if (track && track_init(track)) {
 		twin_error("%s=%s: %s", TWIN_TRACK_ENV, track, strerror(errno));
 		return -1;
+	}
+	if (births) {
+		births_fd = open(births, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600);
+		if (births_fd < 0) {
+			twin_error("%s=%s: %s", TWIN_BIRTHS_ENV, births, strerror(errno));
+			return -1;
+		}
 	}
 	twin_sock = atoi(fd);
 	if (fcntl(twin_sock, F_SETFD, FD_CLOEXEC) < 0) {

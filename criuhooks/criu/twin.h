@@ -19,6 +19,16 @@
  * CRIU sees them) the file it names lists, one per line; empty, in all.
  */
 #define TWIN_TRACK_ENV "TCLONE_TWIN_TRACK"
+/*
+ * Set, the plugin appends to the file it names, before each clone, a line
+ * "PID TID TICKS CHILD...": the process (as CRIU sees it), its thread that
+ * makes the clone, the time in clock ticks since boot (as the start times
+ * of /proc/PID/stat count) and that thread's children then. A twin killed
+ * before it names itself is a zombie of the process's that nothing else
+ * tells from a child of its own; if its capture dies before it reaps it,
+ * tclone's recovery finds it from here (runtime/lazy.ReapUnnamedTwins).
+ */
+#define TWIN_BIRTHS_ENV "TCLONE_TWIN_BIRTHS"
 
 #define TWIN_MSG_VERSION 4
 #define TWIN_WHY_LEN 240

@@ -12,6 +12,7 @@ import (
 	"github.com/sirupsen/logrus"
 	"golang.org/x/sys/unix"
 
+	"github.com/tclone/tclone/criuhooks"
 	"github.com/tclone/tclone/runtime/cgroups"
 	"github.com/tclone/tclone/runtime/journal"
 	"github.com/tclone/tclone/runtime/lazy"
@@ -176,6 +177,12 @@ func (e *Engine) recoverCapture(ctx context.Context, entry journal.Record, r *Re
 	// death; their zombies are the source's to lose.
 	if rec.Source != nil && rec.Source.CgroupDir != "" {
 		if _, err := lazy.ReapTwinZombies(rec.Source.CgroupDir); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if entry.PlanDir != "" {
+		// A twin killed before it named itself, its capture dead too.
+		if _, err := lazy.ReapUnnamedTwins(criuhooks.TwinBirths(plan.WorkDir(entry.PlanDir))); err != nil {
 			errs = append(errs, err)
 		}
 	}

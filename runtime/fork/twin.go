@@ -136,10 +136,11 @@ func rssAnon(pid int) uint64 {
 // twinCapture is a twin capture's memory in the making.
 type twinCapture struct {
 	host twinHost
-	// images is the plan's images directory.
-	images string
-	col    *criuhooks.TwinCollector
-	snaps  *criuhooks.TwinSnapshots
+	// images is the plan's images directory; births the dump's births
+	// file (criuhooks.TwinBirths).
+	images, births string
+	col            *criuhooks.TwinCollector
+	snaps          *criuhooks.TwinSnapshots
 	// handedOver: the plan's daemon holds the twins.
 	handedOver bool
 	// branches is the branch store, where an incremental drain's base is.
@@ -158,6 +159,7 @@ func (c *twinCapture) begin(opts *rpc.CriuOpts, workDir string, conf []string) (
 		return dumpSetup{}, err
 	}
 	c.col = col
+	c.births = criuhooks.TwinBirths(workDir)
 	if c.track != nil {
 		t, tenv, err := c.track.e.startTracking(context.Background(), c.track.source, c.track.gen, workDir)
 		if err != nil {
@@ -188,6 +190,12 @@ func (c *twinCapture) dumpDone() {
 		}
 	}
 	c.col = nil
+	if c.snaps == nil && c.births != "" {
+		// A twin killed while its CRIU died too: no message names it.
+		if _, err := lazy.ReapUnnamedTwins(c.births); err != nil {
+			logrus.Warnf("twin capture: %v (it stays a zombie of its process until the process ends)", err)
+		}
+	}
 	if c.snaps == nil && c.procs != "" {
 		// The plugin parks the twins, and hands them over, only once the
 		// tree runs again: a dump that failed before let its twins go

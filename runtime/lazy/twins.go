@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -282,6 +283,99 @@ func ReapKilledTwin(parent, twin int) error {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// ReapUnnamedTwins reaps the twins the births file of a twin dump
+// (criuhooks.TwinBirths) foretells that died before they named themselves
+// and that no one reaped: a twin killed while its capture died too. Such
+// a zombie has its process's name and no exit signal; it is told from a
+// child of the process's own by the file's line for the process, written
+// before the clone while the process was held: it is a zombie child of
+// that process with no exit signal, born at the line's time or after (and
+// by the time of the file's last write, give or take a second), and not
+// one of the children the line lists. Named twins are ReapTwinZombies'.
+// A missing file is no twin. It returns how many it reaped.
+func ReapUnnamedTwins(births string) (int, error) {
+	data, err := os.ReadFile(births)
+	if errors.Is(err, os.ErrNotExist) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("reading the twins' births: %w", err)
+	}
+	fi, err := os.Stat(births)
+	if err != nil {
+		return 0, err
+	}
+	latest := bootTicksAt(fi.ModTime().Add(time.Second))
+	reaped := 0
+	var errs []error
+	for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n") {
+		b, ok := parseBirth(line)
+		if !ok {
+			continue // a line cut short by a death
+		}
+		if st, err := procfs.ReadStat(b.pid); err != nil || st.StartTime > b.ticks {
+			continue // gone, and its pid maybe another's
+		}
+		for _, child := range procfs.Children(b.pid) {
+			st, err := procfs.ReadStat(child)
+			if err != nil || !st.Exited() || st.ExitSignal != 0 || st.StartTime < b.ticks || st.StartTime > latest || b.before[child] {
+				continue
+			}
+			if err := reapRetrying(b.pid, child, st.StartTime); err != nil {
+				errs = append(errs, fmt.Errorf("the unnamed twin %d of process %d: %w", child, b.pid, err))
+				continue
+			}
+			reaped++
+			logrus.Infof("reaped twin %d, killed before it named itself, a zombie of %d", child, b.pid)
+		}
+	}
+	return reaped, errors.Join(errs...)
+}
+
+// birth is a line of a births file: "PID TID TICKS CHILD...".
+type birth struct {
+	pid    int
+	ticks  uint64
+	before map[int]bool
+}
+
+func parseBirth(line string) (birth, bool) {
+	f := strings.Fields(line)
+	if len(f) < 3 {
+		return birth{}, false
+	}
+	pid, err1 := strconv.Atoi(f[0])
+	ticks, err2 := strconv.ParseUint(f[2], 10, 64)
+	if err1 != nil || err2 != nil || pid <= 0 {
+		return birth{}, false
+	}
+	b := birth{pid: pid, ticks: ticks, before: map[int]bool{}}
+	for _, c := range f[3:] {
+		n, err := strconv.Atoi(c)
+		if err != nil {
+			return birth{}, false
+		}
+		b.before[n] = true
+	}
+	return b, true
+}
+
+// clockTicks is USER_HZ, the unit of /proc/PID/stat's start times.
+const clockTicks = 100
+
+// bootTicksAt is time t in clock ticks since boot.
+func bootTicksAt(t time.Time) uint64 {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts); err != nil {
+		return ^uint64(0)
+	}
+	at := time.Duration(ts.Nano()) - time.Since(t)
+	if at < 0 {
+		return 0
+	}
+	return uint64(at / (time.Second / clockTicks))
 }
 
 // LiveTwins lists the twins still alive among the children of the

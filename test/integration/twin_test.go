@@ -587,16 +587,7 @@ func TestTwinKilledBeforeItIsNamedIsReaped(t *testing.T) {
 	t.Setenv("TCLONE_TWIN_TEST_STALL", "after-clone:20000")
 	cmd, _ := startStalledCapture(t, n, pid, "after-clone")
 	os.Unsetenv("TCLONE_TWIN_TEST_STALL")
-	var twin int
-	eventually(t, 10*time.Second, "the twin just born", func() error {
-		tw := twinsUnder(pid)
-		if len(tw) != 1 {
-			return fmt.Errorf("the source's unsignalled children (state pid): %v, want the one twin", tw)
-		}
-		var err error
-		twin, err = strconv.Atoi(strings.Fields(tw[0])[1])
-		return err
-	})
+	twin := bornTwin(t, pid)
 	if err := syscall.Kill(twin, syscall.SIGKILL); err != nil {
 		t.Fatalf("killing the twin %d: %v", twin, err)
 	}
@@ -631,6 +622,73 @@ func TestTwinKilledBeforeItIsNamedIsReaped(t *testing.T) {
 	}
 	if r.code != 0 {
 		t.Fatalf("the twin capture after the failed one: exit %d: %s", r.code, r.stderr)
+	}
+	requireNoLeftovers(t)
+}
+
+// bornTwin waits for the one twin of process pid, just born, and returns it.
+func bornTwin(t *testing.T, pid int) int {
+	t.Helper()
+	var twin int
+	eventually(t, 10*time.Second, "the twin just born", func() error {
+		tw := twinsUnder(pid)
+		if len(tw) != 1 {
+			return fmt.Errorf("the source's unsignalled children (state pid): %v, want the one twin", tw)
+		}
+		var err error
+		twin, err = strconv.Atoi(strings.Fields(tw[0])[1])
+		return err
+	})
+	return twin
+}
+
+// A twin killed before it names itself while its capture dies too (the
+// capture's tclone, its CRIU and the twin, all killed at once while the
+// plugin waits right after the clone) leaves a zombie that no message
+// names, with its process's name and no exit signal. tclone gc finds it
+// from the births file the plugin wrote before the clone, and reaps it; it
+// stayed until its process ended (found by review). The source runs on,
+// and its next capture works.
+func TestTwinKilledWithItsCaptureIsReaped(t *testing.T) {
+	requireStack(t)
+	requireTwins(t)
+	n, pid := sleeper(t, "killedall")
+	t.Setenv("TCLONE_TWIN_TEST_STALL", "after-clone:20000")
+	cmd, criu := startStalledCapture(t, n, pid, "after-clone")
+	os.Unsetenv("TCLONE_TWIN_TEST_STALL")
+	twin := bornTwin(t, pid)
+	for _, p := range []int{cmd.Process.Pid, criu, twin} {
+		if err := syscall.Kill(p, syscall.SIGKILL); err != nil {
+			t.Fatalf("killing %d: %v", p, err)
+		}
+	}
+	cmd.Wait()
+	requireUntraced(t, pid, releaseWait)
+	zombie := fmt.Sprintf("Z %d", twin)
+	eventually(t, 10*time.Second, "the killed twin a zombie of its process", func() error {
+		if tw := twinsUnder(pid); !slices.Equal(tw, []string{zombie}) {
+			return fmt.Errorf("the source's unsignalled children (state pid): %v, want [%s]", tw, zombie)
+		}
+		return nil
+	})
+	if r := run(t, time.Minute, tcloneBin(), "gc"); r.code != 0 {
+		t.Fatalf("tclone gc: %s", r.stderr)
+	}
+	if tw := twinsUnder(pid); len(tw) > 0 {
+		t.Fatalf("the source's unsignalled children after tclone gc (state pid): %v, want none", tw)
+	}
+	eventually(t, releaseWait, "the source's process running on", func() error {
+		if st, err := procfs.ReadStat(pid); err != nil || (st.State != 'S' && st.State != 'R') {
+			return fmt.Errorf("state %q (%v), want it running or sleeping", st.State, err)
+		}
+		return nil
+	})
+	r := runDetached(t, nil, tcloneBin(), "fork", "--plan-only", "--memory", "twin", containerID(t, n))
+	if dir := strings.TrimSpace(r.stdout); hostStore.Contains(dir) {
+		removePlan(dir)
+	}
+	if r.code != 0 {
+		t.Fatalf("the twin capture after the killed one: exit %d: %s", r.code, r.stderr)
 	}
 	requireNoLeftovers(t)
 }
