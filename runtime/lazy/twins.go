@@ -320,8 +320,8 @@ func ReapUnnamedTwins(births string) (int, error) {
 		}
 		for _, child := range procfs.Children(b.pid) {
 			st, err := procfs.ReadStat(child)
-			if err != nil || !st.Exited() || st.ExitSignal != 0 || st.StartTime < b.ticks || st.StartTime > latest || b.before[child] {
-				continue
+			if err != nil || !st.Exited() || st.ExitSignal != 0 || st.StartTime < b.ticks || st.StartTime > latest || b.before[child] || isTwin(st) {
+				continue // not a twin, or a named one: ReapTwinZombies' to reap
 			}
 			if err := reapRetrying(b.pid, child, st.StartTime); err != nil {
 				errs = append(errs, fmt.Errorf("the unnamed twin %d of process %d: %w", child, b.pid, err))
