@@ -582,12 +582,7 @@ func startStalledCapture(t *testing.T, n string, pid int, point string) (*exec.C
 func TestTwinKilledBeforeItIsNamedIsReaped(t *testing.T) {
 	requireStack(t)
 	requireTwins(t)
-	// One process: the plugin stalls once.
-	n, pid := sleeper(t, "killedtwin")
-	t.Setenv("TCLONE_TWIN_TEST_STALL", "after-clone:20000")
-	cmd, _ := startStalledCapture(t, n, pid, "after-clone")
-	os.Unsetenv("TCLONE_TWIN_TEST_STALL")
-	twin := bornTwin(t, pid)
+	n, pid, cmd, _, twin := stalledAtBirth(t, "killedtwin")
 	if err := syscall.Kill(twin, syscall.SIGKILL); err != nil {
 		t.Fatalf("killing the twin %d: %v", twin, err)
 	}
@@ -626,6 +621,19 @@ func TestTwinKilledBeforeItIsNamedIsReaped(t *testing.T) {
 	requireNoLeftovers(t)
 }
 
+// stalledAtBirth starts a one-process source named after base (the plugin
+// stalls once) and a twin capture of it that waits right after the clone,
+// and returns the source's name and process, the capture's command and
+// CRIU, and the twin just born.
+func stalledAtBirth(t *testing.T, base string) (n string, pid int, cmd *exec.Cmd, criu, twin int) {
+	t.Helper()
+	n, pid = sleeper(t, base)
+	t.Setenv("TCLONE_TWIN_TEST_STALL", "after-clone:20000")
+	cmd, criu = startStalledCapture(t, n, pid, "after-clone")
+	os.Unsetenv("TCLONE_TWIN_TEST_STALL")
+	return n, pid, cmd, criu, bornTwin(t, pid)
+}
+
 // bornTwin waits for the one twin of process pid, just born, and returns it.
 func bornTwin(t *testing.T, pid int) int {
 	t.Helper()
@@ -652,11 +660,7 @@ func bornTwin(t *testing.T, pid int) int {
 func TestTwinKilledWithItsCaptureIsReaped(t *testing.T) {
 	requireStack(t)
 	requireTwins(t)
-	n, pid := sleeper(t, "killedall")
-	t.Setenv("TCLONE_TWIN_TEST_STALL", "after-clone:20000")
-	cmd, criu := startStalledCapture(t, n, pid, "after-clone")
-	os.Unsetenv("TCLONE_TWIN_TEST_STALL")
-	twin := bornTwin(t, pid)
+	n, pid, cmd, criu, twin := stalledAtBirth(t, "killedall")
 	for _, p := range []int{cmd.Process.Pid, criu, twin} {
 		if err := syscall.Kill(p, syscall.SIGKILL); err != nil {
 			t.Fatalf("killing %d: %v", p, err)
