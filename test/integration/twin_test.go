@@ -610,15 +610,21 @@ func TestTwinKilledBeforeItIsNamedIsReaped(t *testing.T) {
 	if st, err := procfs.ReadStat(pid); err != nil || (st.State != 'S' && st.State != 'R') {
 		t.Fatalf("the source's process after the failed capture: state %q (%v), want it running or sleeping", st.State, err)
 	}
-	// The next capture of the source works.
+	requireTwinCaptureWorks(t, n, "the failed one")
+	requireNoLeftovers(t)
+}
+
+// requireTwinCaptureWorks fails unless a twin capture of container n works
+// (after the capture named by after); its plan goes at once.
+func requireTwinCaptureWorks(t *testing.T, n, after string) {
+	t.Helper()
 	r := runDetached(t, nil, tcloneBin(), "fork", "--plan-only", "--memory", "twin", containerID(t, n))
 	if dir := strings.TrimSpace(r.stdout); hostStore.Contains(dir) {
 		removePlan(dir)
 	}
 	if r.code != 0 {
-		t.Fatalf("the twin capture after the failed one: exit %d: %s", r.code, r.stderr)
+		t.Fatalf("the twin capture after %s: exit %d: %s", after, r.code, r.stderr)
 	}
-	requireNoLeftovers(t)
 }
 
 // stalledAtBirth starts a one-process source named after base (the plugin
@@ -687,13 +693,7 @@ func TestTwinKilledWithItsCaptureIsReaped(t *testing.T) {
 		}
 		return nil
 	})
-	r := runDetached(t, nil, tcloneBin(), "fork", "--plan-only", "--memory", "twin", containerID(t, n))
-	if dir := strings.TrimSpace(r.stdout); hostStore.Contains(dir) {
-		removePlan(dir)
-	}
-	if r.code != 0 {
-		t.Fatalf("the twin capture after the killed one: exit %d: %s", r.code, r.stderr)
-	}
+	requireTwinCaptureWorks(t, n, "the killed one")
 	requireNoLeftovers(t)
 }
 
