@@ -398,8 +398,9 @@ func forkRound(t *testing.T, src string, delay time.Duration, spareKeepers bool,
 
 // timeOneFork measures a whole fork of src, to spread the kills over it:
 // the second of two, as long as the rounds' forks. A source's first fork
-// is slower (1.09 s against forks of under 0.7 s in one run), and kills
-// spread over it found three rounds' forks finished in five.
+// is the slower (1.09 s in one run; the second took 0.90-0.93 s in the
+// runs after), and kills spread over it found three rounds' forks in five
+// already finished.
 func timeOneFork(t *testing.T, src string, forkArgs []string) time.Duration {
 	t.Helper()
 	var took time.Duration
