@@ -190,7 +190,7 @@ func (c *twinCapture) dumpDone() {
 		}
 	}
 	c.col = nil
-	if c.snaps == nil && c.births != "" {
+	if c.snaps == nil {
 		// A twin killed while its CRIU died too: no message names it.
 		if _, err := lazy.ReapUnnamedTwins(c.births); err != nil {
 			logrus.Warnf("twin capture: %v (it stays a zombie of its process until the process ends)", err)

@@ -236,18 +236,30 @@ func ReapTwinZombies(procsDir string) (int, error) {
 	reaped := 0
 	var errs []error
 	for _, parent := range procs {
-		for _, child := range procfs.Children(parent) {
-			st, err := procfs.ReadStat(child)
-			if err != nil || !isTwin(st) || !st.Exited() {
-				continue
-			}
-			if err := reapRetrying(parent, child, st.StartTime); err != nil {
-				errs = append(errs, err)
-				continue
-			}
-			reaped++
-			logrus.Infof("reaped twin %d, which its holder left as a zombie of %d", child, parent)
+		n, err := reapZombieChildren(parent, func(_ int, st procfs.Stat) bool { return isTwin(st) },
+			"which its holder left as a zombie")
+		reaped += n
+		errs = append(errs, err)
+	}
+	return reaped, errors.Join(errs...)
+}
+
+// reapZombieChildren reaps each zombie child of parent that is picks', and
+// logs it as what; it returns how many it reaped.
+func reapZombieChildren(parent int, picks func(child int, st procfs.Stat) bool, what string) (int, error) {
+	reaped := 0
+	var errs []error
+	for _, child := range procfs.Children(parent) {
+		st, err := procfs.ReadStat(child)
+		if err != nil || !st.Exited() || !picks(child, st) {
+			continue
 		}
+		if err := reapRetrying(parent, child, st.StartTime); err != nil {
+			errs = append(errs, fmt.Errorf("twin %d of process %d: %w", child, parent, err))
+			continue
+		}
+		reaped++
+		logrus.Infof("reaped twin %d, %s of %d", child, what, parent)
 	}
 	return reaped, errors.Join(errs...)
 }
@@ -318,18 +330,12 @@ func ReapUnnamedTwins(births string) (int, error) {
 		if st, err := procfs.ReadStat(b.pid); err != nil || st.StartTime > b.ticks {
 			continue // gone, and its pid maybe another's
 		}
-		for _, child := range procfs.Children(b.pid) {
-			st, err := procfs.ReadStat(child)
-			if err != nil || !st.Exited() || st.ExitSignal != 0 || st.StartTime < b.ticks || st.StartTime > latest || b.before[child] || isTwin(st) {
-				continue // not a twin, or a named one: ReapTwinZombies' to reap
-			}
-			if err := reapRetrying(b.pid, child, st.StartTime); err != nil {
-				errs = append(errs, fmt.Errorf("the unnamed twin %d of process %d: %w", child, b.pid, err))
-				continue
-			}
-			reaped++
-			logrus.Infof("reaped twin %d, killed before it named itself, a zombie of %d", child, b.pid)
-		}
+		// A named twin is ReapTwinZombies' to reap.
+		n, err := reapZombieChildren(b.pid, func(child int, st procfs.Stat) bool {
+			return st.ExitSignal == 0 && st.StartTime >= b.ticks && st.StartTime <= latest && !b.before[child] && !isTwin(st)
+		}, "killed before it named itself, a zombie")
+		reaped += n
+		errs = append(errs, err)
 	}
 	return reaped, errors.Join(errs...)
 }

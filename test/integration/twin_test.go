@@ -687,12 +687,7 @@ func TestTwinKilledWithItsCaptureIsReaped(t *testing.T) {
 	if tw := twinsUnder(pid); len(tw) > 0 {
 		t.Fatalf("the source's unsignalled children after tclone gc (state pid): %v, want none", tw)
 	}
-	eventually(t, releaseWait, "the source's process running on", func() error {
-		if st, err := procfs.ReadStat(pid); err != nil || (st.State != 'S' && st.State != 'R') {
-			return fmt.Errorf("state %q (%v), want it running or sleeping", st.State, err)
-		}
-		return nil
-	})
+	requireRunningOn(t, pid)
 	requireTwinCaptureWorks(t, n, "the killed one")
 	requireNoLeftovers(t)
 }
@@ -738,8 +733,14 @@ func TestTwinCaptureWritesOverAnOlderTrampoline(t *testing.T) {
 	} else {
 		removePlan(strings.TrimSpace(r.stdout))
 	}
-	// The plan's removal reaps its twins through the source's process,
-	// which it traces for a moment.
+	requireRunningOn(t, pid)
+}
+
+// requireRunningOn fails unless process pid is running or sleeping within
+// releaseWait: a plan's removal, or a recovery, reaps twins through the
+// source's process, which it traces for a moment.
+func requireRunningOn(t *testing.T, pid int) {
+	t.Helper()
 	eventually(t, releaseWait, "the source's process running on", func() error {
 		if st, err := procfs.ReadStat(pid); err != nil || (st.State != 'S' && st.State != 'R') {
 			return fmt.Errorf("state %q (%v), want it running or sleeping", st.State, err)
