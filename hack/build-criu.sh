@@ -2,8 +2,9 @@
 # Builds tclone's CRIU (the host's CRIU version with criuhooks/criu's
 # patches: the options lazy-pages-external, tmpfs-builtin-tar,
 # skip-conntrack, smaps-read-ahead and busy-wait, four speed-ups of
-# dumps, and a plugin hook and a notification once a dump's tree runs
-# again) and tclone's twin plugin, from Debian's source of the CRIU the
+# dumps, a plugin hook and a notification once a dump's tree runs again,
+# and injected calls a killed CRIU leaves the task alive after) and
+# tclone's twin plugin, from Debian's source of the CRIU the
 # host runs, and installs both under $TCLONE_CRIU_DIR
 # (default /usr/local/lib/tclone/criu): criu, and plugins/tclone_twin.so.
 # The host's own /usr/sbin/criu is not touched; only tclone's dumps use this
@@ -42,7 +43,7 @@ esac
 # Two stamps: CRIU is rebuilt when its source or the patch changes, the
 # plugin when its own source does (against the CRIU tree kept in $cache).
 # The patches, in the order they apply, and the files tmpfs-builtin-tar adds.
-patches=(lazy-pages-external.patch tmpfs-builtin-tar.patch lazy-dump-iovs.patch skip-conntrack.patch scan-anon-pages.patch smaps-read-ahead.patch busy-wait.patch file-ids-dirs.patch dump-resumed.patch compel-fini-calls.patch)
+patches=(lazy-pages-external.patch tmpfs-builtin-tar.patch lazy-dump-iovs.patch skip-conntrack.patch scan-anon-pages.patch smaps-read-ahead.patch busy-wait.patch file-ids-dirs.patch dump-resumed.patch compel-fini-calls.patch compel-safe-calls.patch)
 added=(tmpfs-archive.c:criu/tmpfs-archive.c tmpfs-archive.h:criu/include/tmpfs-archive.h)
 # The options they add; the stamp's third line lists them for tclone.
 options="lazy-pages-external tmpfs-builtin-tar skip-conntrack smaps-read-ahead busy-wait"

@@ -400,12 +400,17 @@ static int thread_at(pid_t pid, unsigned long lo, unsigned long hi, struct twin_
  * killed while the process was at it (the process went on through it and
  * back to its own code): this tclone's, or another's (an older one, which
  * starts with the same clone and names the twin the same), it is written
- * over, unless a thread of the process is at it still.
+ * over, unless a thread of the process is at it still; so is the code of
+ * CRIU's own injected calls, which our CRIU puts at the same place for
+ * each infection and a killed CRIU leaves too.
  */
 static int vdso_pad(pid_t pid, unsigned long *site, size_t *tail, struct twin_err *e)
 {
 	static const unsigned char sig[] = { 0x0f, 0x05, 0x48, 0x85, 0xc0 }; /* syscall; test %rax, %rax */
 	static const char name[] = "tclone-twin";
+	/* The code of CRIU's kill-safe injected calls (compel-safe-calls.patch), which goes at the same place. */
+	static const unsigned char calls_sig[] = { 0x0f, 0x05, 0x49, 0x89, 0xc4 }; /* syscall; mov %rax, %r12 */
+	static const char calls_mark[] = "compel-safe-call";
 	unsigned long start = 0, end = 0;
 	char path[64], line[512];
 	unsigned char *buf;
@@ -447,15 +452,18 @@ static int vdso_pad(pid_t pid, unsigned long *site, size_t *tail, struct twin_er
 	if (i < len) {
 		bool ours = i == off && !memcmp(buf + off, sig, sizeof(sig)) && memmem(buf + off, len - off, name, sizeof(name));
 		bool same = ours && !memcmp(buf + off, twin_tramp_start, TRAMP_OFF(twin_tramp_parent));
+		bool calls = i == off && !memcmp(buf + off, calls_sig, sizeof(calls_sig)) &&
+			     memmem(buf + off, len - off, calls_mark, sizeof(calls_mark));
 
 		free(buf);
-		if (!ours)
+		if (!ours && !calls)
 			return fail(e, EEXIST, "the vDSO of process %d holds bytes of someone else's at %#lx, where tclone puts its trampoline",
 				    pid, start + i);
 		if (thread_at(pid, start + off, end, e))
 			return -1;
-		twin_info("process %d: a trampoline%s left by a killed CRIU at %#lx is written over", pid,
-			  same ? "" : " of another tclone", start + off);
+		twin_info("process %d: %s left by a killed CRIU at %#lx is written over", pid,
+			  calls ? "the code of CRIU's injected calls" : same ? "a trampoline" : "a trampoline of another tclone",
+			  start + off);
 	} else {
 		free(buf);
 	}

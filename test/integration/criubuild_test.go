@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -47,12 +48,14 @@ func TestCaptureReadsAheadAndTwinsSideBySide(t *testing.T) {
 	}
 }
 
-// planDumpLog makes a plan of src with --memory memory and returns its
-// CRIU dump log, at debug level (a capture's CRIU logs only warnings and
-// errors otherwise); the plan goes at the test's end.
-func planDumpLog(t *testing.T, src, memory string) []byte {
+// planDumpLog makes a plan of src with --memory memory (and extra
+// options) and returns its CRIU dump log, at debug level (a capture's CRIU
+// logs only warnings and errors otherwise); the plan goes at the test's
+// end.
+func planDumpLog(t *testing.T, src, memory string, extra ...string) []byte {
 	t.Helper()
-	r := run(t, time.Minute, tcloneBin(), "--log-level", "debug", "fork", "--plan-only", "--memory", memory, containerID(t, src))
+	args := append([]string{"--log-level", "debug", "fork", "--plan-only", "--memory", memory}, extra...)
+	r := run(t, time.Minute, tcloneBin(), append(args, containerID(t, src))...)
 	if r.code != 0 {
 		t.Fatalf("plan-only --memory %s: %s", memory, r.stderr)
 	}
@@ -222,4 +225,113 @@ func descriptorsOf(pid int) map[string]string {
 		}
 	}
 	return out
+}
+
+// A CRIU killed while a process of the source is inside one of the system
+// calls CRIU injects into it (its parasite's memfd, the memfd's mapping,
+// the memfd's close, the mapping's removal) leaves the process running its
+// own code, every thread of it, with none of those left in it. CRIU's own
+// "syscall; int3" left the process to take SIGTRAP untraced, and die: a
+// fault suite round found a source whose init died so, and its container
+// with it. tclone's CRIU runs those calls at code in the process's vDSO,
+// which goes back to the process's code by itself
+// (criuhooks/criu/compel-safe-calls.patch); the next captures write over
+// what the killed one left there. The workload is a Go program: it handles
+// SIGURG, the signal that code stops with.
+func TestCaptureSurvivesCRIUKilledInAnInjectedCall(t *testing.T) {
+	requireStack(t)
+	requireTwins(t)
+	n, pid := workloadOf(t, 16)
+	threads, fds := threadsOf(pid), descriptorsOf(pid)
+	for round, c := range []struct {
+		nr     int
+		memory string
+	}{
+		{unix.SYS_MEMFD_CREATE, "copy"},
+		{unix.SYS_MMAP, "copy"},
+		{unix.SYS_CLOSE, "twin"},
+		{unix.SYS_MUNMAP, "copy"},
+		{unix.SYS_MMAP, "twin"},
+	} {
+		what := fmt.Sprintf("round %d (--memory %s, CRIU killed inside system call %d)", round, c.memory, c.nr)
+		t.Setenv("TCLONE_COMPEL_TEST_STALL", fmt.Sprintf("%d:20000", c.nr))
+		cmd, criu := startCaptureStalledAt(t, n, pid, c.memory, fmt.Sprintf("test stall in system call %d for", c.nr))
+		syscall.Kill(criu, syscall.SIGKILL)
+		cmd.Process.Signal(syscall.SIGKILL)
+		cmd.Wait()
+		os.Unsetenv("TCLONE_COMPEL_TEST_STALL")
+		requireUntraced(t, pid, releaseWait)
+		requireSourceRuns(t, n)
+		after := threadsOf(pid)
+		for p, tids := range threads {
+			for tid := range tids {
+				if st, ok := after[p][tid]; !ok || st.Exited() {
+					t.Fatalf("%s: thread %d of process %d is gone (state %q)", what, tid, p, st.State)
+				}
+			}
+		}
+		if got := descriptorsOf(pid); !maps.Equal(got, fds) {
+			t.Fatalf("%s: the source holds descriptors %v, %v before", what, got, fds)
+		}
+		if m, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid)); err != nil || strings.Contains(string(m), "CRIUMFD") {
+			t.Fatalf("%s: the parasite's memfd is still mapped in the source (%v):\n%s", what, err, m)
+		}
+		// A twin of the killed capture dies with CRIU; the recovery reaps it.
+		if r := run(t, time.Minute, tcloneBin(), "gc"); r.code != 0 {
+			t.Fatalf("%s: tclone gc: %s", what, r.stderr)
+		}
+		eventually(t, 10*time.Second, "no twin left in the source", func() error {
+			if tw := twinsUnder(pid); len(tw) > 0 {
+				return fmt.Errorf("%s: twins in the source after tclone gc: %v", what, tw)
+			}
+			return nil
+		})
+	}
+	// What the last killed CRIU left in the vDSO is written over.
+	for _, memory := range []string{"copy", "twin"} {
+		if log := string(planDumpLog(t, n, memory, "--file-locks")); !strings.Contains(log, "kill-safe, stopping with signal") {
+			t.Errorf("--memory %s: the capture after the killed ones did not run its injected calls kill-safe:\n%s", memory, log)
+		}
+	}
+	requireSourceRuns(t, n)
+}
+
+// The signal the kill-safe calls stop with (SIGURG here: a Go program's
+// preemption signal, which it never blocks) may also come from someone
+// else while CRIU injects a call. It reaches the process as it would have,
+// and the captures work: here another process sends the source SIGURG
+// without a pause through three captures.
+func TestCaptureUnderAFloodOfItsStopSignal(t *testing.T) {
+	requireStack(t)
+	n, pid := workloadOf(t, 16)
+	stop := make(chan struct{})
+	sent := make(chan int)
+	go func() {
+		count := 0
+		defer func() { sent <- count }()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if syscall.Kill(pid, syscall.SIGURG) == nil {
+				count++
+			}
+		}
+	}()
+	passed := 0
+	for range 3 {
+		log := string(planDumpLog(t, n, "copy", "--file-locks"))
+		if !strings.Contains(log, "kill-safe, stopping with signal 23") {
+			t.Errorf("the capture did not run its injected calls kill-safe with SIGURG:\n%s", log)
+		}
+		passed += strings.Count(log, "passing on a signal 23 of someone else's")
+	}
+	close(stop)
+	t.Logf("%d SIGURGs sent; the captures passed %d on to the process", <-sent, passed)
+	if passed == 0 {
+		t.Errorf("no SIGURG of the flood came while CRIU injected a call: the test did not test passing one on")
+	}
+	requireSourceRuns(t, n)
 }

@@ -478,7 +478,10 @@ func killMatrix(t *testing.T, rounds int, spareKeepers bool, forkArgs []string) 
 		}
 		if err := sourceRunsAlone(t, src); err != nil {
 			tally.frozen++
-			t.Errorf("%s: the source does not run on its own: %v", what, err)
+			// Its state says how: paused or frozen, or ended, and with
+			// what (128 + 5 is SIGTRAP's, a task left at an int3).
+			state := podmanTry(t, "inspect", "--format", "{{.State.Status}} (exit code {{.State.ExitCode}}, error {{printf \"%q\" .State.Error}})", src)
+			t.Fatalf("%s: the source does not run on its own: %v; its state: %s", what, err, strings.TrimSpace(state.stdout+state.stderr))
 		}
 		// One recovery, then nothing of the killed fork may remain, and
 		// every sibling a fork reported must still be there.

@@ -554,16 +554,25 @@ func TestTwinCaptureAfterCRIUKilledAtTheTrampoline(t *testing.T) {
 // command and its CRIU.
 func startStalledCapture(t *testing.T, n string, pid int, point string) (*exec.Cmd, int) {
 	t.Helper()
+	return startCaptureStalledAt(t, n, pid, "twin", "test stall at "+point)
+}
+
+// startCaptureStalledAt starts a capture of container n (its process pid)
+// with --memory memory, and returns once its CRIU's log says stall (the
+// warning of a test stall the caller set up), with the capture's command
+// and its CRIU.
+func startCaptureStalledAt(t *testing.T, n string, pid int, memory, stall string) (*exec.Cmd, int) {
+	t.Helper()
 	// Only this capture's log: an earlier one's may be left.
 	old, _ := filepath.Glob(filepath.Join(hostStore.Dir("*"), "work", "dump.log"))
-	cmd, stderr, criu := startCapture(t, containerID(t, n), pid, "--memory", "twin")
+	cmd, stderr, criu := startCapture(t, containerID(t, n), pid, "--memory", memory)
 	eventually(t, 30*time.Second, "the capture at its test stall", func() error {
 		logs, _ := filepath.Glob(filepath.Join(hostStore.Dir("*"), "work", "dump.log"))
 		for _, l := range logs {
 			if slices.Contains(old, l) {
 				continue
 			}
-			if b, _ := os.ReadFile(l); strings.Contains(string(b), "test stall at "+point) {
+			if b, _ := os.ReadFile(l); strings.Contains(string(b), stall) {
 				return nil
 			}
 		}
