@@ -262,14 +262,7 @@ func TestCaptureSurvivesCRIUKilledInAnInjectedCall(t *testing.T) {
 		os.Unsetenv("TCLONE_COMPEL_TEST_STALL")
 		requireUntraced(t, pid, releaseWait)
 		requireSourceRuns(t, n)
-		after := threadsOf(pid)
-		for p, tids := range threads {
-			for tid := range tids {
-				if st, ok := after[p][tid]; !ok || st.Exited() {
-					t.Fatalf("%s: thread %d of process %d is gone (state %q)", what, tid, p, st.State)
-				}
-			}
-		}
+		requireThreadsLive(t, what, pid, threads)
 		if got := descriptorsOf(pid); !maps.Equal(got, fds) {
 			t.Fatalf("%s: the source holds descriptors %v, %v before", what, got, fds)
 		}

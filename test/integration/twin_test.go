@@ -508,14 +508,7 @@ func TestTwinCaptureAfterCRIUKilledAtTheTrampoline(t *testing.T) {
 		os.Unsetenv(criuhooks.TwinTrackEnv)
 		requireUntraced(t, pid, releaseWait)
 		requireSourceRuns(t, n)
-		after := threadsOf(pid)
-		for p, tids := range before {
-			for tid := range tids {
-				if st, ok := after[p][tid]; !ok || st.Exited() {
-					t.Fatalf("round %d (%s): thread %d of process %d is gone after CRIU was killed (state %q)", round, point, tid, p, st.State)
-				}
-			}
-		}
+		requireThreadsLive(t, fmt.Sprintf("round %d (%s)", round, point), pid, before)
 		if got := userfaultfdsUnder(pid); !maps.Equal(got, uffdsBefore) {
 			t.Fatalf("round %d (%s): the source's userfaultfd descriptors (process: descriptors) after CRIU was killed: %v, before: %v", round, point, got, uffdsBefore)
 		}
@@ -911,6 +904,21 @@ func userfaultfdsUnder(root int) map[int]string {
 		}
 	}
 	return out
+}
+
+// requireThreadsLive fails the test (saying what) if a thread of before,
+// threadsOf(root) taken earlier, is gone or has exited after CRIU was
+// killed.
+func requireThreadsLive(t *testing.T, what string, root int, before map[int]map[int]procfs.Stat) {
+	t.Helper()
+	after := threadsOf(root)
+	for p, tids := range before {
+		for tid := range tids {
+			if st, ok := after[p][tid]; !ok || st.Exited() {
+				t.Fatalf("%s: thread %d of process %d is gone after CRIU was killed (state %q)", what, tid, p, st.State)
+			}
+		}
+	}
 }
 
 // threadsOf gives, for every process of the tree of root, its threads'
