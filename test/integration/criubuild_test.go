@@ -5,6 +5,7 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -229,46 +230,58 @@ func descriptorsOf(pid int) map[string]string {
 
 // A CRIU killed while a process of the source is inside one of the system
 // calls CRIU injects into it (its parasite's memfd, the memfd's mapping,
-// the memfd's close, the mapping's removal) leaves the process running its
+// the memfd's close, the mapping's removal), or while a thread of it other
+// than its first runs a parasite command, leaves the process running its
 // own code, every thread of it, with none of those left in it. CRIU's own
-// "syscall; int3" left the process to take SIGTRAP untraced, and die: a
-// fault suite round found a source whose init died so, and its container
-// with it. tclone's CRIU runs those calls at code in the process's vDSO,
-// which goes back to the process's code by itself
+// calls and commands end at an int3, which an untraced thread takes as
+// SIGTRAP, and its process dies: a fault suite round found a source whose
+// init died so, and its container with it. tclone's CRIU runs those calls
+// at code in the process's vDSO, and ends those commands, with a stop the
+// thread takes back to its own code by itself
 // (criuhooks/criu/compel-safe-calls.patch); the next captures write over
-// what the killed one left there. The workload is a Go program: it handles
-// SIGURG, the signal that code stops with.
+// what the killed ones left in the vDSO. The workload is a Go program: it
+// has several threads, and handles SIGURG, the signal those stops use.
 func TestCaptureSurvivesCRIUKilledInAnInjectedCall(t *testing.T) {
 	requireStack(t)
 	requireTwins(t)
 	n, pid := workloadOf(t, 16)
-	threads, fds := threadsOf(pid), descriptorsOf(pid)
+	threads, fds, blobs := threadsOf(pid), descriptorsOf(pid), parasiteMappings(t, pid)
+	if len(threads[pid]) < 2 {
+		t.Fatalf("the workload has threads %v: the test needs more than one", threads[pid])
+	}
 	for round, c := range []struct {
-		nr     int
-		memory string
+		point, memory string
 	}{
-		{unix.SYS_MEMFD_CREATE, "copy"},
-		{unix.SYS_MMAP, "copy"},
-		{unix.SYS_CLOSE, "twin"},
-		{unix.SYS_MUNMAP, "copy"},
-		{unix.SYS_MMAP, "twin"},
+		{fmt.Sprintf("call-%d", unix.SYS_MEMFD_CREATE), "copy"},
+		{fmt.Sprintf("call-%d", unix.SYS_MMAP), "copy"},
+		{"thread", "copy"},
+		{fmt.Sprintf("call-%d", unix.SYS_CLOSE), "twin"},
+		{fmt.Sprintf("call-%d", unix.SYS_MUNMAP), "copy"},
+		{fmt.Sprintf("call-%d", unix.SYS_MMAP), "twin"},
+		{"thread", "twin"},
 	} {
-		what := fmt.Sprintf("round %d (--memory %s, CRIU killed inside system call %d)", round, c.memory, c.nr)
-		t.Setenv("TCLONE_COMPEL_TEST_STALL", fmt.Sprintf("%d:20000", c.nr))
-		cmd, criu := startCaptureStalledAt(t, n, pid, c.memory, fmt.Sprintf("test stall in system call %d for", c.nr))
+		what := fmt.Sprintf("round %d (--memory %s, CRIU killed at %s)", round, c.memory, c.point)
+		t.Setenv("TCLONE_COMPEL_TEST_STALL", c.point+":20000")
+		cmd, criu := startCaptureStalledAt(t, n, pid, c.memory, "test stall at "+c.point+" for")
 		syscall.Kill(criu, syscall.SIGKILL)
 		cmd.Process.Signal(syscall.SIGKILL)
 		cmd.Wait()
 		os.Unsetenv("TCLONE_COMPEL_TEST_STALL")
 		requireUntraced(t, pid, releaseWait)
+		t.Logf("%s: CRIU killed", what)
 		requireSourceRuns(t, n)
 		requireThreadsLive(t, what, pid, threads)
 		if got := descriptorsOf(pid); !maps.Equal(got, fds) {
 			t.Fatalf("%s: the source holds descriptors %v, %v before", what, got, fds)
 		}
-		if m, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid)); err != nil || strings.Contains(string(m), "CRIUMFD") {
-			t.Fatalf("%s: the parasite's memfd is still mapped in the source (%v):\n%s", what, err, m)
+		// Killed in an injected call, CRIU leaves no parasite mapped; killed
+		// while the parasite runs (as it does while a thread runs a
+		// command), it leaves the parasite's blob mapped, as ever.
+		after := parasiteMappings(t, pid)
+		if after > blobs && c.point != "thread" {
+			t.Fatalf("%s: the parasite's memfd is still mapped in the source (%d mappings of it, %d before)", what, after, blobs)
 		}
+		blobs = after
 		// A twin of the killed capture dies with CRIU; the recovery reaps it.
 		if r := run(t, time.Minute, tcloneBin(), "gc"); r.code != 0 {
 			t.Fatalf("%s: tclone gc: %s", what, r.stderr)
@@ -282,8 +295,11 @@ func TestCaptureSurvivesCRIUKilledInAnInjectedCall(t *testing.T) {
 	}
 	// What the last killed CRIU left in the vDSO is written over.
 	for _, memory := range []string{"copy", "twin"} {
-		if log := string(planDumpLog(t, n, memory, "--file-locks")); !strings.Contains(log, "kill-safe, stopping with signal") {
-			t.Errorf("--memory %s: the capture after the killed ones did not run its injected calls kill-safe:\n%s", memory, log)
+		log := string(planDumpLog(t, n, memory, "--file-locks"))
+		for _, want := range []string{"injected calls run at", "its command runs kill-safe"} {
+			if !strings.Contains(log, want) {
+				t.Errorf("--memory %s: the capture after the killed ones does not log %q:\n%s", memory, want, log)
+			}
 		}
 	}
 	requireSourceRuns(t, n)
@@ -327,4 +343,59 @@ func TestCaptureUnderAFloodOfItsStopSignal(t *testing.T) {
 		t.Errorf("no SIGURG of the flood came while CRIU injected a call: the test did not test passing one on")
 	}
 	requireSourceRuns(t, n)
+}
+
+// parasiteMappings counts the mappings of CRIU's parasite memfd in process
+// pid.
+func parasiteMappings(t *testing.T, pid int) int {
+	t.Helper()
+	m, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.Count(string(m), "CRIUMFD")
+}
+
+// A CRIU killed while its parasite's daemon runs in a process of one
+// thread (here a busybox shell, its tree's first) leaves the process
+// running with no trace of the parasite: the daemon returns by itself
+// through the kill-safe code, which unmaps the parasite's blob. It used to
+// stay mapped, and every later fork carried it into its siblings.
+func TestCaptureKilledWhileItsParasiteRunsLeavesNoParasite(t *testing.T) {
+	requireStack(t)
+	n := name(t, "daemon")
+	podman(t, "run", "-d", "--name", n, busybox, "sh", "-c", "sleep 100000 & while :; do sleep 0.1; done")
+	pid := containerPid(t, n)
+	fds := descriptorsOf(pid)
+	t.Setenv("TCLONE_COMPEL_TEST_STALL", "daemon:20000")
+	cmd, criu := startCaptureStalledAt(t, n, pid, "copy", "test stall at daemon for")
+	syscall.Kill(criu, syscall.SIGKILL)
+	cmd.Process.Signal(syscall.SIGKILL)
+	cmd.Wait()
+	os.Unsetenv("TCLONE_COMPEL_TEST_STALL")
+	requireUntraced(t, pid, releaseWait)
+	eventually(t, 10*time.Second, "the parasite gone from the source", func() error {
+		if m := parasiteMappings(t, pid); m > 0 {
+			return fmt.Errorf("%d mappings of the parasite's memfd in process %d", m, pid)
+		}
+		return nil
+	})
+	if got := descriptorsOf(pid); !maps.Equal(got, fds) {
+		t.Fatalf("the source holds descriptors %v, %v before", got, fds)
+	}
+	if r := run(t, time.Minute, tcloneBin(), "gc"); r.code != 0 {
+		t.Fatalf("tclone gc: %s", r.stderr)
+	}
+	// It runs on: its loop starts new sleeps, and it can be captured again.
+	before := processTreeOf(pid)
+	eventually(t, 10*time.Second, "the source's loop running on", func() error {
+		if now := processTreeOf(pid); slices.Equal(now, before) {
+			return fmt.Errorf("the source's processes are still %v", now)
+		}
+		return nil
+	})
+	planDumpLog(t, n, "copy")
+	if st := state(t, n); st != "running" {
+		t.Fatalf("the source is %s", st)
+	}
 }

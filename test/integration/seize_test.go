@@ -177,8 +177,9 @@ func TestKilledCaptureLeavesSourceRunning(t *testing.T) {
 	requireStack(t)
 	// Kills land where CRIU only holds tasks by ptrace, or where a task
 	// runs CRIU's parasite daemon (which returns to the task's own code
-	// when CRIU's socket closes). A kill while CRIU injects a system call
-	// into a task is another matter: see docs/design.md. The page-writing
+	// when CRIU's socket closes). Kills while CRIU injects a system call
+	// into a task, or runs a command in a thread, are
+	// TestCaptureSurvivesCRIUKilledInAnInjectedCall's. The page-writing
 	// rounds capture with --memory copy, the mode that writes pages while
 	// it holds the source (twins and lazy dumps write none there).
 	rounds := []struct {
