@@ -3,7 +3,8 @@
 # patches: the options lazy-pages-external, tmpfs-builtin-tar,
 # skip-conntrack, smaps-read-ahead and busy-wait, four speed-ups of
 # dumps, a plugin hook and a notification once a dump's tree runs again,
-# and injected calls a killed CRIU leaves the task alive after) and
+# and injected calls and parasite commands a killed CRIU leaves the task
+# alive after) and
 # tclone's twin plugin, from Debian's source of the CRIU the
 # host runs, and installs both under $TCLONE_CRIU_DIR
 # (default /usr/local/lib/tclone/criu): criu, and plugins/tclone_twin.so.

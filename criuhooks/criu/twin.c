@@ -401,8 +401,8 @@ static int thread_at(pid_t pid, unsigned long lo, unsigned long hi, struct twin_
  * back to its own code): this tclone's, or another's (an older one, which
  * starts with the same clone and names the twin the same), it is written
  * over, unless a thread of the process is at it still; so is the code of
- * CRIU's own injected calls, which our CRIU puts at the same place for
- * each infection and a killed CRIU leaves too.
+ * CRIU's own injected calls, which tclone's CRIU puts at the same place
+ * for each infection and a killed CRIU leaves too.
  */
 static int vdso_pad(pid_t pid, unsigned long *site, size_t *tail, struct twin_err *e)
 {

@@ -634,11 +634,12 @@ func (n *captureNotify) NetworkLock() error {
 // the group) then ends tclone but not CRIU. That matters to the source:
 // where tclone's CRIU cannot run its calls in the source's tasks the
 // kill-safe way (compel-safe-calls.patch: a task that blocks both of the
-// signals it stops with, a 32-bit one), they end in a breakpoint
-// (compel's "syscall; int3"), and a CRIU killed while one is in flight
-// leaves the task to take that SIGTRAP with no tracer, which kills it; and
-// a CRIU killed while its parasite runs leaves the parasite's blob mapped
-// in the task. A CRIU whose tclone died instead fails at its next message
+// signals it stops with, a 32-bit one, a vDSO with no room), they end in a
+// breakpoint (compel's "syscall; int3"), and a CRIU killed while one is in
+// flight leaves the task to take that SIGTRAP with no tracer, which kills
+// it; and a CRIU killed while its parasite runs in a task of several
+// threads leaves the parasite's blob mapped in the task. A CRIU whose
+// tclone died instead fails at its next message
 // to tclone (it ignores SIGPIPE) and undoes its dump on its own: its
 // parasites return and are unmapped, its tasks run on. Recovery waits for
 // that (endProcess).

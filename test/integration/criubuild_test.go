@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -275,8 +276,9 @@ func TestCaptureSurvivesCRIUKilledInAnInjectedCall(t *testing.T) {
 			t.Fatalf("%s: the source holds descriptors %v, %v before", what, got, fds)
 		}
 		// Killed in an injected call, CRIU leaves no parasite mapped; killed
-		// while the parasite runs (as it does while a thread runs a
-		// command), it leaves the parasite's blob mapped, as ever.
+		// while the parasite runs in a process of several threads (as it
+		// does while a thread runs a command), it leaves the parasite's
+		// blob mapped, as ever.
 		after := parasiteMappings(t, pid)
 		if after > blobs && c.point != "thread" {
 			t.Fatalf("%s: the parasite's memfd is still mapped in the source (%d mappings of it, %d before)", what, after, blobs)
@@ -313,8 +315,10 @@ func TestCaptureSurvivesCRIUKilledInAnInjectedCall(t *testing.T) {
 func TestCaptureUnderAFloodOfItsStopSignal(t *testing.T) {
 	requireStack(t)
 	n, pid := workloadOf(t, 16)
-	stop := make(chan struct{})
-	sent := make(chan int)
+	stop, sent := make(chan struct{}), make(chan int, 1)
+	// However the test ends, the flood ends with it.
+	stopFlood := sync.OnceFunc(func() { close(stop) })
+	t.Cleanup(stopFlood)
 	go func() {
 		count := 0
 		defer func() { sent <- count }()
@@ -337,7 +341,7 @@ func TestCaptureUnderAFloodOfItsStopSignal(t *testing.T) {
 		}
 		passed += strings.Count(log, "passing on a signal 23 of someone else's")
 	}
-	close(stop)
+	stopFlood()
 	t.Logf("%d SIGURGs sent; the captures passed %d on to the process", <-sent, passed)
 	if passed == 0 {
 		t.Errorf("no SIGURG of the flood came while CRIU injected a call: the test did not test passing one on")
